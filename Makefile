@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` and `make test`. Both set up .venv first, once.
+PY     := .venv/bin/python
+STAMP  := .venv/.autopar-installed
+TORCH  := torch==2.13.0
+
+.PHONY: setup demo test bench bench-update clean
+
+$(PY):
+	python3 -m venv .venv
+
+# torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build.
+$(STAMP): $(PY) setup.cfg pyproject.toml
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' $(TORCH)
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m autopar demo
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m benchmarks.run
+
+bench-update: setup
+	$(PY) -m benchmarks.run --update
+
+clean:
+	rm -rf .venv build *.egg-info .pytest_cache

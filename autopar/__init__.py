@@ -1,0 +1,23 @@
+"""autopar: automatic parallelization-strategy search for PyTorch models.
+
+Pipeline (one direction): trace -> ir.Graph -> cost tables -> search -> Plan -> codegen / report.
+"""
+
+from autopar import zoo
+from autopar.errors import AutoparError, InfeasibleError, PlanMismatchError, TraceError
+from autopar.ir import Dim, Edge, Graph, Node, Operand, TensorSpec
+
+__version__ = "0.1.0"
+
+
+def trace(model, example_inputs, **kwargs) -> Graph:
+    """Trace ``model`` on ``example_inputs`` into an ``autopar.Graph`` (see ``autopar.trace``)."""
+    from autopar.trace import trace as _trace
+
+    return _trace(model, example_inputs, **kwargs)
+
+
+__all__ = [
+    "AutoparError", "Dim", "Edge", "Graph", "InfeasibleError", "Node", "Operand",
+    "PlanMismatchError", "TensorSpec", "TraceError", "trace", "zoo",
+]

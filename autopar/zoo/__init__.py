@@ -1,0 +1,55 @@
+"""Benchmark models: ``autopar.zoo.get(name, **sizes) -> (model, example_inputs)``.
+
+Every model's ``forward(inputs, labels)`` returns the training loss (PaSE's graphs end in the loss,
+and training is autopar's default objective). ``device="meta"`` builds the model without allocating
+its weights, for tracing and planning models larger than this machine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Callable
+
+# name -> "module:factory"; imported on first use so that `import autopar` stays light.
+_MODELS = {
+    "mlp": "autopar.zoo.mlp:mlp",
+    "cnn": "autopar.zoo.cnn:cnn",
+    "gpt": "autopar.zoo.gpt:gpt",
+    "alexnet": "autopar.zoo.alexnet:alexnet",
+    "inception3": "autopar.zoo.inception3:inception3",
+    "rnnlm": "autopar.zoo.rnnlm:rnnlm",
+    "transformer": "autopar.zoo.transformer:transformer",
+}
+
+PASE_MODELS = ("alexnet", "inception3", "rnnlm", "transformer")
+
+
+def names() -> list[str]:
+    return list(_MODELS)
+
+
+def factory(name: str) -> Callable:
+    if name not in _MODELS:
+        raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(_MODELS)}")
+    mod, fn = _MODELS[name].split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def sizes(name: str) -> dict:
+    """The size parameters a zoo model takes, with their defaults."""
+    sig = inspect.signature(factory(name))
+    return {k: p.default for k, p in sig.parameters.items()}
+
+
+def get(name: str, **kwargs):
+    """Build zoo model ``name`` with the given sizes; returns ``(model, example_inputs)``."""
+    fn = factory(name)
+    known = sizes(name)
+    bad = [k for k in kwargs if k not in known]
+    if bad:
+        raise ValueError(
+            f"zoo model {name!r} has no size {', '.join(map(repr, bad))}; "
+            f"it takes: {', '.join(f'{k}={v}' for k, v in known.items())}"
+        )
+    return fn(**kwargs)

@@ -1,0 +1,1 @@
+"""Code generation: the sharded module (DTensor, pipelining) that runs a plan."""

@@ -1,0 +1,1 @@
+"""Cost models: fill CostTables from a graph, a cluster and the configs of each node."""

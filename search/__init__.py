@@ -1,0 +1,1 @@
+"""Searches: read CostTables, return a Solution. No search imports a cost model."""
