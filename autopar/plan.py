@@ -1,0 +1,148 @@
+"""``autopar.Plan``: the chosen config of every node, what it costs, and the baselines beside it.
+
+A Plan is data: it can be saved, loaded, compared and reported without the model. The graph and
+the cost tables it was made from ride along in memory (``plan.graph``, ``plan.tables``) for the
+report and for codegen, but are not written to the file; the graph's fingerprint is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autopar import plan_file
+from autopar.errors import PlanMismatchError
+from autopar.tables import Config, Mesh
+
+
+@dataclass
+class SearchInfo:
+    """Which search produced the plan, how long it took and how far from proven optimal it is."""
+
+    name: str
+    seconds: float
+    gap: float = 0.0  # relative optimality gap; 0.0 = proven optimal under the cost model
+
+
+@dataclass
+class Stage:
+    """One pipeline stage: a contiguous run of nodes on a group of devices."""
+
+    nodes: list[str]
+    devices: int
+    cost: float = 0.0
+
+
+@dataclass
+class Plan:
+    model_name: str
+    fingerprint: str
+    cluster: dict[str, Any]  # the cluster as plain data (dataclasses.asdict of autopar.Cluster)
+    mesh: Mesh
+    cost_model: str
+    space: str
+    mode: str
+    assignment: dict[str, Config]  # node name -> config
+    cost: float  # predicted step time (seconds) or PaSE FLOP-equivalents, see ``units``
+    units: str
+    memory_per_device: float  # bytes
+    search: SearchInfo
+    stages: list[Stage] = field(default_factory=list)
+    microbatches: int = 1
+    schedule: str = ""  # "gpipe" / "1f1b" when pipelined
+    unsupported: dict[str, str] = field(default_factory=dict)  # node -> why it is replicated
+    baselines: dict[str, "Plan"] = field(default_factory=dict)
+    graph: Any = field(default=None, repr=False, compare=False)  # ir.Graph (or PaSE view), not saved
+    tables: Any = field(default=None, repr=False, compare=False)  # CostTables, not saved
+
+    @property
+    def devices(self) -> int:
+        return self.mesh.size
+
+    def speedup_over(self, baseline: str) -> float:
+        return self.baselines[baseline].cost / self.cost
+
+    def report(self, **kwargs) -> str:
+        from autopar.report import format_report
+
+        return format_report(self, **kwargs)
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        doc = {
+            "format": "autopar-plan",
+            "schema": plan_file.SCHEMA,
+            "model_name": self.model_name,
+            "fingerprint": self.fingerprint,
+            "cluster": self.cluster,
+            "mesh": plan_file.mesh_to_json(self.mesh),
+            "cost_model": self.cost_model,
+            "space": self.space,
+            "mode": self.mode,
+            "cost": self.cost,
+            "units": self.units,
+            "memory_per_device": self.memory_per_device,
+            "search": dataclasses.asdict(self.search),
+            "stages": [dataclasses.asdict(s) for s in self.stages],
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "unsupported": self.unsupported,
+            "assignment": {k: plan_file.config_to_json(c) for k, c in self.assignment.items()},
+            "baselines": {k: b.to_json() for k, b in self.baselines.items()},
+        }
+        return doc
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Plan":
+        try:
+            return cls(
+                model_name=doc["model_name"],
+                fingerprint=doc["fingerprint"],
+                cluster=doc["cluster"],
+                mesh=plan_file.mesh_from_json(doc["mesh"]),
+                cost_model=doc["cost_model"],
+                space=doc["space"],
+                mode=doc["mode"],
+                assignment={k: plan_file.config_from_json(c) for k, c in doc["assignment"].items()},
+                cost=float(doc["cost"]),
+                units=doc["units"],
+                memory_per_device=float(doc["memory_per_device"]),
+                search=SearchInfo(**doc["search"]),
+                stages=[Stage(**s) for s in doc.get("stages", [])],
+                microbatches=int(doc.get("microbatches", 1)),
+                schedule=doc.get("schedule", ""),
+                unsupported=dict(doc.get("unsupported", {})),
+                baselines={k: cls.from_json(b) for k, b in doc.get("baselines", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise PlanMismatchError(f"corrupt plan file: missing or bad field {e}") from None
+
+    @classmethod
+    def load(cls, path, graph=None, cluster=None) -> "Plan":
+        """Read a plan; with ``graph``/``cluster`` given, refuse one made for something else."""
+        plan = cls.from_json(plan_file.read(path))
+        if graph is not None:
+            from autopar.fingerprint import fingerprint
+
+            fp = fingerprint(graph)
+            if fp != plan.fingerprint:
+                raise PlanMismatchError(
+                    f"{path} was planned for another model ({plan.model_name or '?'}, graph {plan.fingerprint}); "
+                    f"this model's graph is {fp}: re-plan it"
+                )
+        if cluster is not None:
+            theirs = dataclasses.asdict(cluster) if dataclasses.is_dataclass(cluster) else dict(cluster)
+            if theirs != plan.cluster:
+                raise PlanMismatchError(
+                    f"{path} was planned for cluster {plan.cluster.get('name', '?')} "
+                    f"({plan.cluster.get('devices', '?')} devices), not {theirs.get('name', '?')} "
+                    f"({theirs.get('devices', '?')} devices): re-plan for this cluster"
+                )
+        return plan
