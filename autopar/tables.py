@@ -89,3 +89,25 @@ class Solution:
     search: str  # "dp", "ilp", "brute", ...
     seconds: float
     gap: float = 0.0  # relative optimality gap; 0.0 = proven optimal
+
+
+def restrict(tables: CostTables, keep: list[list[int]]) -> CostTables:
+    """The same problem with node ``i`` limited to configs ``keep[i]`` (indices into its list).
+
+    Baselines and pinned plans are restrictions: data parallelism keeps one config per node, the
+    expert plan keeps the Megatron-compatible ones, and the same exact search runs on what is left.
+    A ``Solution`` of the restricted tables maps back with ``keep[i][choice[i]]``.
+    """
+    if any(len(k) == 0 for k in keep):
+        empty = [tables.nodes[i] for i, k in enumerate(keep) if not k]
+        raise ValueError(f"restriction leaves no config for node(s) {', '.join(empty[:5])}")
+    idx = [np.asarray(k, dtype=np.intp) for k in keep]
+    return CostTables(
+        nodes=list(tables.nodes),
+        configs=[[tables.configs[i][j] for j in k] for i, k in enumerate(keep)],
+        node_cost=[np.asarray(c)[idx[i]] for i, c in enumerate(tables.node_cost)],
+        edge_cost={(u, v): np.asarray(m)[np.ix_(idx[u], idx[v])] for (u, v), m in tables.edge_cost.items()},
+        memory=[np.asarray(m)[idx[i]] for i, m in enumerate(tables.memory)],
+        memory_capacity=tables.memory_capacity,
+        units=tables.units,
+    )
