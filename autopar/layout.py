@@ -1,0 +1,155 @@
+"""Where each piece of a tensor lives on the device mesh under a node's config.
+
+A *layout* gives one placement per mesh axis, as ``torch.distributed.tensor`` does:
+
+* ``Shard(axis)``: the devices along this mesh axis hold consecutive slices of tensor ``axis``;
+  ``period > 1`` marks a strided shard: the tensor axis merges several dims (``("h", "d")``) and
+  the split dim is not the major one, so each device holds ``period`` separate blocks;
+* ``Replicate()``: every device along the mesh axis holds the same values;
+* ``Partial()``: every device holds a summand; the tensor is the sum over the mesh axis.
+
+The derivation is the iteration-space rule of ``autopar.ir``: mesh axis ``a`` cuts dim ``d``
+(``a in config.mesh_axes[i]``); a tensor axis indexed by ``d`` is sharded along ``a``; an output
+not indexed by a *reduction* dim ``d`` is partial along ``a``; anything else is replicated.
+
+Cost models and codegen both read this module, so a cost is always the cost of the layout codegen
+builds. No torch import: it is plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+from autopar.ir import Node, TensorSpec
+from autopar.tables import Config, Mesh
+
+
+@dataclass(frozen=True)
+class Shard:
+    axis: int
+    period: int = 1
+
+    def __str__(self) -> str:
+        return f"S({self.axis})" if self.period == 1 else f"S({self.axis}/{self.period})"
+
+
+@dataclass(frozen=True)
+class Replicate:
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True)
+class Partial:
+    def __str__(self) -> str:
+        return "P"
+
+
+Placement = Union[Shard, Replicate, Partial]
+Layout = tuple[Placement, ...]  # one placement per mesh axis
+
+R = Replicate()
+P = Partial()
+
+
+def axis_owner(config: Config, n_mesh_axes: int) -> list[int | None]:
+    """For each mesh axis, the index of the dim it cuts (None: the axis replicates the node)."""
+    if config.splits and not config.mesh_axes and any(s > 1 for s in config.splits):
+        raise ValueError("config has splits but no mesh_axes; map it onto the mesh first "
+                         "(autopar.layout.to_mesh)")
+    owner: list[int | None] = [None] * n_mesh_axes
+    for i, axes in enumerate(config.mesh_axes):
+        for a in axes:
+            owner[a] = i
+    return owner
+
+
+def tensor_layout(node: Node, config: Config, spec: TensorSpec, mesh: Mesh,
+                  output: bool = False) -> Layout:
+    """The layout of one tensor ``node`` reads or writes (``output=True`` for its results)."""
+    owner = axis_owner(config, len(mesh.shape))
+    sizes = {d.name: d.size for d in node.dims}
+    out: list[Placement] = []
+    for i in owner:
+        if i is None:
+            out.append(R)
+            continue
+        dim = node.dims[i]
+        place: Placement = P if (output and dim.reduction) else R
+        for t, names in enumerate(spec.axes):
+            if dim.name in names:
+                k = names.index(dim.name)
+                place = Shard(t, math.prod(sizes.get(n, 1) for n in names[:k]))
+                break
+        out.append(place)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class NodeLayouts:
+    """Layouts of every operand of a node under one config, in the node's own order."""
+
+    inputs: tuple[Layout, ...]
+    params: tuple[Layout, ...]
+    outputs: tuple[Layout, ...]
+
+
+def node_layouts(node: Node, config: Config, mesh: Mesh) -> NodeLayouts:
+    return NodeLayouts(
+        tuple(tensor_layout(node, config, op.spec, mesh) for op in node.inputs),
+        tuple(tensor_layout(node, config, op.spec, mesh) for op in node.params),
+        tuple(tensor_layout(node, config, s, mesh, output=True) for s in node.outputs),
+    )
+
+
+def grad_of_input(layout: Layout, node: Node, config: Config, mesh: Mesh) -> Layout:
+    """Layout of the gradient the node's backward produces for an input (or parameter).
+
+    Along a mesh axis that cuts a dim *not* indexing the tensor, every device used the whole
+    tensor for a different piece of work, so each holds one summand of its gradient: Partial.
+    Along an axis that replicates the whole node the gradients are equal copies: Replicate.
+    """
+    owner = axis_owner(config, len(mesh.shape))
+    return tuple(P if (isinstance(pl, Replicate) and owner[a] is not None) else pl
+                 for a, pl in enumerate(layout))
+
+
+def grad_of_output(layout: Layout) -> Layout:
+    """Layout the gradient of an output must arrive in: that of the output, Partial -> Replicate
+    (the gradient of a sum with respect to each summand is the gradient of the sum)."""
+    return tuple(R if isinstance(pl, Partial) else pl for pl in layout)
+
+
+def shard_factor(layout: Layout, mesh: Mesh) -> int:
+    """How many pieces the layout cuts a tensor into (its local size is nbytes / this)."""
+    return math.prod(mesh.shape[a] for a, pl in enumerate(layout) if isinstance(pl, Shard))
+
+
+def local_bytes(spec: TensorSpec, layout: Layout, mesh: Mesh) -> float:
+    return spec.nbytes / shard_factor(layout, mesh)
+
+
+def to_mesh(config: Config, mesh: Mesh) -> Config | None:
+    """Give a mesh-less config mesh axes (intra-node axes first), or None if it does not fit."""
+    if config.mesh_axes or all(s == 1 for s in config.splits):
+        return config if config.mesh_axes else Config(config.splits, ((),) * len(config.splits))
+    free = list(range(len(mesh.shape)))[::-1]  # inner (intra-node) axes first
+    axes_of: list[tuple[int, ...]] = []
+    for s in config.splits:
+        mine: list[int] = []
+        rest = s
+        for a in list(free):
+            if rest % mesh.shape[a] == 0 and rest > 1:
+                mine.append(a)
+                free.remove(a)
+                rest //= mesh.shape[a]
+        if rest != 1:
+            return None
+        axes_of.append(tuple(sorted(mine)))
+    return Config(config.splits, tuple(axes_of))
+
+
+def format_layout(layout: Layout) -> str:
+    return "(" + ", ".join(str(p) for p in layout) + ")"

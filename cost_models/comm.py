@@ -1,0 +1,209 @@
+"""Alpha-beta costs of collectives on the device mesh, and of resharding a tensor between layouts.
+
+Every collective runs over a *group* of mesh axes: the devices that differ only along those axes.
+Its ``p`` is the product of their sizes. A group that contains an axis of level > 0 spans nodes,
+and its ring has hops over the inter-node link; a ring runs at the pace of its slowest hop, so the
+whole collective is priced with that link's bandwidth ``bw`` and latency ``a`` (per device, one
+direction). The formulas are the ring (bandwidth-optimal) algorithms of Thakur et al. (2005) and
+NCCL, with ``N`` the bytes each device holds (for all-gather: after the gather):
+
+=============== ====================================== =================================
+collective      seconds                                why
+=============== ====================================== =================================
+all-reduce      2(p-1)/p * N/bw + 2(p-1) a             reduce-scatter, then all-gather
+all-gather      (p-1)/p * N/bw + (p-1) a               p-1 steps, each moves N/p
+reduce-scatter  (p-1)/p * N/bw + (p-1) a               p-1 steps, each moves N/p
+all-to-all      (p-1)/p * N/bw + (p-1) a               each device sends N/p to p-1 peers
+broadcast       N/bw + (p-1) a                         pipelined ring: N passes every hop once
+send/recv       N/bw + a                               one hop
+=============== ====================================== =================================
+
+A group of several mesh axes is priced as one collective over the flattened group (what a
+flattened DeviceMesh runs; DTensor's per-axis collectives cost the same for all-gather and
+reduce-scatter and more for all-reduce, see DESIGN.md).
+
+Resharding ``src -> dst`` (both layouts of ``autopar.layout``) runs, per mesh axis, in this order,
+so each collective sees the smallest local tensor it can:
+
+1. ``R -> S``   local slice: free, the local tensor shrinks by the axis size;
+2. ``P -> S``   reduce-scatter (one collective over all such axes);
+3. ``P -> R``   all-reduce;
+4. ``S(i) -> S(j)`` (another tensor axis, or another stride) all-to-all;
+5. ``S -> R``   all-gather;
+6. ``R/S -> P`` free (one device keeps the values, the others contribute zeros).
+
+The backward of a forward reshard is the reshard of the gradient from the consumer's gradient
+layout back to the producer's (``autopar.layout.grad_of_input`` / ``grad_of_output``): an
+all-gather's is a reduce-scatter, an all-reduce's is nothing, a slice's is an all-gather when the
+consumer's work differs along that axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.cluster import Cluster
+from autopar.layout import Layout, Partial, Replicate, Shard
+from autopar.tables import Mesh
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send/recv")
+
+# (bandwidth multiplier as a function of p, latency steps as a function of p)
+_BW = {"all-reduce": lambda p: 2 * (p - 1) / p, "all-gather": lambda p: (p - 1) / p,
+       "reduce-scatter": lambda p: (p - 1) / p, "all-to-all": lambda p: (p - 1) / p,
+       "broadcast": lambda p: 1.0 + 0 * p, "send/recv": lambda p: 1.0 + 0 * p}
+_LAT = {"all-reduce": lambda p: 2 * (p - 1), "all-gather": lambda p: p - 1,
+        "reduce-scatter": lambda p: p - 1, "all-to-all": lambda p: p - 1,
+        "broadcast": lambda p: p - 1, "send/recv": lambda p: 1 + 0 * p}
+_FORMULA = {"all-reduce": "2(p-1)/p*N/bw + 2(p-1)*a", "all-gather": "(p-1)/p*N/bw + (p-1)*a",
+            "reduce-scatter": "(p-1)/p*N/bw + (p-1)*a", "all-to-all": "(p-1)/p*N/bw + (p-1)*a",
+            "broadcast": "N/bw + (p-1)*a", "send/recv": "N/bw + a"}
+
+
+def collective_time(kind: str, nbytes, p, bandwidth, latency):
+    """Seconds of one ring collective; works elementwise on numpy arrays. p <= 1 costs 0."""
+    p = np.asarray(p, dtype=float)
+    safe = np.maximum(p, 1.0)
+    t = _BW[kind](safe) * np.asarray(nbytes, dtype=float) / bandwidth + _LAT[kind](safe) * latency
+    out = np.where(p > 1, t, 0.0)
+    return float(out) if out.ndim == 0 else out
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One priced collective, with what a reader needs to redo the arithmetic."""
+
+    kind: str
+    axes: tuple[int, ...]  # mesh axes of the group
+    p: int
+    nbytes: float  # N of the formula
+    bandwidth: float
+    latency: float
+    crosses_nodes: bool
+    seconds: float
+
+    def formula(self) -> str:
+        bw, a = f"{self.bandwidth:.4g}", f"{self.latency:.3g}"
+        p, n = self.p, f"{self.nbytes:.6g}"
+        body = {"all-reduce": f"2*{p - 1}/{p}*{n}/{bw} + 2*{p - 1}*{a}",
+                "all-gather": f"{p - 1}/{p}*{n}/{bw} + {p - 1}*{a}",
+                "reduce-scatter": f"{p - 1}/{p}*{n}/{bw} + {p - 1}*{a}",
+                "all-to-all": f"{p - 1}/{p}*{n}/{bw} + {p - 1}*{a}",
+                "broadcast": f"{n}/{bw} + {p - 1}*{a}", "send/recv": f"{n}/{bw} + {a}"}[self.kind]
+        link = "inter-node" if self.crosses_nodes else "intra-node"
+        return (f"{self.kind} over mesh axes {list(self.axes)} (p={p}, {link}): "
+                f"{_FORMULA[self.kind]} = {body} = {self.seconds:.4g} s")
+
+
+def group_of(axes, mesh: Mesh) -> tuple[int, bool]:
+    """(p, crosses_nodes) of the group of mesh ``axes``."""
+    p, cross = 1, False
+    level = mesh.level or (0,) * len(mesh.shape)
+    for a in axes:
+        p *= mesh.shape[a]
+        cross = cross or level[a] > 0
+    return p, cross
+
+
+def collective(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -> Collective:
+    """Price ``kind`` over the group of mesh ``axes`` with ``nbytes`` per device."""
+    if kind not in _BW:
+        raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
+    axes = tuple(sorted(axes))
+    p, cross = group_of(axes, mesh)
+    bw, lat = cluster.link(cross)
+    return Collective(kind, axes, p, float(nbytes), bw, lat, cross,
+                      collective_time(kind, nbytes, p, bw, lat))
+
+
+# --- resharding ----------------------------------------------------------------------------------
+
+def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
+                  cluster: Cluster) -> list[Collective]:
+    """The collectives that turn a tensor of ``nbytes`` (global) from ``src`` into ``dst``."""
+    if len(src) != len(dst) or len(src) != len(mesh.shape):
+        raise ValueError(f"layouts {src} -> {dst} do not match a mesh of {len(mesh.shape)} axes")
+    sf = 1
+    for a, pl in enumerate(src):
+        if isinstance(pl, Shard):
+            sf *= mesh.shape[a]
+    local = nbytes / sf
+    steps: list[Collective] = []
+    sliced = [a for a in range(len(src)) if isinstance(src[a], Replicate) and isinstance(dst[a], Shard)]
+    local /= group_of(sliced, mesh)[0]
+    rs = [a for a in range(len(src)) if isinstance(src[a], Partial) and isinstance(dst[a], Shard)]
+    if rs:
+        steps.append(collective("reduce-scatter", local, rs, mesh, cluster))
+        local /= group_of(rs, mesh)[0]
+    ar = [a for a in range(len(src)) if isinstance(src[a], Partial) and isinstance(dst[a], Replicate)]
+    if ar:
+        steps.append(collective("all-reduce", local, ar, mesh, cluster))
+    a2a = [a for a in range(len(src))
+           if isinstance(src[a], Shard) and isinstance(dst[a], Shard) and src[a] != dst[a]]
+    if a2a:
+        steps.append(collective("all-to-all", local, a2a, mesh, cluster))
+    ag = [a for a in range(len(src)) if isinstance(src[a], Shard) and isinstance(dst[a], Replicate)]
+    if ag:
+        steps.append(collective("all-gather", local * group_of(ag, mesh)[0], ag, mesh, cluster))
+    return [s for s in steps if s.p > 1]
+
+
+def reshard_cost(nbytes: float, src: Layout, dst: Layout, mesh: Mesh, cluster: Cluster) -> float:
+    return sum(s.seconds for s in reshard_steps(nbytes, src, dst, mesh, cluster))
+
+
+def encode_layouts(layouts: list[Layout], codebook: dict) -> np.ndarray:
+    """Layouts as an int matrix (one row per layout): R=0, P=1, each distinct Shard >= 2."""
+    out = np.empty((len(layouts), len(layouts[0]) if layouts else 0), dtype=np.int64)
+    for i, lay in enumerate(layouts):
+        for a, pl in enumerate(lay):
+            if isinstance(pl, Replicate):
+                out[i, a] = 0
+            elif isinstance(pl, Partial):
+                out[i, a] = 1
+            else:
+                out[i, a] = codebook.setdefault(pl, 2 + len(codebook))
+    return out
+
+
+def reshard_matrix(nbytes: float, src: list[Layout], dst: list[Layout], mesh: Mesh,
+                   cluster: Cluster) -> np.ndarray:
+    """``M[i, j] = reshard_cost(nbytes, src[i], dst[j])``, computed on unique layouts in numpy."""
+    if not src or not dst:
+        return np.zeros((len(src), len(dst)))
+    book: dict = {}
+    s_codes, s_inv = np.unique(encode_layouts(src, book), axis=0, return_inverse=True)
+    d_codes, d_inv = np.unique(encode_layouts(dst, book), axis=0, return_inverse=True)
+    cost = _reshard_codes(nbytes, s_codes, d_codes, mesh, cluster)
+    return cost[np.ravel(s_inv)][:, np.ravel(d_inv)]
+
+
+def _reshard_codes(nbytes: float, s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh,
+                   cluster: Cluster) -> np.ndarray:
+    """The phases of ``reshard_steps`` on every (src, dst) pair at once."""
+    logsz = np.log(np.asarray(mesh.shape, dtype=float))
+    level = np.asarray(mesh.level or (0,) * len(mesh.shape)) > 0
+    s, d = s_codes[:, None, :], d_codes[None, :, :]
+    s_sh, d_sh = s >= 2, d >= 2
+
+    def group(mask):
+        p = np.exp(mask.astype(float) @ logsz).round()
+        cross = (mask & level).any(axis=-1)
+        bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
+        lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
+        return p, bw, lat
+
+    local = nbytes / np.exp((s_codes >= 2).astype(float) @ logsz).round()[:, None]
+    local = local / group((s == 0) & d_sh)[0]
+    p, bw, lat = group((s == 1) & d_sh)
+    total = collective_time("reduce-scatter", local, p, bw, lat)
+    local = local / p
+    p, bw, lat = group((s == 1) & (d == 0))
+    total = total + collective_time("all-reduce", local, p, bw, lat)
+    p, bw, lat = group(s_sh & d_sh & (s != d))
+    total = total + collective_time("all-to-all", local, p, bw, lat)
+    p, bw, lat = group(s_sh & (d == 0))
+    total = total + collective_time("all-gather", local * p, p, bw, lat)
+    return np.broadcast_to(total, (len(s_codes), len(d_codes)))
