@@ -1,0 +1,275 @@
+"""The sharded module that runs a plan: parameters as DTensors, every node on its own layout.
+
+``shard_module(model, graph, assignment, mesh_shape)`` returns this rank's module. It keeps the
+model's parameter names (its children are the model's children), but each parameter is a DTensor
+laid out as the node that reads it first is configured, and ``forward`` replays the traced fx
+graph node by node:
+
+1. each DTensor input of a node is redistributed to the placements the node's config implies
+   (``placements.node_layout``); that is where all forward collectives come from, and the
+   backward of the same redistribute is where gradients get reduced back to their producer's
+   layout (for a replicated parameter: the data-parallel all-reduce);
+2. the node runs on local shards through ``local_map`` with those placements, its outputs
+   labelled ``Shard``/``Replicate``/``Partial`` from the IR. DTensor's own op rules are never
+   consulted, so a rule that is wrong for some layout (``F.conv2d`` with an in-channel split
+   returns wrong values labelled ``Replicate``, see DESIGN.md) cannot bite, and the collectives
+   are exactly those of the plan;
+3. fx nodes that are not IR nodes (``x.shape``, ``getitem`` on a node's tuple output) run as they
+   are, on DTensors, which is right for metadata and tuple indexing;
+4. the graph's outputs come back as ordinary, replicated tensors (``full_tensor()``).
+
+Inputs are the full (global) tensors, identical on every rank; a node that shards its input just
+keeps its slice (a Replicate -> Shard redistribute needs no communication).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor.experimental import local_map
+from torch.utils import _pytree as pytree
+
+from autopar.ir import Graph, Node, Operand
+from autopar.tables import Config
+
+from .ops import LocalCall, mean_scale
+from .placements import LayoutError, NodeLayout, Placements, grad_placements, node_layout
+
+_NO_KEY = object()  # an fx argument that is no operand of the node (a constant, a shape)
+
+
+@dataclass(frozen=True)
+class OperandKey:
+    """What an fx argument is, in IR terms: (source, output) as in ``ir.Operand``."""
+
+    source: str
+    output: int = 0
+
+
+@dataclass
+class Program:
+    """Everything ``forward`` needs besides the parameters; built once by ``shard_module``."""
+
+    graph: Graph
+    assignment: dict[str, Config]
+    mesh: DeviceMesh
+    layouts: dict[str, NodeLayout]
+    param_placements: dict[str, Placements]  # qualified name -> placements it is stored with
+    scales: dict[str, float] = field(default_factory=dict)  # node -> 1/parts of averaged dims
+
+    @property
+    def fx_graph(self) -> fx.GraphModule:
+        return self.graph.fx_graph
+
+
+class ShardedModule(nn.Module):
+    """This rank's module: the model's children with DTensor parameters, run per the plan."""
+
+    def __init__(self, model: nn.Module, program: Program):
+        super().__init__()
+        for name, child in model.named_children():
+            self.add_module(name, child)
+        for name, p in model.named_parameters(recurse=False):
+            self.register_parameter(name, p)
+        for name, b in model.named_buffers(recurse=False):
+            self.register_buffer(name, b)
+        self.program = program
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        return self.program.mesh
+
+    def forward(self, *args, **kwargs):
+        return _Runner(self, self.program).run(*args, **kwargs)
+
+
+def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config],
+                 mesh_shape: tuple[int, ...], device_mesh: DeviceMesh | None = None) -> ShardedModule:
+    """This rank's sharded copy of ``model`` (the model itself is left as it is).
+
+    ``graph`` is the IR traced from ``model`` (``graph.fx_graph`` its fx GraphModule, IR node
+    names = fx node names); ``assignment`` maps node names to configs (missing: replicated).
+    Needs an initialized default process group whose size is the product of ``mesh_shape``.
+    """
+    mesh_shape = tuple(mesh_shape)
+    if graph.fx_graph is None:
+        raise LayoutError("shard_module needs graph.fx_graph, the fx GraphModule the IR came from")
+    mesh = device_mesh if device_mesh is not None else init_device_mesh("cpu", mesh_shape)
+    if tuple(mesh.shape) != mesh_shape:
+        raise LayoutError(f"device mesh {tuple(mesh.shape)} is not the plan's mesh {mesh_shape}")
+    layouts = {n.name: node_layout(n, assignment.get(n.name), mesh_shape) for n in graph.nodes}
+    stored = _stored_placements(graph, layouts)
+    model = copy.deepcopy(model)
+    _distribute_state(model, mesh, stored)
+    program = Program(graph, dict(assignment), mesh, layouts, stored)
+    fx_nodes = {n.name: n for n in graph.fx_graph.graph.nodes}
+    for node in graph.nodes:
+        if node.name in fx_nodes:
+            program.scales[node.name] = mean_scale(fx_nodes[node.name], node, layouts[node.name])
+    return ShardedModule(model, program)
+
+
+def _stored_placements(graph: Graph, layouts: dict[str, NodeLayout]) -> dict[str, Placements]:
+    """Each parameter is stored as its first reader wants it; later readers redistribute."""
+    stored: dict[str, Placements] = {}
+    for node in graph.nodes:
+        for op, pl in zip(node.params, layouts[node.name].params):
+            stored.setdefault(op.source.removeprefix("param:"), pl)
+    return stored
+
+
+def _distribute_state(model: nn.Module, mesh: DeviceMesh, stored: dict[str, Placements]) -> None:
+    replicate = tuple(Replicate() for _ in range(mesh.ndim))
+    for name, p in list(model.named_parameters()):
+        owner, leaf = _owner(model, name)
+        dt = distribute_tensor(p.detach(), mesh, stored.get(name, replicate))
+        setattr(owner, leaf, nn.Parameter(dt, requires_grad=p.requires_grad))
+    for name, b in list(model.named_buffers()):
+        owner, leaf = _owner(model, name)
+        owner._buffers[leaf] = distribute_tensor(b, mesh, stored.get(name, replicate))
+
+
+def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, leaf = name.rpartition(".")
+    return (model.get_submodule(path) if path else model), leaf
+
+
+class _Runner(fx.Interpreter):
+    """One forward pass: the fx graph replayed with every IR node run on its layout."""
+
+    def __init__(self, root: ShardedModule, program: Program):
+        super().__init__(root, garbage_collect_values=True, graph=program.fx_graph.graph)
+        self.program = program
+        self.root = root
+
+    # -- graph boundary -------------------------------------------------------------------
+
+    def placeholder(self, target, args, kwargs):
+        value = super().placeholder(target, args, kwargs)
+        return self._replicated(value)
+
+    def get_attr(self, target, args, kwargs):
+        try:
+            value = self.fetch_attr(target)
+        except AttributeError:  # a constant the tracer stored on its GraphModule only
+            value = getattr(self.program.fx_graph, target)
+        return self._replicated(value)
+
+    def output(self, target, args, kwargs):
+        return pytree.tree_map(lambda v: v.full_tensor() if isinstance(v, DTensor) else v, args[0])
+
+    def _replicated(self, value):
+        if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+            mesh = self.program.mesh
+            return DTensor.from_local(value, mesh, [Replicate()] * mesh.ndim, run_check=False)
+        return value
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    def run_node(self, n: fx.Node) -> Any:
+        graph = self.program.graph
+        if n.op.startswith("call_") and n.name in graph._by_name:
+            with self._set_current_node(n):
+                return self._run_sharded(n, graph.node(n.name))
+        return super().run_node(n)
+
+    def _run_sharded(self, n: fx.Node, node: Node) -> Any:
+        layout = self.program.layouts[node.name]
+        mesh = self.program.mesh
+        flat, spec = pytree.tree_flatten((n.args, n.kwargs))
+        values = [self.env[a] if isinstance(a, fx.Node) else a for a in flat]
+        operands = _OperandMatcher(node, layout)
+        slots, tensors, fwd, grads = [], [], [], []
+        for i, (a, v) in enumerate(zip(flat, values)):
+            if isinstance(v, DTensor):
+                pl, gpl = operands.match(self._key(a), v)
+                slots.append(i)
+                tensors.append(v.redistribute(mesh, pl))
+                fwd.append(pl)
+                grads.append(gpl)
+        module, names = None, []
+        if n.op == "call_module":
+            module = self.root.get_submodule(n.target)
+            for name, t in _module_state(module):
+                pl, gpl = operands.param(f"{n.target}.{name}" if n.target else name)
+                names.append(name)
+                tensors.append(t.redistribute(mesh, pl))
+                fwd.append(pl)
+                grads.append(gpl)
+        values = [None if i in slots else v for i, v in enumerate(values)]
+        call = LocalCall(n, node, layout, module, values, spec, slots, names,
+                         self.program.scales.get(node.name, 1.0))
+        run = local_map(call, out_placements=tuple(layout.outputs), in_placements=tuple(fwd),
+                        in_grad_placements=tuple(grads), device_mesh=mesh)
+        return call.rebuild(run(*tensors))
+
+    def _key(self, a: fx.Node) -> Any:
+        """The IR operand an fx argument stands for (following getitem on a node's tuple)."""
+        graph = self.program.graph
+        if a.op == "placeholder":
+            return OperandKey(f"input:{a.name}")
+        if a.op == "get_attr":
+            return OperandKey(f"param:{a.target}")
+        if a.name in graph._by_name:
+            return OperandKey(a.name)
+        if a.op == "call_function" and getattr(a.target, "__name__", "") == "getitem":
+            src, idx = a.args[0], a.args[1]
+            if isinstance(src, fx.Node) and src.name in graph._by_name and isinstance(idx, int):
+                return OperandKey(src.name, idx)
+        tensor_args = [x for x in a.all_input_nodes]
+        if len(tensor_args) == 1:  # a pass-through the tracer left out of the IR (contiguous)
+            return self._key(tensor_args[0])
+        return _NO_KEY
+
+
+def _module_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return list(module.named_parameters()) + list(module.named_buffers())
+
+
+class _OperandMatcher:
+    """Pairs the DTensors a call reads with the node's IR operands and their placements."""
+
+    def __init__(self, node: Node, layout: NodeLayout):
+        self.node = node
+        self.layout = layout
+        self.used: set[tuple[str, int]] = set()
+
+    def match(self, key: Any, value: DTensor) -> tuple[Placements, Placements]:
+        node, layout = self.node, self.layout
+        for i, op in enumerate(node.inputs):
+            if self._is(key, op, ("in", i)):
+                return layout.inputs[i], layout.input_grads[i]
+        for i, op in enumerate(node.params):
+            if self._is(key, op, ("param", i)):
+                return layout.params[i], layout.param_grads[i]
+        for i, op in enumerate(node.inputs):  # positional: the IR lists data inputs in call order
+            if ("in", i) not in self.used and len(op.spec.shape) == value.ndim:
+                self.used.add(("in", i))
+                return layout.inputs[i], layout.input_grads[i]
+        raise LayoutError(f"node {node.name}: cannot tell which operand {key} is "
+                          f"(inputs {[o.source for o in node.inputs]}, "
+                          f"params {[o.source for o in node.params]})")
+
+    def param(self, qualified: str) -> tuple[Placements, Placements]:
+        for i, op in enumerate(self.node.params):
+            if op.source == f"param:{qualified}":
+                self.used.add(("param", i))
+                return self.layout.params[i], self.layout.param_grads[i]
+        owner = list(self.layout.axis_dims)  # a parameter the IR left out: replicated
+        rep = tuple(Replicate() for _ in owner)
+        return rep, grad_placements(rep, owner)
+
+    def _is(self, key: Any, op: Operand, tag: tuple[str, int]) -> bool:
+        if not isinstance(key, OperandKey) or tag in self.used:
+            return False
+        if (op.source, op.output) == (key.source, key.output):
+            self.used.add(tag)
+            return True
+        return False

@@ -1,0 +1,180 @@
+"""The per-device body of one node: the traced call, run on local shards.
+
+Most ops need nothing but their local shards: a linear on a column shard of its weight, an
+elementwise op on a row shard, attention on a slice of the heads. Three things do need care, and
+they live here, keyed by what the op *is*, not by which model uses it:
+
+* shape arguments (``view``, ``reshape``, ``expand``, ``split``, ``unflatten``) were computed from
+  global shapes while tracing (and from a DTensor's global ``.shape`` at run time); the local call
+  needs the local sizes, which the IR's output spec divided by the splits gives;
+* a mean over a split dim (``cross_entropy(reduction="mean")``, ``mean``) would make every device
+  divide by its local count; scaling the local result by 1/parts turns the partial *means* into
+  partial *sums*, so that the ``Partial`` output's sum is the global mean and its gradient is right;
+* parameters of a called module are swapped for their local shards with ``functional_call``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.func import functional_call
+from torch.utils import _pytree as pytree
+
+from autopar.ir import Node
+
+from .placements import LayoutError, NodeLayout, local_shape
+
+_TENSOR = object()  # marks where an output tensor goes back
+SHAPE_METHODS = {"view", "reshape", "expand"}
+MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy",
+               "binary_cross_entropy_with_logits", "smooth_l1_loss", "kl_div"}
+
+
+def call_name(n: fx.Node) -> str:
+    """The bare name of what an fx node calls: ``view``, ``cross_entropy``, ``Linear``, ..."""
+    if n.op == "call_method":
+        return str(n.target)
+    if n.op == "call_function":
+        return getattr(n.target, "__name__", str(n.target))
+    return ""
+
+
+@dataclass
+class LocalCall:
+    """One fx call with its tensor leaves taken out: ``__call__(*local_tensors)`` runs it locally.
+
+    ``args``/``kwargs`` keep every non-tensor leaf; ``slots`` are the flat leaf positions the
+    tensors go back into (in the order of ``__call__``'s arguments); ``param_names`` are the
+    module parameters (after the data tensors) handed to ``functional_call``.
+    """
+
+    fx_node: fx.Node
+    node: Node
+    layout: NodeLayout
+    module: nn.Module | None
+    flat: list[Any]
+    spec: Any
+    slots: list[int]
+    param_names: list[str]
+    mean_scale: float = 1.0
+    out_flat: list[Any] | None = None  # the last call's output leaves (tensors as _TENSOR)
+    out_spec: Any = None
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Run locally; return the tensor leaves of the output, as ``local_map`` wants them."""
+        leaves = list(self.flat)
+        for slot, t in zip(self.slots, tensors):
+            leaves[slot] = t
+        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        args, kwargs = localize_shape_args(self.fx_node, self.node, self.layout, args, kwargs)
+        out = self._invoke(args, kwargs, tensors[len(self.slots):])
+        if self.mean_scale != 1.0:
+            out = pytree.tree_map(lambda t: t * self.mean_scale if _is_float(t) else t, out)
+        flat, self.out_spec = pytree.tree_flatten(out)
+        tensors_out = tuple(t for t in flat if isinstance(t, torch.Tensor))
+        if len(tensors_out) != len(self.node.outputs):
+            raise LayoutError(f"node {self.node.name}: the call returned {len(tensors_out)} "
+                              f"tensors, the IR lists {len(self.node.outputs)} outputs")
+        self.out_flat = [_TENSOR if isinstance(t, torch.Tensor) else t for t in flat]
+        return tensors_out
+
+    def rebuild(self, tensors_out) -> Any:
+        """Put the (now distributed) output tensors back into the call's output structure."""
+        it = iter(tensors_out)
+        leaves = [next(it) if v is _TENSOR else v for v in self.out_flat]
+        return pytree.tree_unflatten(leaves, self.out_spec)
+
+    def _invoke(self, args, kwargs, params):
+        n = self.fx_node
+        if n.op == "call_module":
+            return functional_call(self.module, dict(zip(self.param_names, params)), args, kwargs)
+        if n.op == "call_method":
+            self_obj, *rest = args
+            return getattr(self_obj, n.target)(*rest, **kwargs)
+        return n.target(*args, **kwargs)
+
+
+def _is_float(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def localize_shape_args(n: fx.Node, node: Node, layout: NodeLayout, args, kwargs):
+    """Replace global sizes in shape-taking calls by this device's sizes (from the IR)."""
+    name = call_name(n)
+    counts = layout.split_counts
+    if all(c == 1 for c in counts.values()):
+        return args, kwargs
+    if name in SHAPE_METHODS or (name == "reshape" and n.op == "call_function"):
+        shape = local_shape(node.outputs[0], counts)
+        if "shape" in kwargs or "size" in kwargs:
+            key = "shape" if "shape" in kwargs else "size"
+            return args, {**kwargs, key: shape}
+        if n.op == "call_method":
+            return (args[0], *shape), kwargs
+        return (args[0], shape, *args[2:]), kwargs
+    if name == "split":
+        return _localize_split(n, node, counts, args, kwargs)
+    if name == "unflatten":
+        dim = _arg(n, args, kwargs, 1, "dim")
+        sizes = _arg(n, args, kwargs, 2, "sizes")
+        out = local_shape(node.outputs[0], counts)
+        dim = dim % (len(out) - len(sizes) + 1)
+        return (args[0], dim, tuple(out[dim:dim + len(sizes)])), {}
+    return args, kwargs
+
+
+def _localize_split(n, node, counts, args, kwargs):
+    dim = _arg(n, args, kwargs, 2, "dim", default=0)
+    outs = [local_shape(spec, counts) for spec in node.outputs]
+    dim = dim % len(outs[0])
+    sizes = [o[dim] for o in outs]
+    size_arg = _arg(n, args, kwargs, 1, "split_size_or_sections" if n.op == "call_function"
+                    else "split_size")
+    new = sizes[0] if isinstance(size_arg, int) and len(set(sizes)) == 1 else sizes
+    return (args[0], new, dim), {}
+
+
+def _arg(n: fx.Node, args, kwargs, i: int, key: str, default: Any = None):
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(key, default)
+
+
+def mean_scale(n: fx.Node, node: Node, layout: NodeLayout) -> float:
+    """1/parts of the split dims the op averages over (1.0 when it averages over none)."""
+    dims = mean_dims(n, node)
+    parts = math.prod(layout.split_counts.get(d, 1) for d in dims)
+    return 1.0 / parts
+
+
+def mean_dims(n: fx.Node, node: Node) -> set[str]:
+    """The reduction dims a node averages (rather than sums) over."""
+    name = call_name(n) if n.op != "call_module" else type_name(n)
+    reductions = {d.name for d in node.dims if d.reduction}
+    if node.op == "cross_entropy" or name in MEAN_LOSSES or name in ("CrossEntropyLoss", "MSELoss"):
+        if _reduction_kwarg(n, node) != "mean":
+            return set()
+        # averaged over the target's items; the class dim (absent from the target) is not
+        target = node.inputs[1].spec.axes if len(node.inputs) > 1 else ()
+        in_target = {d for axis in target for d in axis}
+        return reductions & in_target if in_target else reductions
+    if name == "mean" or node.attrs.get("fn") == "mean" or node.attrs.get("reduce") == "mean":
+        return reductions
+    if "avg" in name.lower() or "avg" in str(node.attrs.get("kind", "")):
+        return reductions
+    return set()
+
+
+def _reduction_kwarg(n: fx.Node, node: Node) -> str:
+    if "reduction" in node.attrs:
+        return str(node.attrs["reduction"])
+    return str(n.kwargs.get("reduction", "mean"))
+
+
+def type_name(n: fx.Node) -> str:
+    return str(n.meta.get("module_type", "")) or str(n.target)

@@ -1,0 +1,130 @@
+"""DTensor placements of every tensor a node touches, derived from the IR and the node's config.
+
+The IR says which iteration-space dims index each tensor axis; a config says which mesh axes cut
+each dim. Together they fix the layout of every tensor on every mesh axis, with no per-op code:
+
+* mesh axis ``a`` cuts dim ``d`` and ``d`` is the major dim of tensor axis ``i`` -> ``Shard(i)``;
+* ``a`` cuts a reduction dim that an output lacks -> ``Partial()`` for that output (each device
+  holds a partial sum);
+* otherwise -> ``Replicate()``.
+
+Gradients need one more case: an input replicated on ``a`` while ``a`` cuts some other dim of the
+node is read by every device for a different piece of the work, so its gradient on ``a`` is a
+partial sum (``Partial()``). That is the rule which makes data-parallel gradient all-reduces and
+Megatron's backward all-reduce of a column-parallel input come out of DTensor by themselves.
+
+Several mesh axes on one dim: DTensor shards a tensor axis by its mesh dims in ascending order,
+the first one major, which is exactly how ``Config.mesh_axes`` lists them (ascending).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.tensor import Partial, Placement, Replicate, Shard
+
+from autopar.ir import Node, TensorSpec
+from autopar.tables import Config
+
+Placements = tuple[Placement, ...]
+
+
+class LayoutError(ValueError):
+    """A config asks for a layout DTensor cannot hold as a plain shard (e.g. a minor-dim split)."""
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """The placements one node needs: per data input, per parameter, per output; and grads."""
+
+    inputs: tuple[Placements, ...]
+    params: tuple[Placements, ...]
+    outputs: tuple[Placements, ...]
+    input_grads: tuple[Placements, ...]
+    param_grads: tuple[Placements, ...]
+    split_counts: dict[str, int]  # dim name -> number of parts (1 = unsplit)
+    axis_dims: tuple[str | None, ...]  # per mesh axis, the dim it cuts (None: it replicates)
+
+
+def mesh_axis_dims(node: Node, config: Config | None, mesh_ndim: int) -> list[str | None]:
+    """For each mesh axis, the name of the node dim it cuts (None: the axis replicates)."""
+    owner: list[str | None] = [None] * mesh_ndim
+    if config is None or not config.mesh_axes:
+        if config is not None and any(s > 1 for s in config.splits):
+            raise LayoutError(f"node {node.name}: config {config} has splits but no mesh axes")
+        return owner
+    if len(config.mesh_axes) != len(node.dims):
+        raise LayoutError(f"node {node.name}: config has {len(config.mesh_axes)} dims, "
+                          f"node has {len(node.dims)}")
+    for dim, axes in zip(node.dims, config.mesh_axes):
+        if list(axes) != sorted(axes):
+            raise LayoutError(f"node {node.name}: mesh axes {axes} of dim {dim.name!r} are not "
+                              "ascending; DTensor shards by mesh dims in ascending order")
+        for a in axes:
+            if not 0 <= a < mesh_ndim:
+                raise LayoutError(f"node {node.name}: mesh axis {a} outside a {mesh_ndim}-d mesh")
+            if owner[a] is not None:
+                raise LayoutError(f"node {node.name}: mesh axis {a} cuts both "
+                                  f"{owner[a]!r} and {dim.name!r}")
+            owner[a] = dim.name
+    return owner
+
+
+def tensor_placements(spec: TensorSpec, owner: list[str | None], node: Node,
+                      output: bool = False) -> Placements:
+    """Forward placements of one tensor of ``node``; ``owner`` from :func:`mesh_axis_dims`."""
+    out: list[Placement] = []
+    for a, dim in enumerate(owner):
+        if dim is None:
+            out.append(Replicate())
+            continue
+        axis = _axis_of(spec, dim, node)
+        if axis is not None:
+            out.append(Shard(axis))
+        elif output and node.dim(dim).reduction:
+            out.append(Partial())
+        else:
+            out.append(Replicate())
+    return tuple(out)
+
+
+def grad_placements(forward: Placements, owner: list[str | None]) -> Placements:
+    """Placements of an input's gradient: replicated reads of a split node sum their gradients."""
+    return tuple(Partial() if p.is_replicate() and dim is not None else p
+                 for p, dim in zip(forward, owner))
+
+
+def node_layout(node: Node, config: Config | None, mesh_shape: tuple[int, ...]) -> NodeLayout:
+    owner = mesh_axis_dims(node, config, len(mesh_shape))
+    ins = tuple(tensor_placements(op.spec, owner, node) for op in node.inputs)
+    params = tuple(tensor_placements(op.spec, owner, node) for op in node.params)
+    outs = tuple(tensor_placements(spec, owner, node, output=True) for spec in node.outputs)
+    counts = {d.name: 1 for d in node.dims}
+    for a, dim in enumerate(owner):
+        if dim is not None:
+            counts[dim] *= mesh_shape[a]
+    return NodeLayout(ins, params, outs,
+                      tuple(grad_placements(p, owner) for p in ins),
+                      tuple(grad_placements(p, owner) for p in params), counts, tuple(owner))
+
+
+def local_shape(spec: TensorSpec, counts: dict[str, int]) -> tuple[int, ...]:
+    """The per-device shape of a tensor of a node whose dims are cut ``counts`` times."""
+    shape = []
+    for size, dims in zip(spec.shape, spec.axes):
+        parts = counts.get(dims[0], 1) if dims else 1
+        if size % parts:
+            raise LayoutError(f"axis of size {size} does not split into {parts} even parts")
+        shape.append(size // parts)
+    return tuple(shape)
+
+
+def _axis_of(spec: TensorSpec, dim: str, node: Node) -> int | None:
+    """The tensor axis whose major dim is ``dim``; None if no axis is indexed by it."""
+    for i, dims in enumerate(spec.axes):
+        if dims and dims[0] == dim:
+            return i
+        if dim in dims[1:]:
+            raise LayoutError(f"node {node.name}: dim {dim!r} is a minor dim of merged axis {i} "
+                              f"{dims}; its shards are not contiguous")
+    return None

@@ -1,0 +1,135 @@
+"""Placement derivation from the IR, on a hand-built IR of the zoo MLP.
+
+``mlp_graph`` is a stand-in for ``autopar.trace`` (linear, elementwise, cross_entropy only) so
+that codegen can be tested before and independently of the tracer; the numerics tests use it too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.fx.passes.shape_prop import ShapeProp
+
+import autopar
+from autopar.ir import Dim, Graph, Node, Operand, TensorSpec
+from autopar.tables import Config
+from codegen.placements import LayoutError, local_shape, node_layout
+
+
+def _spec(t, axes) -> TensorSpec:
+    return TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(axes))
+
+
+def _shape(n: fx.Node):
+    return n.meta["tensor_meta"]
+
+
+def mlp_graph(model, inputs) -> Graph:
+    """Trace the zoo MLP with fx and write its IR by hand: linear (b, n, k), relu (b, f), CE."""
+    gm = fx.symbolic_trace(model)
+    ShapeProp(gm).propagate(*inputs)
+    nodes = []
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            mod = gm.get_submodule(n.target)
+            (b, k), nout = _shape(n.args[0]).shape, mod.out_features
+            x_src = f"input:{n.args[0].name}" if n.args[0].op == "placeholder" else n.args[0].name
+            nodes.append(Node(
+                n.name, "linear", "torch.nn.Linear", n.target,
+                (Dim("b", b), Dim("n", nout), Dim("k", k, reduction=True)),
+                (Operand(x_src, 0, _spec(_shape(n.args[0]), [("b",), ("k",)])),),
+                (Operand(f"param:{n.target}.weight", 0, _spec(mod.weight, [("n",), ("k",)])),
+                 Operand(f"param:{n.target}.bias", 0, _spec(mod.bias, [("n",)]))),
+                (_spec(_shape(n), [("b",), ("n",)]),), flops=2 * b * nout * k))
+        elif n.op == "call_function" and n.target is torch.nn.functional.relu:
+            b, f = _shape(n).shape
+            nodes.append(Node(
+                n.name, "elementwise", "torch.nn.functional.relu", "", (Dim("b", b), Dim("f", f)),
+                (Operand(n.args[0].name, 0, _spec(_shape(n.args[0]), [("b",), ("f",)])),), (),
+                (_spec(_shape(n), [("b",), ("f",)]),), attrs={"fn": "relu"}))
+        elif n.op == "call_function" and n.target is torch.nn.functional.cross_entropy:
+            b, c = _shape(n.args[0]).shape
+            nodes.append(Node(
+                n.name, "cross_entropy", "torch.nn.functional.cross_entropy", "",
+                (Dim("b", b, reduction=True), Dim("c", c, reduction=True, splittable=False)),
+                (Operand(n.args[0].name, 0, _spec(_shape(n.args[0]), [("b",), ("c",)])),
+                 Operand(f"input:{n.args[1].name}", 0, _spec(_shape(n.args[1]), [("b",)]))), (),
+                (_spec(_shape(n), []),), attrs={"reduction": n.kwargs.get("reduction", "mean")}))
+    specs = {n.name: TensorSpec(tuple(_shape(n).shape), str(_shape(n).dtype)[6:],
+                                ((),) * len(_shape(n).shape))
+             for n in gm.graph.nodes if n.op == "placeholder"}
+    return Graph(nodes, specs, [(nodes[-1].name, 0)], "mlp", fx_graph=gm)
+
+
+def linear_cfg(b=(), n=(), k=()) -> Config:
+    """A linear's config from the mesh axes cutting its b, n, k dims (mesh of 2s)."""
+    return Config(tuple(2 ** len(a) for a in (b, n, k)), (tuple(b), tuple(n), tuple(k)))
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    model, inputs = autopar.zoo.get("mlp", batch=8, inputs=8, hidden=16, classes=4)
+    return model, inputs, mlp_graph(model, inputs)
+
+
+def test_fixture_matches_the_model(mlp):
+    _, _, g = mlp
+    assert [n.op for n in g.nodes] == ["linear", "elementwise", "linear", "elementwise", "linear",
+                                      "cross_entropy"]
+    assert g.node("layers_0").params[0].source == "param:layers.0.weight"
+
+
+def test_column_parallel_linear_shards_weight_rows_and_output_columns(mlp):
+    lay = node_layout(mlp[2].node("layers_0"), linear_cfg(n=(0,)), (2,))
+    assert lay.inputs == ((Replicate(),),)
+    assert lay.params == ((Shard(0),), (Shard(0),))
+    assert lay.outputs == ((Shard(1),),)
+    # every rank reads all of x for its own columns: x's gradient is a partial sum
+    assert lay.input_grads == ((Partial(),),)
+    assert lay.param_grads == lay.params
+
+
+def test_row_parallel_linear_leaves_partial_sums(mlp):
+    lay = node_layout(mlp[2].node("layers_1"), linear_cfg(k=(0,)), (2,))
+    assert lay.inputs == ((Shard(1),),)
+    assert lay.params == ((Shard(1),), (Replicate(),))
+    assert lay.outputs == ((Partial(),),)
+    assert lay.param_grads[1] == (Partial(),)  # the bias is added on every rank's partial sum
+
+
+def test_data_parallel_on_two_axes_and_mixed(mlp):
+    lay = node_layout(mlp[2].node("layers_0"), linear_cfg(b=(0, 1)), (2, 2))
+    assert lay.inputs == ((Shard(0), Shard(0)),)
+    assert lay.params[0] == (Replicate(), Replicate())
+    assert lay.param_grads[0] == (Partial(), Partial())  # the data-parallel all-reduce
+    lay = node_layout(mlp[2].node("layers_0"), linear_cfg(b=(0,), k=(1,)), (2, 2))
+    assert lay.outputs == ((Shard(0), Partial()),)
+    assert lay.inputs == ((Shard(0), Shard(1)),)
+    assert lay.split_counts == {"b": 2, "n": 1, "k": 2}
+    assert local_shape(mlp[2].node("layers_0").inputs[0].spec, lay.split_counts) == (4, 4)
+
+
+def test_unassigned_mesh_axes_replicate_without_partial_grads(mlp):
+    lay = node_layout(mlp[2].node("layers_0"), linear_cfg(b=(1,)), (2, 2))
+    assert lay.inputs == ((Replicate(), Shard(0)),)
+    assert lay.param_grads[0] == (Replicate(), Partial())
+
+
+def test_bad_configs_are_refused(mlp):
+    node = mlp[2].node("layers_0")
+    with pytest.raises(LayoutError, match="ascending"):
+        node_layout(node, Config((4, 1, 1), ((1, 0), (), ())), (2, 2))
+    with pytest.raises(LayoutError, match="cuts both"):
+        node_layout(node, Config((2, 2, 1), ((0,), (0,), ())), (2, 2))
+
+
+def test_minor_dim_of_a_merged_axis_is_refused():
+    x = TensorSpec((4, 6), "float32", (("b",), ("h", "d")))
+    node = Node("v", "view", "view", "", (Dim("b", 4), Dim("h", 2), Dim("d", 3)),
+                (Operand("input:x", 0, x),), (),
+                (TensorSpec((4, 2, 3), "float32", (("b",), ("h",), ("d",))),))
+    assert node_layout(node, Config((1, 2, 1), ((), (0,), ())), (2,)).inputs == ((Shard(1),),)
+    with pytest.raises(LayoutError, match="minor dim"):
+        node_layout(node, Config((1, 1, 3), ((), (), (0,))), (3,))
