@@ -66,6 +66,7 @@ class PaseEdge:
 class PaseGraph:
     nodes: list[PaseNode]
     name: str = ""
+    dropped: list[str] = field(default_factory=list)  # ir nodes the view folded away or ignored
 
     @property
     def edges(self) -> dict[tuple[int, int], PaseEdge]:
