@@ -1,0 +1,138 @@
+"""PaSE's exact dynamic program, as variable elimination over numpy tables.
+
+``dp(tables)`` returns a proven optimum of  sum_i node_cost[i][c_i] + sum_(u,v) edge[c_u, c_v]:
+an elimination order (PaSE's GENERATESEQ or a size-aware greedy, whichever leaves the least work;
+search/order.py), min-plus messages in bounded memory (search/minplus.py), identical repeated
+blocks computed once (search/elimination.py), and back-substitution for the argmin.
+
+Memory limit. The DP cannot carry a global sum-of-memory constraint, so it solves the Lagrangian
+relaxation  min cost + lam * (memory - capacity)  exactly for a sequence of multipliers (the
+breakpoint method: lam where the lines of the best infeasible and best feasible plan meet). Every
+such optimum is a lower bound on the constrained optimum, every feasible plan seen an upper bound;
+when they meet the plan is proven optimal (gap 0). When a duality gap remains (the knapsack is
+integral), the ILP finishes the job if the problem is small enough for it, and ``Solution.gap``
+reports what is left, never 0 unless proven. No assignment fitting raises InfeasibleError.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.tables import CostTables, Solution
+
+from .common import GAP_RTOL, Problem, SearchTooLargeError, check_feasible, problem_of, relative_gap
+from .elimination import DEFAULT_MEMORY_BUDGET, EliminationPlan, choose_plan, execute, original_factors
+
+__all__ = ["dp", "dp_plan", "DEFAULT_MEMORY_BUDGET"]
+
+
+@dataclass(frozen=True)
+class _Point:
+    """One plan the Lagrangian loop met: its exact cost and memory."""
+
+    choice: tuple[int, ...]
+    cost: float
+    mem: float
+
+
+def dp_plan(tables: CostTables, order: str = "auto", reuse: bool = True,
+            memory_budget: float = DEFAULT_MEMORY_BUDGET) -> EliminationPlan:
+    """The elimination plan ``dp`` would run (order, work, reuse, memory), without running it."""
+    p = problem_of(tables)
+    factors, _ = original_factors(p, p.node_cost)
+    return choose_plan(p, factors, order, reuse, memory_budget)
+
+
+def _unconstrained(p: Problem, node_cost, order: str, reuse: bool, budget: float
+                   ) -> tuple[list[int], EliminationPlan]:
+    factors, originals = original_factors(p, node_cost)
+    pl = choose_plan(p, factors, order, reuse, budget)
+    choice, _ = execute(pl, originals, p.sizes)
+    return choice, pl
+
+
+def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
+       memory_budget: float = DEFAULT_MEMORY_BUDGET, ilp_fallback: bool = True,
+       ilp_time_limit: float = 60.0, max_multipliers: int = 60) -> Solution:
+    """The exact optimum; see the module docstring for the memory limit.
+
+    ``order``: "auto" (least work among the candidates), "pase", "min_weight" or "min_fill".
+    ``reuse``: compute repeated identical steps once (exact; off only to test that it is).
+    ``memory_budget``: bytes of DP tables allowed; above it SearchTooLargeError (a MemoryError).
+    """
+    start = time.perf_counter()
+    p = problem_of(tables)
+    check_feasible(p)
+
+    def point(node_cost) -> tuple[_Point, str]:
+        choice, pl = _unconstrained(p, node_cost, order, reuse, memory_budget)
+        return _Point(tuple(choice), tables.total(choice), tables.total_memory(choice)), pl.order_name
+
+    x0, _ = point(p.node_cost)
+    if p.memory is None or p.fits(x0.mem):
+        return _solution(tables, x0, 0.0, "dp", start)
+    best, lower = _lagrangian(p, x0, lambda lam: point(tuple(
+        c + lam * m for c, m in zip(p.node_cost, p.memory)))[0], max_multipliers)
+    gap = relative_gap(best.cost, lower)
+    name = "dp"
+    if gap > 0 and ilp_fallback:
+        from .ilp import ilp_bounds  # the ILP closes what the Lagrangian bound could not
+        try:
+            choice, ilp_lower = ilp_bounds(tables, time_limit=ilp_time_limit,
+                                           hint=list(best.choice))
+        except SearchTooLargeError:
+            choice, ilp_lower = None, -np.inf
+        if choice is not None:
+            cand = _Point(tuple(choice), tables.total(choice), tables.total_memory(choice))
+            if p.fits(cand.mem) and cand.cost < best.cost:
+                best = cand
+        lower = max(lower, ilp_lower)
+        gap = relative_gap(best.cost, lower)
+        name = "dp+ilp"
+    return _solution(tables, best, gap, name, start)
+
+
+def _lagrangian(p: Problem, x0: _Point, solve, max_multipliers: int) -> tuple[_Point, float]:
+    """Best feasible plan found and the best Lagrangian lower bound (breakpoint method)."""
+    cap = p.capacity
+    lower = x0.cost  # lam = 0: the unconstrained optimum
+    lo = x0
+    lam = max(abs(x0.cost), 1e-300) / max(x0.mem - cap, 1e-300)
+    hi = None
+    for _ in range(200):  # find a multiplier whose optimum fits; least memory fits by check_feasible
+        x = solve(lam)
+        lower = max(lower, x.cost + lam * (x.mem - cap))
+        if p.fits(x.mem):
+            hi = x
+            break
+        lo, lam = x, lam * 4
+    if hi is None:
+        raise RuntimeError("no multiplier made the DP's plan fit although the least memory fits")
+    best = hi
+    for _ in range(max_multipliers):
+        if relative_gap(best.cost, lower) == 0.0 or lo.mem <= hi.mem:
+            break
+        lam = (hi.cost - lo.cost) / (lo.mem - hi.mem)
+        if lam < 0:  # a fitting plan at least as cheap as an infeasible one: nothing to trade
+            break
+        x = solve(lam)
+        value = x.cost + lam * (x.mem - cap)
+        line = hi.cost + lam * (hi.mem - cap)
+        lower = max(lower, value)
+        if p.fits(x.mem) and x.cost < best.cost:
+            best = x
+        if value >= line - GAP_RTOL * max(abs(line), abs(value), 1e-300):
+            break  # lam maximises the dual: no multiplier gives a better bound
+        if p.fits(x.mem):
+            hi = x
+        else:
+            lo = x
+    return best, lower
+
+
+def _solution(tables: CostTables, x: _Point, gap: float, name: str, start: float) -> Solution:
+    return Solution(choice=list(x.choice), cost=x.cost, memory=x.mem, search=name,
+                    seconds=time.perf_counter() - start, gap=gap)

@@ -1,0 +1,177 @@
+"""Variable elimination over cost tables, with exact reuse of repeated work.
+
+The DP eliminates nodes in an order (search/order.py); eliminating v replaces the factors that
+mention v by one message over their other variables (search/minplus.py). This module plans that
+run symbolically (which factors meet at each step, how big every message is, how much work is
+left once repeats are reused) and then executes the plan.
+
+Reuse, and why it is exact. Every factor carries an integer id. Two original tables (a node's cost
+vector, an edge's matrix) get the same id only if they are equal element for element (checked
+with ``np.array_equal``, not just a hash). A message's id is derived from its *step key*: the
+sorted list of (id, variable pattern) of the factors it was computed from, with the variables
+renamed by first appearance (v first). Equal keys mean equal input tables combined in the same
+pattern, hence an equal message, so a step whose key was seen before takes the stored message
+instead of recomputing it. Induction over the steps: equal ids imply equal tables.
+
+When does this fire? Identical transformer layers have equal node vectors and edge matrices, so
+every step that only touches one layer's own tables (and messages derived from them) has the same
+key in every layer; the tie-breaking by node index in the greedy orders visits the layers in the
+same relative order. Work that mixes a layer's tables with what flows in from the previous layer
+is different in every layer and is computed each time; the plan counts both kinds, and the DP
+picks the order whose *remaining* work is smallest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .common import Problem, SearchTooLargeError
+from .minplus import TILE_ELEMENTS, best_config, eliminate, table_elements
+from .order import ORDERS, adjacency
+
+DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of messages the DP may keep
+
+
+@dataclass(frozen=True)
+class Factor:
+    fid: int
+    scope: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Step:
+    """Eliminate ``v``: sum ``inputs``, minimise over v; the result is factor ``out``."""
+
+    v: int
+    inputs: tuple[Factor, ...]
+    out: Factor
+    reused: bool  # the message was computed at an earlier step with the same key
+    work: int  # terms of the min-plus sum: |v| times the message size
+
+
+@dataclass
+class EliminationPlan:
+    order_name: str
+    order: list[int]
+    steps: list[Step]
+    constants: list[Factor]  # messages over no variable: their sum is the optimum
+    work: int  # terms actually computed
+    work_without_reuse: int
+    message_bytes: int  # float64 messages kept alive until back-substitution
+    largest_message: int  # elements
+    reused_steps: int = 0
+    originals: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+
+def _intern(tables: list[np.ndarray]) -> list[int]:
+    """An id per table; equal ids exactly for equal tables (bucketed by a sample, then compared)."""
+    buckets: dict[tuple, list[tuple[np.ndarray, int]]] = {}
+    ids: list[int] = []
+    count = 0
+    for t in tables:
+        flat = t.reshape(-1)
+        step = max(1, flat.size // 256)
+        key = (t.shape, flat[::step].tobytes())
+        bucket = buckets.setdefault(key, [])
+        for other, fid in bucket:
+            if np.array_equal(other, t):
+                ids.append(fid)
+                break
+        else:
+            fid, count = count, count + 1
+            bucket.append((t, fid))
+            ids.append(fid)
+    return ids
+
+
+def original_factors(p: Problem, node_cost: tuple[np.ndarray, ...]) -> tuple[list[Factor], dict[int, np.ndarray]]:
+    tables = list(node_cost) + list(p.edges.values())
+    scopes = [(i,) for i in range(p.n)] + list(p.edges.keys())
+    ids = _intern(tables)
+    factors = [Factor(fid, s) for fid, s in zip(ids, scopes)]
+    return factors, {fid: t for fid, t in zip(ids, tables)}
+
+
+def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
+         reuse: bool = True) -> EliminationPlan:
+    """Walk the elimination symbolically: keys, reuse and sizes, no arithmetic on tables."""
+    next_id = max((f.fid for f in factors), default=-1) + 1
+    by_var: list[set[Factor]] = [set() for _ in range(p.n)]
+    for f in factors:
+        for w in f.scope:
+            by_var[w].add(f)
+    seen: dict[tuple, int] = {}
+    steps, constants = [], []
+    work = total = message_elems = largest = reused_steps = 0
+    for v in order:
+        inputs = sorted(by_var[v], key=lambda f: (f.fid, f.scope))
+        for f in inputs:
+            for w in f.scope:
+                by_var[w].discard(f)
+        labels = {v: 0}
+        for f in inputs:
+            for w in f.scope:
+                labels.setdefault(w, len(labels))
+        key = tuple((f.fid, tuple(labels[w] for w in f.scope)) for f in inputs)
+        out_scope = tuple(labels)[1:]
+        size = table_elements(p.sizes, out_scope)
+        step_work = size * p.sizes[v]
+        total += step_work
+        hit = reuse and key in seen
+        if hit:
+            fid = seen[key]
+            reused_steps += 1
+        else:
+            fid, next_id = next_id, next_id + 1
+            seen[key] = fid
+            work += step_work
+            message_elems += size
+        largest = max(largest, size)
+        out = Factor(fid, out_scope)
+        steps.append(Step(v, tuple(inputs), out, hit, step_work))
+        if out_scope:
+            for w in out_scope:
+                by_var[w].add(out)
+        else:
+            constants.append(out)
+    return EliminationPlan(order_name, list(order), steps, constants, work, total,
+                           8 * message_elems, largest, reused_steps)
+
+
+def choose_plan(p: Problem, factors: list[Factor], order: str = "auto", reuse: bool = True,
+                memory_budget: float = DEFAULT_MEMORY_BUDGET) -> EliminationPlan:
+    """The plan with the least computed work among the candidate orders that fit the budget."""
+    names = list(ORDERS) if order == "auto" else [order]
+    if any(name not in ORDERS for name in names):
+        raise ValueError(f"unknown elimination order {order!r}; one of auto, {', '.join(ORDERS)}")
+    adj = adjacency(p.n, p.edges.keys())
+    plans = [plan(p, factors, ORDERS[name](adj, p.sizes), name, reuse) for name in names]
+    fitting = [pl for pl in plans if pl.message_bytes + 8 * TILE_ELEMENTS <= memory_budget]
+    if not fitting:
+        best = min(plans, key=lambda pl: pl.message_bytes)
+        raise SearchTooLargeError(
+            f"the exact DP needs {best.message_bytes / 2**30:.2f} GiB of tables (largest message "
+            f"{best.largest_message} entries, order {best.order_name}), over its budget of "
+            f"{memory_budget / 2**30:.2f} GiB; raise memory_budget, shrink the space, or use ilp")
+    return min(fitting, key=lambda pl: (pl.work, pl.message_bytes))
+
+
+def execute(pl: EliminationPlan, tables: dict[int, np.ndarray], sizes: tuple[int, ...]
+            ) -> tuple[list[int], float]:
+    """Run the plan; return the optimal choice (lowest config on ties) and the DP's optimum."""
+    tables = dict(tables)
+    scratch = np.empty(TILE_ELEMENTS)
+    for st in pl.steps:
+        if st.reused:
+            continue
+        inputs = [(tables[f.fid], f.scope) for f in st.inputs]
+        tables[st.out.fid] = eliminate(inputs, st.v, st.out.scope, scratch)
+    value = float(sum(float(tables[f.fid]) for f in pl.constants))
+    chosen: dict[int, int] = {}
+    for st in reversed(pl.steps):
+        inputs = [(tables[f.fid], f.scope) for f in st.inputs]
+        chosen[st.v] = best_config(inputs, st.v, chosen, sizes[st.v])
+    return [chosen[i] for i in range(len(sizes))], value
