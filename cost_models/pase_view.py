@@ -190,8 +190,8 @@ def _conv2d(v: _View, n: ir.Node) -> None:
     x = v.tensor(n.inputs[0])
     if n.attrs.get("groups", 1) != 1 or cin_g != x.shape[1]:
         raise PaseViewError(f"{n.name}: PaSE's Conv has no groups")
-    if tuple(n.attrs.get("dilation", (1, 1))) not in ((1, 1), (1,), 1):
-        raise PaseViewError(f"{n.name}: PaSE's Conv has no dilation")
+    if tuple(n.attrs.get("dilation", (1, 1))) != (1, 1) or isinstance(n.attrs.get("padding"), str):
+        raise PaseViewError(f"{n.name}: PaSE's Conv has no dilation and numeric padding")
     out = v.b.conv(x, cout, (r, s), n.attrs.get("stride", 1), n.attrs.get("padding", 0),
                    sources=_src(n))
     _check_shape(n, out)
@@ -277,7 +277,7 @@ def _embedding(v: _View, n: ir.Node) -> None:
 def _lstm(v: _View, n: ir.Node) -> None:
     if not n.attrs.get("batch_first", True) or n.attrs.get("bidirectional"):
         raise PaseViewError(f"{n.name}: PaSE's LSTM is batch-first and one-directional")
-    layers = n.attrs.get("num_layers") or sum(1 for p in n.params if ".weight_ih_l" in p.source
+    layers = n.attrs.get("layers") or n.attrs.get("num_layers") or sum(1 for p in n.params if ".weight_ih_l" in p.source
                                               and not p.source.endswith("_reverse"))
     v.set(n, v.b.lstm(v.tensor(n.inputs[0]), int(layers), sources=_src(n)))
     for j in range(1, len(n.outputs)):
