@@ -117,7 +117,9 @@ def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config],
 
 
 def _stored_placements(graph: Graph, layouts: dict[str, NodeLayout]) -> dict[str, Placements]:
-    """Each parameter is stored as its first reader wants it; later readers redistribute."""
+    """Each parameter is stored as its first reader wants it; later readers redistribute.
+
+    """
     stored: dict[str, Placements] = {}
     for node in graph.nodes:
         for op, pl in zip(node.params, layouts[node.name].params):
@@ -186,28 +188,28 @@ class _Runner(fx.Interpreter):
         flat, spec = pytree.tree_flatten((n.args, n.kwargs))
         values = [self.env[a] if isinstance(a, fx.Node) else a for a in flat]
         operands = _OperandMatcher(node, layout)
-        slots, tensors, fwd, grads = [], [], [], []
+        slots, uses = [], []
         for i, (a, v) in enumerate(zip(flat, values)):
             if isinstance(v, DTensor):
-                pl, gpl = operands.match(self._key(a), v)
                 slots.append(i)
-                tensors.append(v.redistribute(mesh, pl))
-                fwd.append(pl)
-                grads.append(gpl)
+                uses.append(operands.match(self._key(a), v))
         module, names = None, []
         if n.op == "call_module":
             module = self.root.get_submodule(n.target)
             for name, t in _module_state(module):
-                pl, gpl = operands.param(f"{n.target}.{name}" if n.target else name)
                 names.append(name)
-                tensors.append(t.redistribute(mesh, pl))
-                fwd.append(pl)
-                grads.append(gpl)
-        values = [None if i in slots else v for i, v in enumerate(values)]
-        call = LocalCall(n, node, layout, module, values, spec, slots, names,
-                         self.program.scales.get(node.name, 1.0))
-        run = local_map(call, out_placements=tuple(layout.outputs), in_placements=tuple(fwd),
-                        in_grad_placements=tuple(grads), device_mesh=mesh)
+                uses.append(operands.param(f"{n.target}.{name}" if n.target else name))
+                values.append(t)
+                slots.append(len(values) - 1)
+        tensors = [values[i].redistribute(mesh, u.placements) for i, u in zip(slots, uses)]
+        coord = mesh.get_coordinate() or [0] * mesh.ndim
+        drop = {j for j, u in enumerate(uses) if any(coord[a] != 0 for a in u.additive)}
+        flat_consts = [None if i in slots else v for i, v in enumerate(values[:len(flat)])]
+        call = LocalCall(n, node, layout, module, flat_consts, spec, slots[:len(slots) - len(names)],
+                         names, self.program.scales.get(node.name, 1.0), drop)
+        run = local_map(call, out_placements=tuple(layout.outputs),
+                        in_placements=tuple(u.placements for u in uses),
+                        in_grad_placements=tuple(u.grads for u in uses), device_mesh=mesh)
         return call.rebuild(run(*tensors))
 
     def _key(self, a: fx.Node) -> Any:
@@ -233,6 +235,15 @@ def _module_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return list(module.named_parameters()) + list(module.named_buffers())
 
 
+@dataclass(frozen=True)
+class _Use:
+    """How a node reads one tensor: forward and gradient placements, additive mesh axes."""
+
+    placements: Placements
+    grads: Placements
+    additive: tuple[int, ...] = ()
+
+
 class _OperandMatcher:
     """Pairs the DTensors a call reads with the node's IR operands and their placements."""
 
@@ -241,30 +252,38 @@ class _OperandMatcher:
         self.layout = layout
         self.used: set[tuple[str, int]] = set()
 
-    def match(self, key: Any, value: DTensor) -> tuple[Placements, Placements]:
-        node, layout = self.node, self.layout
+    def match(self, key: Any, value: DTensor) -> _Use:
+        node = self.node
         for i, op in enumerate(node.inputs):
             if self._is(key, op, ("in", i)):
-                return layout.inputs[i], layout.input_grads[i]
+                return self._input(i)
         for i, op in enumerate(node.params):
             if self._is(key, op, ("param", i)):
-                return layout.params[i], layout.param_grads[i]
+                return self._param(i)
         for i, op in enumerate(node.inputs):  # positional: the IR lists data inputs in call order
             if ("in", i) not in self.used and len(op.spec.shape) == value.ndim:
                 self.used.add(("in", i))
-                return layout.inputs[i], layout.input_grads[i]
+                return self._input(i)
         raise LayoutError(f"node {node.name}: cannot tell which operand {key} is "
                           f"(inputs {[o.source for o in node.inputs]}, "
                           f"params {[o.source for o in node.params]})")
 
-    def param(self, qualified: str) -> tuple[Placements, Placements]:
+    def param(self, qualified: str) -> _Use:
         for i, op in enumerate(self.node.params):
             if op.source == f"param:{qualified}":
                 self.used.add(("param", i))
-                return self.layout.params[i], self.layout.param_grads[i]
+                return self._param(i)
         owner = list(self.layout.axis_dims)  # a parameter the IR left out: replicated
         rep = tuple(Replicate() for _ in owner)
-        return rep, grad_placements(rep, owner)
+        return _Use(rep, grad_placements(rep, owner))
+
+    def _input(self, i: int) -> _Use:
+        lay = self.layout
+        return _Use(lay.inputs[i], lay.input_grads[i], lay.input_additive[i])
+
+    def _param(self, i: int) -> _Use:
+        lay = self.layout
+        return _Use(lay.params[i], lay.param_grads[i], lay.param_additive[i])
 
     def _is(self, key: Any, op: Operand, tag: tuple[str, int]) -> bool:
         if not isinstance(key, OperandKey) or tag in self.used:

@@ -16,7 +16,7 @@ they live here, keyed by what the op *is*, not by which model uses it:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -62,11 +62,13 @@ class LocalCall:
     slots: list[int]
     param_names: list[str]
     mean_scale: float = 1.0
+    drop: set[int] = field(default_factory=set)  # tensors this device adds as zero (additive)
     out_flat: list[Any] | None = None  # the last call's output leaves (tensors as _TENSOR)
     out_spec: Any = None
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Run locally; return the tensor leaves of the output, as ``local_map`` wants them."""
+        tensors = tuple(t * 0 if j in self.drop else t for j, t in enumerate(tensors))
         leaves = list(self.flat)
         for slot, t in zip(self.slots, tensors):
             leaves[slot] = t

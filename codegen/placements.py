@@ -8,6 +8,13 @@ each dim. Together they fix the layout of every tensor on every mesh axis, with 
   holds a partial sum);
 * otherwise -> ``Replicate()``.
 
+An operand that a split reduction dim does not index, in a node whose output that reduction leaves
+partial, is an additive term outside the sum (a row-parallel linear's bias): every device would
+add it to its partial sum and the reduction would count it ``parts`` times. It stays
+``Replicate()``, but only the devices at coordinate 0 of those mesh axes add it (the others add
+zero, exactly; ``NodeLayout.input_additive``); its gradient is then a partial sum like that of any
+replicated read.
+
 Gradients need one more case: an input replicated on ``a`` while ``a`` cuts some other dim of the
 node is read by every device for a different piece of the work, so its gradient on ``a`` is a
 partial sum (``Partial()``). That is the rule which makes data-parallel gradient all-reduces and
@@ -44,6 +51,8 @@ class NodeLayout:
     param_grads: tuple[Placements, ...]
     split_counts: dict[str, int]  # dim name -> number of parts (1 = unsplit)
     axis_dims: tuple[str | None, ...]  # per mesh axis, the dim it cuts (None: it replicates)
+    input_additive: tuple[tuple[int, ...], ...] = ()  # per input: mesh axes where it is added
+    param_additive: tuple[tuple[int, ...], ...] = ()  # once, by coordinate 0 (see above)
 
 
 def mesh_axis_dims(node: Node, config: Config | None, mesh_ndim: int) -> list[str | None]:
@@ -94,18 +103,26 @@ def grad_placements(forward: Placements, owner: list[str | None]) -> Placements:
                  for p, dim in zip(forward, owner))
 
 
+def additive_axes(forward: Placements, outputs: tuple[Placements, ...]) -> tuple[int, ...]:
+    """Mesh axes where an operand is replicated while the node's outputs are partial sums there."""
+    partial = {a for pls in outputs for a, p in enumerate(pls) if p.is_partial()}
+    return tuple(a for a, p in enumerate(forward) if a in partial and p.is_replicate())
+
+
 def node_layout(node: Node, config: Config | None, mesh_shape: tuple[int, ...]) -> NodeLayout:
     owner = mesh_axis_dims(node, config, len(mesh_shape))
+    outs = tuple(tensor_placements(spec, owner, node, output=True) for spec in node.outputs)
     ins = tuple(tensor_placements(op.spec, owner, node) for op in node.inputs)
     params = tuple(tensor_placements(op.spec, owner, node) for op in node.params)
-    outs = tuple(tensor_placements(spec, owner, node, output=True) for spec in node.outputs)
     counts = {d.name: 1 for d in node.dims}
     for a, dim in enumerate(owner):
         if dim is not None:
             counts[dim] *= mesh_shape[a]
     return NodeLayout(ins, params, outs,
                       tuple(grad_placements(p, owner) for p in ins),
-                      tuple(grad_placements(p, owner) for p in params), counts, tuple(owner))
+                      tuple(grad_placements(p, owner) for p in params), counts, tuple(owner),
+                      tuple(additive_axes(p, outs) for p in ins),
+                      tuple(additive_axes(p, outs) for p in params))
 
 
 def local_shape(spec: TensorSpec, counts: dict[str, int]) -> tuple[int, ...]:

@@ -94,9 +94,11 @@ def test_column_parallel_linear_shards_weight_rows_and_output_columns(mlp):
 def test_row_parallel_linear_leaves_partial_sums(mlp):
     lay = node_layout(mlp[2].node("layers_1"), linear_cfg(k=(0,)), (2,))
     assert lay.inputs == ((Shard(1),),)
-    assert lay.params == ((Shard(1),), (Replicate(),))
     assert lay.outputs == ((Partial(),),)
-    assert lay.param_grads[1] == (Partial(),)  # the bias is added on every rank's partial sum
+    # the bias is outside the sum: replicated, added by coordinate 0 only, gradient summed
+    assert lay.params == ((Shard(1),), (Replicate(),))
+    assert lay.param_additive == ((), (0,))
+    assert lay.param_grads[1] == (Partial(),)
 
 
 def test_data_parallel_on_two_axes_and_mixed(mlp):
