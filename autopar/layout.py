@@ -66,17 +66,11 @@ def axis_owner(config: Config, n_mesh_axes: int) -> list[int | None]:
     return owner
 
 
-def tensor_layout(node: Node, config: Config, spec: TensorSpec, mesh: Mesh,
-                  output: bool = False) -> Layout:
-    """The layout of one tensor ``node`` reads or writes (``output=True`` for its results)."""
-    owner = axis_owner(config, len(mesh.shape))
+def dim_placements(node: Node, spec: TensorSpec, output: bool = False) -> list[Placement]:
+    """For each dim of ``node``: the placement a mesh axis cutting that dim gives ``spec``."""
     sizes = {d.name: d.size for d in node.dims}
     out: list[Placement] = []
-    for i in owner:
-        if i is None:
-            out.append(R)
-            continue
-        dim = node.dims[i]
+    for dim in node.dims:
         place: Placement = P if (output and dim.reduction) else R
         for t, names in enumerate(spec.axes):
             if dim.name in names:
@@ -84,7 +78,21 @@ def tensor_layout(node: Node, config: Config, spec: TensorSpec, mesh: Mesh,
                 place = Shard(t, math.prod(sizes.get(n, 1) for n in names[:k]))
                 break
         out.append(place)
-    return tuple(out)
+    return out
+
+
+def tensor_layout(node: Node, config: Config, spec: TensorSpec, mesh: Mesh,
+                  output: bool = False) -> Layout:
+    """The layout of one tensor ``node`` reads or writes (``output=True`` for its results)."""
+    return tensor_layouts(node, [config], spec, mesh, output)[0]
+
+
+def tensor_layouts(node: Node, configs: list[Config], spec: TensorSpec, mesh: Mesh,
+                   output: bool = False) -> list[Layout]:
+    """``tensor_layout`` for many configs of one node (the per-dim work is done once)."""
+    dp = dim_placements(node, spec, output)
+    n = len(mesh.shape)
+    return [tuple(R if i is None else dp[i] for i in axis_owner(c, n)) for c in configs]
 
 
 @dataclass(frozen=True)
@@ -97,11 +105,15 @@ class NodeLayouts:
 
 
 def node_layouts(node: Node, config: Config, mesh: Mesh) -> NodeLayouts:
-    return NodeLayouts(
-        tuple(tensor_layout(node, config, op.spec, mesh) for op in node.inputs),
-        tuple(tensor_layout(node, config, op.spec, mesh) for op in node.params),
-        tuple(tensor_layout(node, config, s, mesh, output=True) for s in node.outputs),
-    )
+    return node_layouts_many(node, [config], mesh)[0]
+
+
+def node_layouts_many(node: Node, configs: list[Config], mesh: Mesh) -> list[NodeLayouts]:
+    ins = [tensor_layouts(node, configs, op.spec, mesh) for op in node.inputs]
+    ps = [tensor_layouts(node, configs, op.spec, mesh) for op in node.params]
+    outs = [tensor_layouts(node, configs, s, mesh, output=True) for s in node.outputs]
+    return [NodeLayouts(tuple(x[c] for x in ins), tuple(x[c] for x in ps), tuple(x[c] for x in outs))
+            for c in range(len(configs))]
 
 
 def grad_of_input(layout: Layout, node: Node, config: Config, mesh: Mesh) -> Layout:

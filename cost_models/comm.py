@@ -64,11 +64,14 @@ _FORMULA = {"all-reduce": "2(p-1)/p*N/bw + 2(p-1)*a", "all-gather": "(p-1)/p*N/b
 
 def collective_time(kind: str, nbytes, p, bandwidth, latency):
     """Seconds of one ring collective; works elementwise on numpy arrays. p <= 1 costs 0."""
+    if not any(isinstance(x, np.ndarray) for x in (nbytes, p, bandwidth, latency)):
+        if p <= 1:
+            return 0.0
+        return float(_BW[kind](p) * nbytes / bandwidth + _LAT[kind](p) * latency)
     p = np.asarray(p, dtype=float)
     safe = np.maximum(p, 1.0)
     t = _BW[kind](safe) * np.asarray(nbytes, dtype=float) / bandwidth + _LAT[kind](safe) * latency
-    out = np.where(p > 1, t, 0.0)
-    return float(out) if out.ndim == 0 else out
+    return np.where(p > 1, t, 0.0)
 
 
 @dataclass(frozen=True)
@@ -182,28 +185,39 @@ def reshard_matrix(nbytes: float, src: list[Layout], dst: list[Layout], mesh: Me
 
 def _reshard_codes(nbytes: float, s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh,
                    cluster: Cluster) -> np.ndarray:
-    """The phases of ``reshard_steps`` on every (src, dst) pair at once."""
-    logsz = np.log(np.asarray(mesh.shape, dtype=float))
-    level = np.asarray(mesh.level or (0,) * len(mesh.shape)) > 0
-    s, d = s_codes[:, None, :], d_codes[None, :, :]
-    s_sh, d_sh = s >= 2, d >= 2
+    """The phases of ``reshard_steps`` on every (src, dst) pair at once.
 
-    def group(mask):
-        p = np.exp(mask.astype(float) @ logsz).round()
-        cross = (mask & level).any(axis=-1)
-        bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
-        lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
-        return p, bw, lat
+    Per mesh axis only 2-d (src, dst) masks are built; each phase's group size is the product of
+    the axis sizes whose mask is set, and the group crosses nodes when an inter-node axis is in it.
+    """
+    level = mesh.level or (0,) * len(mesh.shape)
+    shape = (len(s_codes), len(d_codes))
+    phases = ("slice", "reduce-scatter", "all-reduce", "all-to-all", "all-gather")
+    p = {k: np.ones(shape) for k in phases}
+    cross = {k: np.zeros(shape, dtype=bool) for k in phases}
+    src_factor = np.ones(len(s_codes))
+    for a, size in enumerate(mesh.shape):
+        s, d = s_codes[:, a][:, None], d_codes[:, a][None, :]
+        s_sh, d_sh = s >= 2, d >= 2
+        src_factor[s_codes[:, a] >= 2] *= size
+        masks = {"slice": (s == 0) & d_sh, "reduce-scatter": (s == 1) & d_sh,
+                 "all-reduce": (s == 1) & (d == 0), "all-to-all": s_sh & d_sh & (s != d),
+                 "all-gather": s_sh & (d == 0)}
+        for k, m in masks.items():
+            if m.any():
+                p[k][m] *= size
+                if level[a] > 0:
+                    cross[k] |= m
 
-    local = nbytes / np.exp((s_codes >= 2).astype(float) @ logsz).round()[:, None]
-    local = local / group((s == 0) & d_sh)[0]
-    p, bw, lat = group((s == 1) & d_sh)
-    total = collective_time("reduce-scatter", local, p, bw, lat)
-    local = local / p
-    p, bw, lat = group((s == 1) & (d == 0))
-    total = total + collective_time("all-reduce", local, p, bw, lat)
-    p, bw, lat = group(s_sh & d_sh & (s != d))
-    total = total + collective_time("all-to-all", local, p, bw, lat)
-    p, bw, lat = group(s_sh & (d == 0))
-    total = total + collective_time("all-gather", local * p, p, bw, lat)
-    return np.broadcast_to(total, (len(s_codes), len(d_codes)))
+    def time(kind, n):
+        bw = np.where(cross[kind], cluster.inter_bandwidth, cluster.intra_bandwidth)
+        lat = np.where(cross[kind], cluster.inter_latency, cluster.intra_latency)
+        return collective_time(kind, n, p[kind], bw, lat)
+
+    local = (nbytes / src_factor)[:, None] / p["slice"]
+    total = time("reduce-scatter", local)
+    local = local / p["reduce-scatter"]
+    total += time("all-reduce", local)
+    total += time("all-to-all", local)
+    total += time("all-gather", local * p["all-gather"])
+    return total

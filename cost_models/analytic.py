@@ -1,0 +1,281 @@
+"""The analytic cost model: seconds per training step from datasheet numbers and alpha-beta links.
+
+Per node and config (every device does ``1/prod(splits)`` of the node's work):
+
+* compute, forward: a roofline,
+  ``max(FLOPs/prod(splits) / (peak[dtype] * compute_efficiency),
+        local bytes / (memory_bandwidth * memory_efficiency))``
+  where local bytes are the node's ``bytes_read + bytes_written`` scaled by the fraction of its
+  operands each device holds under the config's layouts. The byte term keeps a tiny shard of a
+  matmul from looking free and prices memory-bound ops (norms, elementwise) at all.
+* compute, backward (training): ``backward_factor`` (2) times the forward: a matmul-like op
+  computes two products of the forward's size (input gradient and weight gradient); a
+  memory-bound op reads the output gradient and its saved tensors and writes the input gradient,
+  about twice the forward's traffic.
+* weight gradients (training): a parameter is replicated along every mesh axis that cuts a dim
+  not indexing it; its gradient there is a partial sum, all-reduced once per step over that group
+  (its local bytes). Mesh axes that cut no dim replicate the whole node: gradients agree, no sync.
+
+Per edge (producer output -> consumer input): the forward reshard from the producer's output layout
+(Partial along split reduction dims: this is where a split reduction pays its all-reduce or, when
+the consumer wants a shard, its cheaper reduce-scatter) to the consumer's input layout; in
+training plus the backward reshard of the gradient, from the consumer's gradient layout (Partial
+where the consumer's work differs but it used the whole tensor) to the producer's.
+
+Graph outputs left Partial are all-reduced (forward only).
+
+``explain`` prints every term with its arithmetic, so a reader can redo the sum by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autopar.cluster import Cluster
+from autopar.ir import Node
+from autopar.layout import (Layout, NodeLayouts, Partial, Shard, format_layout, grad_of_input,
+                            grad_of_output, node_layouts, node_layouts_many, shard_factor,
+                            tensor_layout, tensor_layouts, to_mesh)
+from autopar.tables import Config, Mesh
+from autopar.cost_models.comm import collective, reshard_matrix, reshard_steps
+
+FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "complex64"}
+MODES = ("train", "inference")
+
+
+def check_mode(mode: str) -> str:
+    if mode == "training":
+        return "train"
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
+    return mode
+
+
+@dataclass(frozen=True)
+class Term:
+    """One addend of a node's cost: what it is, its seconds and the arithmetic behind them."""
+
+    label: str
+    seconds: float
+    formula: str = ""
+
+
+@dataclass
+class NodeCost:
+    node: str
+    config: Config
+    terms: list[Term] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return sum(t.seconds for t in self.terms)
+
+
+def _dims_product_text(node: Node) -> str | None:
+    """'2·b·s·n·k' when the node's FLOPs are 2 per point of its iteration space, else None."""
+    if node.flops and node.flops == 2 * math.prod(d.size for d in node.dims):
+        return ("2·" + "·".join(d.name for d in node.dims) + " = 2·"
+                + "·".join(str(d.size) for d in node.dims))
+    return None
+
+
+@dataclass
+class AnalyticModel:
+    """Roofline compute + ring collectives. Efficiencies are the fraction of peak reached."""
+
+    compute_efficiency: float = 0.6
+    memory_efficiency: float = 0.8
+    backward_factor: float = 2.0
+    compute_dtype: str | None = None  # e.g. "bfloat16" to price an fp32 graph as if under AMP
+    name: str = "analytic"
+    units: str = "s"
+
+    # -- per node -------------------------------------------------------------------------
+    def node_breakdown(self, node: Node, config: Config, cluster: Cluster, mode: str = "train",
+                       text: bool = True, layouts: NodeLayouts | None = None) -> NodeCost:
+        """Every term of the node's cost (``layouts``: precomputed ``node_layouts``, for speed)."""
+        mode = check_mode(mode)
+        mesh = cluster.mesh()
+        cfg = to_mesh(config, mesh)
+        out = NodeCost(node.name, config)
+        if cfg is None:
+            out.terms.append(Term("not realizable on the mesh", math.inf, str(config.splits)))
+            return out
+        lay = layouts or node_layouts(node, cfg, mesh)
+        parts = math.prod(cfg.splits) or 1
+        dtype = self.compute_dtype or (node.outputs[0].dtype if node.outputs else "float32")
+        peak = cluster.peak(dtype)
+
+        specs = [op.spec for op in node.inputs] + [op.spec for op in node.params] + list(node.outputs)
+        lays = list(lay.inputs) + list(lay.params) + list(lay.outputs)
+        total_spec = sum(s.nbytes for s in specs)
+        local_spec = sum(s.nbytes / shard_factor(l, mesh) for s, l in zip(specs, lays))
+        moved = (node.bytes_read + node.bytes_written) or total_spec
+        local_bytes = moved * (local_spec / total_spec if total_spec else 1.0)
+
+        t_flops = node.flops / parts / (peak * self.compute_efficiency)
+        t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
+        fwd = max(t_flops, t_mem)
+        f = ""
+        if text:
+            sym = _dims_product_text(node)
+            fl = f"{sym} = {node.flops:.6g}" if sym else f"{node.flops:.6g}"
+            f = (f"max(FLOPs {fl} / {parts} parts / ({peak:.4g} [{dtype}] * {self.compute_efficiency:g})"
+                 f" = {t_flops:.4g} s, bytes {local_bytes:.6g} / ({cluster.memory_bandwidth:.4g} * "
+                 f"{self.memory_efficiency:g}) = {t_mem:.4g} s) = {fwd:.4g} s "
+                 f"[{'compute' if t_flops >= t_mem else 'memory'}-bound]")
+        out.terms.append(Term("compute forward", fwd, f))
+        if mode == "inference":
+            return out
+        out.terms.append(Term("compute backward", self.backward_factor * fwd,
+                              f"{self.backward_factor:g} * {fwd:.4g} s = {self.backward_factor * fwd:.4g} s" if text else ""))
+        groups: dict[tuple[int, ...], list[tuple[str, int, int]]] = {}
+        for op, pl in zip(node.params, lay.params):
+            if op.spec.dtype not in FLOAT_DTYPES:
+                continue  # buffers (masks, counters) have no gradient
+            g = grad_of_input(pl, node, cfg, mesh)
+            axes = tuple(a for a, x in enumerate(g) if isinstance(x, Partial))
+            if axes:
+                groups.setdefault(axes, []).append((op.source, op.spec.nbytes, shard_factor(pl, mesh)))
+        for axes, params in groups.items():
+            nbytes = sum(b / k for _, b, k in params)
+            c = collective("all-reduce", nbytes, axes, mesh, cluster)
+            if c.p > 1:
+                f = ""
+                if text:
+                    parts_txt = " + ".join(f"{b}/{k}" if k > 1 else f"{b}" for _, b, k in params)
+                    names = ", ".join(n.removeprefix("param:") for n, _, _ in params)
+                    f = f"N = {parts_txt} = {nbytes:.6g} B ({names}); {c.formula()}"
+                out.terms.append(Term("weight-grad sync (one bucket)", c.seconds, f))
+        return out
+
+    def node_cost(self, node: Node, configs: list[Config], cluster: Cluster,
+                  mode: str = "train") -> np.ndarray:
+        mesh = cluster.mesh()
+        mapped = [to_mesh(c, mesh) for c in configs]
+        ok = [c for c in mapped if c is not None]
+        lays = iter(node_layouts_many(node, ok, mesh))
+        return np.array([self.node_breakdown(node, c, cluster, mode, text=False,
+                                             layouts=next(lays) if m is not None else None).seconds
+                         for c, m in zip(configs, mapped)], dtype=float)
+
+    # -- per edge -------------------------------------------------------------------------
+    def _edge_layouts(self, src: Node, src_output: int, dst: Node, dst_input: int,
+                      src_configs: list[Config], dst_configs: list[Config], mesh: Mesh):
+        s_spec = src.outputs[src_output]
+        d_spec = dst.inputs[dst_input].spec
+        s_cfgs = [to_mesh(c, mesh) for c in src_configs]
+        d_cfgs = [to_mesh(c, mesh) for c in dst_configs]
+        rep = tuple(Partial() for _ in mesh.shape)  # placeholder for unrealizable configs
+        s_ok = iter(tensor_layouts(src, [c for c in s_cfgs if c], s_spec, mesh, output=True))
+        d_ok = iter(tensor_layouts(dst, [c for c in d_cfgs if c], d_spec, mesh))
+        s_lay = [next(s_ok) if c else rep for c in s_cfgs]
+        d_lay = [next(d_ok) if c else rep for c in d_cfgs]
+        if s_spec.shape != d_spec.shape:  # a shard of one shape is no shard of another
+            d_lay = [_foreign(l) for l in d_lay]
+        d_grad = [grad_of_input(l, dst, c, mesh) if c else l for l, c in zip(d_lay, d_cfgs)]
+        s_grad = [grad_of_output(l) for l in s_lay]
+        return s_spec, s_lay, d_lay, d_grad, s_grad
+
+    def edge_cost(self, src: Node, src_output: int, dst: Node, dst_input: int,
+                  src_configs: list[Config], dst_configs: list[Config], cluster: Cluster,
+                  mode: str = "train") -> np.ndarray:
+        mode = check_mode(mode)
+        mesh = cluster.mesh()
+        spec, s_lay, d_lay, d_grad, s_grad = self._edge_layouts(
+            src, src_output, dst, dst_input, src_configs, dst_configs, mesh)
+        m = reshard_matrix(spec.nbytes, s_lay, d_lay, mesh, cluster)
+        if mode == "train" and spec.dtype in FLOAT_DTYPES:
+            m = m + reshard_matrix(spec.nbytes, d_grad, s_grad, mesh, cluster).T
+        return np.ascontiguousarray(m)
+
+    def output_cost(self, node: Node, output: int, configs: list[Config], cluster: Cluster,
+                    mode: str = "train") -> np.ndarray:
+        """A graph output left as partial sums is all-reduced before it is returned."""
+        mesh = cluster.mesh()
+        spec = node.outputs[output]
+        out = np.zeros(len(configs))
+        for i, c in enumerate(configs):
+            cfg = to_mesh(c, mesh)
+            if cfg is None:
+                continue
+            lay = tensor_layout(node, cfg, spec, mesh, output=True)
+            axes = [a for a, x in enumerate(lay) if isinstance(x, Partial)]
+            if axes:
+                local = spec.nbytes / shard_factor(lay, mesh)
+                out[i] = collective("all-reduce", local, axes, mesh, cluster).seconds
+        return out
+
+    # -- explanations ---------------------------------------------------------------------
+    def explain(self, node: Node, config: Config, cluster: Cluster, mode: str = "train") -> list[str]:
+        """Lines a reader can check by hand: every term of the node's cost and its arithmetic."""
+        mesh = cluster.mesh()
+        nc = self.node_breakdown(node, config, cluster, mode)
+        cfg = to_mesh(config, mesh)
+        head = f"{node.name} ({node.op}) config splits={config.splits}"
+        if cfg is not None:
+            head += f" mesh_axes={cfg.mesh_axes}"
+            lay = node_layouts(node, cfg, mesh)
+            outs = ", ".join(format_layout(l) for l in lay.outputs)
+            head += f" -> outputs {outs}"
+        lines = [head]
+        for t in nc.terms:
+            lines.append(f"  {t.label}: {t.formula}")
+        lines.append(f"  node total = {nc.seconds:.4g} s")
+        return lines
+
+    def explain_edge(self, src: Node, src_output: int, dst: Node, dst_input: int,
+                     src_config: Config, dst_config: Config, cluster: Cluster,
+                     mode: str = "train") -> tuple[list[str], float]:
+        mode = check_mode(mode)
+        mesh = cluster.mesh()
+        spec, s_lay, d_lay, d_grad, s_grad = self._edge_layouts(
+            src, src_output, dst, dst_input, [src_config], [dst_config], mesh)
+        lines = [f"{src.name}:{src_output} -> {dst.name}:{dst_input} ({spec.nbytes} B): "
+                 f"{format_layout(s_lay[0])} -> {format_layout(d_lay[0])}"]
+        steps = reshard_steps(spec.nbytes, s_lay[0], d_lay[0], mesh, cluster)
+        if mode == "train" and spec.dtype in FLOAT_DTYPES:
+            back = reshard_steps(spec.nbytes, d_grad[0], s_grad[0], mesh, cluster)
+            lines[0] += f"; grad {format_layout(d_grad[0])} -> {format_layout(s_grad[0])}"
+        else:
+            back = []
+        for tag, ss in (("forward", steps), ("backward", back)):
+            for s in ss:
+                lines.append(f"  {tag}: {s.formula()}")
+        total = sum(s.seconds for s in steps) + sum(s.seconds for s in back)
+        if not steps and not back:
+            lines.append("  layouts agree: no communication")
+        lines.append(f"  edge total = {total:.4g} s")
+        return lines, total
+
+
+def _foreign(layout: Layout) -> Layout:
+    return tuple(Shard(p.axis + 10_000, p.period) if isinstance(p, Shard) else p for p in layout)
+
+
+def explain_plan(graph, choice: dict[str, Config], cluster: Cluster,
+                 model: AnalyticModel | None = None, mode: str = "train") -> list[str]:
+    """The predicted step time of a whole plan, term by term: nodes, edges, outputs, the sum."""
+    model = model or AnalyticModel()
+    lines = [cluster.describe(), f"mode: {check_mode(mode)}; model: {model}"]
+    total = 0.0
+    for n in graph.nodes:
+        lines += model.explain(n, choice[n.name], cluster, mode)
+        total += model.node_breakdown(n, choice[n.name], cluster, mode, text=False).seconds
+    for e in graph.edges:
+        src, dst = graph.node(e.src), graph.node(e.dst)
+        ls, t = model.explain_edge(src, e.src_output, dst, e.dst_input, choice[e.src],
+                                   choice[e.dst], cluster, mode)
+        lines += ls
+        total += t
+    for name, idx in graph.outputs:
+        if name in {n.name for n in graph.nodes}:
+            t = float(model.output_cost(graph.node(name), idx, [choice[name]], cluster, mode)[0])
+            if t:
+                lines.append(f"output {name}:{idx} partial -> all-reduce = {t:.4g} s")
+                total += t
+    lines.append(f"predicted step time = {total:.6g} s")
+    return lines
