@@ -6,7 +6,9 @@ parameters: the word-to-FLOP rate ``r``, the cutoff ``kappa`` and the device cou
 all three as global state; autopar does not).
 
 Entry points: ``rate(F, B)``, ``configurations(node, p, kappa)``, ``pase_tables(graph, p, kappa)``,
-``evaluate(graph, strategy)`` and ``data_parallel(graph, p, kappa)``.
+``evaluate(graph, strategy)``, ``data_parallel(graph, p, kappa)`` and ``tables_for(ir_graph, p,
+profile)`` (view + tables). PaSE graphs come from ``pase_view`` (traced models) or
+``pase_reference`` (PaSE's four graphs built by hand from the spec).
 """
 
 from __future__ import annotations
@@ -120,6 +122,19 @@ def data_parallel(graph: PaseGraph, p: int, kappa: int) -> dict[int, tuple[int, 
     return out
 
 
+def tables_for(graph, p: int, profile: str = "default", kappa: int | None = None,
+               r: float = DEFAULT_R) -> tuple[PaseGraph, CostTables]:
+    """View a traced ``ir.Graph`` as PaSE's graph and cost it; kappa defaults to the profile's.
+
+    The tables' nodes are PaSE nodes (``PaseNode.sources`` names the ir nodes behind each).
+    """
+    from .pase_view import PROFILES, pase_view
+
+    prof = PROFILES[profile]
+    g = pase_view(graph, prof)
+    return g, pase_tables(g, p, prof.cutoff if kappa is None else kappa, r)
+
+
 def choice_of(tables: CostTables, strategy: Mapping[int, tuple[int, ...]]) -> list[int]:
     """Config indices into ``tables`` for a strategy given as config tuples."""
     out = []
@@ -133,4 +148,4 @@ def choice_of(tables: CostTables, strategy: Mapping[int, tuple[int, ...]]) -> li
 
 
 __all__ = ["rate", "allowed_splits", "configurations", "pase_tables", "evaluate",
-           "data_parallel", "choice_of", "DEFAULT_R", "PaseBuilder", "PaseGraph"]
+           "data_parallel", "choice_of", "tables_for", "DEFAULT_R", "PaseBuilder", "PaseGraph"]

@@ -252,8 +252,11 @@ def _cat(v: _View, n: ir.Node) -> None:
     xs = [v.tensor(o) for o in n.inputs]
     axis = n.attrs.get("axis", n.attrs.get("dim", 0))
     if len(n.outputs[0].shape) == len(xs[0].shape) + 1 or n.op == "stack":
-        return v.set(n, v.b.stack(xs, axis, sources=_src(n)))
-    v.set(n, v.b.concat(xs, axis, sources=_src(n)))
+        out = v.b.stack(xs, axis, sources=_src(n))
+    else:
+        out = v.b.concat(xs, axis, sources=_src(n))
+    _check_shape(n, out)
+    v.set(n, out)
 
 
 def _split(v: _View, n: ir.Node) -> None:
