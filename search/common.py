@@ -21,8 +21,11 @@ MEMORY_RTOL = 1e-12
 GAP_RTOL = 1e-10
 
 
-class SearchTooLargeError(AutoparError, MemoryError):
-    """The exact search would need more memory (or more combinations) than its budget allows."""
+class SearchTooLargeError(AutoparError, ValueError, MemoryError):
+    """The exact search would need more memory (or more combinations) than its budget allows.
+
+    A ValueError (the input is too big for this search) and a MemoryError (what it protects).
+    """
 
 
 @dataclass(frozen=True)

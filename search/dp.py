@@ -100,15 +100,23 @@ def _lagrangian(p: Problem, x0: _Point, solve, max_multipliers: int) -> tuple[_P
     cap = p.capacity
     lower = x0.cost  # lam = 0: the unconstrained optimum
     lo = x0
-    lam = max(abs(x0.cost), 1e-300) / max(x0.mem - cap, 1e-300)
+    # Above lam_max any memory saving outweighs every possible cost difference, so the DP's
+    # optimum there has the least memory, which fits (check_feasible ran before).
+    span = sum(float(np.ptp(a)) for a in (*p.node_cost, *p.edges.values()) if a.size)
+    step = min((float(np.diff(np.unique(m)).min()) for m in p.memory if np.unique(m).size > 1),
+               default=1.0)
+    lam_max = 2.0 * (span + 1e-300) / step
+    lam = min(lam_max, (span + 1e-300) / max(x0.mem - cap, 1e-300))
     hi = None
-    for _ in range(200):  # find a multiplier whose optimum fits; least memory fits by check_feasible
+    while hi is None:
         x = solve(lam)
         lower = max(lower, x.cost + lam * (x.mem - cap))
         if p.fits(x.mem):
             hi = x
-            break
-        lo, lam = x, lam * 4
+        elif lam >= lam_max:
+            raise RuntimeError("the least-memory plan does not fit although check_feasible passed")
+        else:
+            lo, lam = x, min(lam * 4, lam_max)
     if hi is None:
         raise RuntimeError("no multiplier made the DP's plan fit although the least memory fits")
     best = hi

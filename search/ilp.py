@@ -20,7 +20,6 @@ import datetime
 import time
 
 import numpy as np
-from ortools.math_opt.python import mathopt
 
 from autopar.errors import InfeasibleError
 from autopar.tables import CostTables, Solution
@@ -53,6 +52,8 @@ def ilp_bounds(tables: CostTables, time_limit: float = 60.0, hint: list[int] | N
 
 def _solve(tables: CostTables, time_limit: float, max_variables: int,
            hint: list[int] | None) -> tuple[list[int], float, bool]:
+    from ortools.math_opt.python import mathopt  # loaded on first use: 0.4 s of imports
+
     p = problem_of(tables)
     check_feasible(p)
     varying = {e: m for e, m in p.edges.items() if m.size and np.ptp(m) > 0}
