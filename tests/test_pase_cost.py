@@ -239,3 +239,32 @@ def test_duplicate_inputs_keep_the_last_cost_function():
     b.concat([y, y, x], 0)  # y feeds inputs 0 and 1 of the concat: one edge, input 1
     g = b.graph()
     assert len(g.edges) == 3 and g.edges[(1, 2)].dst_input == 1 and g.edges[(0, 2)].dst_input == 2
+
+
+# --- ops the published AlexNet/RNNLM totals do not exercise, against hand-worked values ----------
+
+def _one(node, c, r=1.0) -> float:
+    from autopar.cost_models.pase_ops import layer_cost
+
+    return float(layer_cost(node, np.array([c], dtype=float), r)[0])
+
+
+def test_norm_softmax_reduce_mean_einsum_elementwise_by_hand():
+    b = PaseBuilder()
+    x = b.input((8, 4, 6, 6))
+    b.norm(x, 0)  # Q = 288, q_a = 4: 16Q + 4 AR(72, 2) + 4 AR(4, 2) = 4608 + 288 + 16
+    b.softmax(b.input((2, 8, 16, 16)), -1)
+    b.reduce_mean(b.input((8, 16, 8, 8)), (2, 3))
+    b.einsum("bhlk,bhmk->bhlm", b.input((2, 4, 8, 16)), b.input((2, 4, 8, 16)))
+    b.elementwise(b.input((4, 4)), b.input((4, 4)), w=1)
+    g = b.graph()
+    assert g.nodes[1].attrs["axis"] == 3
+    assert _one(g.nodes[0], (2, 2, 1, 1)) == 4912
+    # q = (2,4,16,4), Q = 512, E = 128: 4Q + 16Q + AR(128,4) + AR(2048,4) + AR(128,4)
+    assert _one(g.nodes[1], (1, 2, 1, 4)) == 2048 + 8192 + 192 + 3072 + 192
+    assert _one(g.nodes[2], (2, 1, 2, 1)) == 2048  # AR(Q = 2048, 2), no compute term
+    # D = (b,h,l,m,k) = (2,4,8,8,16); beta = 1*4, m = 4, n = 8, k = 8, Pm = 2, Pk = 2
+    assert g.nodes[3].attrs["letters"] == "bhlmk"
+    assert _one(g.nodes[3], (2, 1, 2, 1, 2)) == 4 * (3 * 4 * 8 * 8 + 32 + 0 + 64)
+    assert _one(g.nodes[4], (2, 1)) == 16  # (1 + w) Q
+    assert _one(g.nodes[0], (1, 1, 1, 1), r=5000.0) == 16 * 8 * 4 * 36  # nothing split: no AR
