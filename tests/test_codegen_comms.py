@@ -1,0 +1,77 @@
+"""The collectives a sharded module runs are exactly those its plan implies (CommDebugMode).
+
+These counts are what a plan's predicted collective list is compared with: one all-reduce of the
+loss in a data-parallel forward and one per parameter in its backward; Megatron's one all-reduce
+of the row-parallel partial sums, and in backward only the row-parallel bias (its input x needs
+no gradient); a reduction split reduce-scatters into the next node's shard.
+"""
+
+from __future__ import annotations
+
+import pytest
+from torch.distributed.tensor.debug import CommDebugMode
+
+import autopar
+from codegen.dtensor import shard_module
+from tests.dist_utils import run_gloo
+from tests.test_codegen_ir import linear_cfg, mlp_graph
+from tests.test_codegen_mlp import MLP, ew, plans
+
+
+def counts(mode: CommDebugMode) -> dict[str, int]:
+    """{"all_reduce": 1, ...}: the op names without their namespace."""
+    return {str(op).rsplit(".", 1)[-1]: n for op, n in mode.get_comm_counts().items() if n}
+
+
+def comm_rank(rank, world, model, inputs, graph, assignments, mesh_shape):
+    """Forward and backward collective counts of each plan, on this rank."""
+    out = {}
+    for name, assignment in assignments.items():
+        sharded = shard_module(model, graph, assignment, mesh_shape)
+        with CommDebugMode() as fwd:
+            loss = sharded(*inputs)
+        with CommDebugMode() as bwd:
+            loss.backward()
+        out[name] = (counts(fwd), counts(bwd))
+    return out
+
+
+def batch_split_but_loss():
+    plan = {n: linear_cfg(b=(0,)) for n in ("layers_0", "layers_1", "head")}
+    plan.update(relu=ew((0,), ()), relu_1=ew((0,), ()))
+    return plan
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """One gloo launch for every plan: CommDebugMode's module tracking is not thread-safe, so
+    the threaded process group cannot be used here, and process start-up is the slow part."""
+    model, inputs = autopar.zoo.get("mlp", **MLP)
+    graph = mlp_graph(model, inputs)
+    assignments = {**plans(2), "batch_split_but_loss": batch_split_but_loss()}
+    per_rank = run_gloo(comm_rank, 2, model, inputs, graph, assignments, (2,))
+    assert per_rank[0] == per_rank[1]
+    return per_rank[0]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("plan,forward,backward", [
+    ("data_parallel", {"all_reduce": 1}, {"all_reduce": 6}),
+    ("megatron", {"all_reduce": 1}, {"all_reduce": 1}),
+    # k cut in layers_0/1, n in head: reduce-scatter into relu's shard, all-reduce into relu_1,
+    # all-gather of the logits for the loss; backward: all-gather for the reduce-scatter, the
+    # head's input gradient, two biases added once
+    ("reduction_split", {"reduce_scatter_tensor": 1, "all_reduce": 1, "all_gather_into_tensor": 1},
+     {"all_gather_into_tensor": 1, "all_reduce": 3}),
+])
+def test_collectives_of_a_plan(measured, plan, forward, backward):
+    fwd, bwd = measured[plan]
+    assert fwd == forward
+    assert bwd == backward
+
+
+@pytest.mark.dist
+def test_consistent_layouts_need_no_communication(measured):
+    """Batch-split everywhere but the loss: nothing moves until the loss gathers the batch."""
+    fwd, _ = measured["batch_split_but_loss"]
+    assert fwd == {"all_gather_into_tensor": 1}
