@@ -1,0 +1,98 @@
+"""Collective formulas against hand arithmetic; resharding phases; vectorised == scalar."""
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from autopar.cluster import Cluster
+from autopar.layout import Partial, Replicate, Shard
+from autopar.cost_models.comm import collective, reshard_cost, reshard_matrix, reshard_steps
+
+R, P = Replicate(), Partial()
+BW, LAT = 100e9, 2e-6
+FLAT = Cluster(devices=8, intra_bandwidth=BW, intra_latency=LAT, inter_bandwidth=1e9,
+               inter_latency=1e-3)
+HIER = Cluster(devices=16, devices_per_node=8, intra_bandwidth=BW, intra_latency=LAT,
+               inter_bandwidth=10e9, inter_latency=10e-6)
+MB = 2 ** 20
+
+
+def test_ring_all_reduce_formula():
+    c = collective("all-reduce", 4 * MB, (0, 1, 2), FLAT.mesh(), FLAT)
+    p = 8
+    assert c.p == p and not c.crosses_nodes
+    assert c.seconds == pytest.approx(2 * (p - 1) / p * 4 * MB / BW + 2 * (p - 1) * LAT)
+    assert "2(p-1)/p*N/bw" in c.formula()
+
+
+def test_other_collectives():
+    m = FLAT.mesh()
+    n = 3 * MB
+    assert collective("all-gather", n, (0,), m, FLAT).seconds == pytest.approx(0.5 * n / BW + LAT)
+    assert collective("reduce-scatter", n, (1, 2), m, FLAT).seconds == pytest.approx(
+        0.75 * n / BW + 3 * LAT)
+    assert collective("all-to-all", n, (0, 1), m, FLAT).seconds == pytest.approx(0.75 * n / BW + 3 * LAT)
+    assert collective("broadcast", n, (0, 1, 2), m, FLAT).seconds == pytest.approx(n / BW + 7 * LAT)
+    assert collective("send/recv", n, (2,), m, FLAT).seconds == pytest.approx(n / BW + LAT)
+    assert collective("all-reduce", n, (), m, FLAT).seconds == 0.0
+    with pytest.raises(ValueError):
+        collective("gossip", n, (0,), m, FLAT)
+
+
+def test_group_crossing_nodes_uses_the_slow_link():
+    m = HIER.mesh()  # (2, 2, 2, 2), axis 0 crosses nodes
+    inside = collective("all-reduce", MB, (1, 2, 3), m, HIER)
+    across = collective("all-reduce", MB, (0, 3), m, HIER)
+    assert not inside.crosses_nodes and across.crosses_nodes
+    assert across.seconds == pytest.approx(2 * 3 / 4 * MB / 10e9 + 2 * 3 * 10e-6)
+
+
+def test_reshard_phases_by_hand():
+    m = FLAT.mesh()
+    n = 8 * MB
+    # gather a tensor sharded over two axes: output N = n, p = 4
+    (s,) = reshard_steps(n, (Shard(0), Shard(0), R), (R, R, R), m, FLAT)
+    assert s.kind == "all-gather" and s.p == 4 and s.nbytes == n
+    assert s.seconds == pytest.approx(0.75 * n / BW + 3 * LAT)
+    # partial sums wanted replicated: all-reduce of the (unsharded) tensor
+    (s,) = reshard_steps(n, (P, R, R), (R, R, R), m, FLAT)
+    assert (s.kind, s.p, s.nbytes) == ("all-reduce", 2, n)
+    # partial sums wanted sharded: reduce-scatter, cheaper than the all-reduce
+    (s,) = reshard_steps(n, (P, P, R), (Shard(0), Shard(1), R), m, FLAT)
+    assert (s.kind, s.p, s.nbytes) == ("reduce-scatter", 4, n)
+    # slicing is free; a shard moving to another tensor axis is an all-to-all on the local part
+    assert reshard_steps(n, (R, R, R), (Shard(0), R, Shard(1)), m, FLAT) == []
+    (s,) = reshard_steps(n, (Shard(0), R, R), (Shard(1), R, R), m, FLAT)
+    assert (s.kind, s.nbytes) == ("all-to-all", n / 2)
+    # a slice first shrinks what is then gathered
+    (s,) = reshard_steps(n, (Shard(0), R, R), (R, Shard(1), R), m, FLAT)
+    assert (s.kind, s.nbytes) == ("all-gather", n / 2)
+    assert reshard_cost(n, (Shard(0), R, R), (Shard(0), R, R), m, FLAT) == 0.0
+
+
+def _random_layout(rng, axes):
+    return tuple(rng.choice([R, P, Shard(0), Shard(1), Shard(1, 3)]) for _ in range(axes))
+
+
+@pytest.mark.parametrize("cluster", [FLAT, HIER])
+def test_vectorised_matrix_equals_scalar_steps(cluster):
+    rng = random.Random(0)
+    m = cluster.mesh()
+    src = [_random_layout(rng, len(m.shape)) for _ in range(25)]
+    dst = [_random_layout(rng, len(m.shape)) for _ in range(20)]
+    mat = reshard_matrix(5 * MB, src, dst, m, cluster)
+    assert mat.shape == (25, 20)
+    for (i, a), (j, b) in itertools.product(enumerate(src), enumerate(dst)):
+        assert mat[i, j] == pytest.approx(reshard_cost(5 * MB, a, b, m, cluster), rel=1e-12, abs=1e-18)
+
+
+def test_reshard_rejects_wrong_arity():
+    with pytest.raises(ValueError):
+        reshard_steps(MB, (R,), (R, R), FLAT.mesh(), FLAT)
+
+
+def test_empty_matrix():
+    assert reshard_matrix(MB, [], [(R, R, R)], FLAT.mesh(), FLAT).shape == (0, 1)
+    assert np.all(reshard_matrix(MB, [(R, R, R)], [(R, R, R)], FLAT.mesh(), FLAT) == 0)

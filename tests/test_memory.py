@@ -1,0 +1,77 @@
+"""Per-device memory: sharded parameters, gradients, optimizer state, saved activations."""
+
+import pytest
+
+from autopar.ir import Dim, Graph, Node, Operand, TensorSpec
+from autopar.tables import Config, Mesh
+from autopar.cost_models.memory import node_memory, plan_memory
+
+MESH = Mesh((2, 2, 2), (0, 0, 0))
+B, S, N, K = 8, 16, 64, 32
+
+
+def linear(name="fc", src="input:x", weight="param:fc.weight"):
+    x = Operand(src, 0, TensorSpec((B, S, K), "float32", (("b",), ("s",), ("k",))))
+    w = Operand(weight, 0, TensorSpec((N, K), "float32", (("n",), ("k",))))
+    bias = Operand(weight + ".bias", 0, TensorSpec((N,), "float32", (("n",),)))
+    return Node(name, "linear", "torch.nn.Linear", name,
+                (Dim("b", B), Dim("s", S), Dim("n", N), Dim("k", K, reduction=True)),
+                (x,), (w, bias), (TensorSpec((B, S, N), "float32", (("b",), ("s",), ("n",))),),
+                flops=2 * B * S * N * K)
+
+
+REPL = Config((1, 1, 1, 1), ((), (), (), ()))
+COLUMN = Config((1, 1, 8, 1), ((), (), (0, 1, 2), ()))
+DATA = Config((8, 1, 1, 1), ((0, 1, 2), (), (), ()))
+PARAM_BYTES = (N * K + N) * 4
+X_BYTES = B * S * K * 4
+
+
+def test_replicated_linear_by_hand():
+    m = node_memory(linear(), REPL, MESH)
+    assert m.params == PARAM_BYTES
+    assert m.grads == PARAM_BYTES
+    assert m.optimizer == 2 * 4 * (N * K + N)  # Adam: two fp32 moments
+    assert m.activations == X_BYTES  # x is saved for dW
+    assert m.total == 4 * PARAM_BYTES + X_BYTES
+
+
+def test_column_parallel_holds_one_pth_of_the_state():
+    rep, col = node_memory(linear(), REPL, MESH), node_memory(linear(), COLUMN, MESH)
+    for field in ("params", "grads", "optimizer"):
+        assert getattr(col, field) == pytest.approx(getattr(rep, field) / 8)
+    assert col.activations == rep.activations  # x is replicated under a column split
+    inf_rep = node_memory(linear(), REPL, MESH, mode="inference")
+    inf_col = node_memory(linear(), COLUMN, MESH, mode="inference")
+    assert inf_col.total == pytest.approx(inf_rep.total / 8) and inf_rep.total == PARAM_BYTES
+
+
+def test_data_parallel_shards_activations_only():
+    m = node_memory(linear(), DATA, MESH)
+    assert m.params == PARAM_BYTES and m.activations == X_BYTES / 8
+
+
+def test_optimizers():
+    assert node_memory(linear(), REPL, MESH, optimizer="sgd").optimizer == 4 * (N * K + N)
+    assert node_memory(linear(), REPL, MESH, optimizer=None).optimizer == 0
+    with pytest.raises(ValueError):
+        node_memory(linear(), REPL, MESH, optimizer="lion9")
+
+
+def test_ops_that_save_nothing_or_their_output():
+    spec = TensorSpec((B, S), "float32", (("b",), ("c",)))
+    dims = (Dim("b", B), Dim("c", S))
+    add = Node("add", "add", "add", "", dims, (Operand("a", 0, spec), Operand("b", 0, spec)), (), (spec,))
+    sm = Node("sm", "softmax", "softmax", "", dims, (Operand("a", 0, spec),), (), (spec,))
+    cfg = Config((2, 1), ((0,), ()))
+    assert node_memory(add, cfg, MESH).total == 0
+    assert node_memory(sm, cfg, MESH).activations == spec.nbytes / 2
+
+
+def test_shared_parameter_counted_once():
+    a = linear("a", "input:x", "param:shared")
+    b = linear("b", "input:x", "param:shared")
+    g = Graph([a, b], {"x": TensorSpec((B, S, K), "float32", ((), (), ()))}, [("b", 0)])
+    total, per = plan_memory(g, {"a": REPL, "b": REPL}, MESH)
+    assert per["b"].params == 0 and per["a"].params == PARAM_BYTES
+    assert total == 4 * PARAM_BYTES + 2 * X_BYTES
