@@ -84,7 +84,10 @@ def _traced_cached(name: str):
     from autopar.cost_models.pase_view import pase_view
 
     model, inputs = autopar.zoo.get(name, device="meta")
-    return pase_view(autopar.trace(model, inputs), name)
+    # autopar.trace (the function) is shadowed by the submodule once imported: import the function
+    from autopar.trace import trace
+
+    return pase_view(trace(model, inputs), name)
 
 
 GRAPHS = {

@@ -69,7 +69,10 @@ def traced(name: str):
     from autopar.cost_models.pase_view import pase_view
 
     model, inputs = autopar.zoo.get(name, batch=PASE_SIZES[name], device="meta")
-    return pase_view(autopar.trace(model, inputs), name)
+    # autopar.trace (the function) is shadowed by the submodule once imported: import the function
+    from autopar.trace import trace
+
+    return pase_view(trace(model, inputs), name)
 
 
 def reference(name: str):
