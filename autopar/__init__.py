@@ -5,7 +5,9 @@ Pipeline (one direction): trace -> ir.Graph -> cost tables -> search -> Plan -> 
 
 from autopar import zoo
 from autopar.errors import AutoparError, InfeasibleError, PlanMismatchError, TraceError
+from autopar.cluster import Cluster
 from autopar.ir import Dim, Edge, Graph, Node, Operand, TensorSpec
+from autopar.plan import Plan
 
 __version__ = "0.1.0"
 
@@ -17,7 +19,15 @@ def trace(model, example_inputs, **kwargs) -> Graph:
     return _trace(model, example_inputs, **kwargs)
 
 
+def plan(model, example_inputs, cluster=8, **kwargs) -> Plan:
+    """Find the best parallelization strategy (see ``autopar.planner.plan``)."""
+    from autopar.planner import plan as _plan
+
+    return _plan(model, example_inputs, cluster, **kwargs)
+
+
 __all__ = [
+    "Cluster", "Plan", "plan",
     "AutoparError", "Dim", "Edge", "Graph", "InfeasibleError", "Node", "Operand",
     "PlanMismatchError", "TensorSpec", "TraceError", "trace", "zoo",
 ]

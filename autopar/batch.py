@@ -36,3 +36,55 @@ def _batch_dim_of(node: Node, batch_axes: dict[tuple[str, int], set[int]]) -> st
                 if not node.dim(name).reduction:
                     return name
     return None
+
+
+def scale_batch(graph: Graph, microbatches: int) -> Graph:
+    """The same graph for one of ``microbatches`` equal microbatches: every batch dim and batch axis
+    divided, FLOPs and activation bytes of batched nodes scaled to match; parameters unchanged.
+
+    Used to price pipeline stages per microbatch with the same cost model (so a roofline sees the
+    smaller shards). Raises ValueError when a batch size is not divisible.
+    """
+    import dataclasses
+
+    from autopar.ir import Dim, Operand, TensorSpec
+
+    if microbatches == 1:
+        return graph
+    dims = batch_dims(graph)
+
+    def shrink(spec: TensorSpec, b: str | None) -> TensorSpec:
+        if b is None:
+            return spec
+        shape = list(spec.shape)
+        for i, axis in enumerate(spec.axes):
+            if axis[:1] == (b,):
+                if shape[i] % microbatches:
+                    raise ValueError(f"batch axis of size {shape[i]} is not divisible into {microbatches} microbatches")
+                shape[i] //= microbatches
+        return dataclasses.replace(spec, shape=tuple(shape))
+
+    nodes = []
+    for n in graph.nodes:
+        b = dims[n.name]
+        if b is None:
+            nodes.append(n)
+            continue
+        new_dims = tuple(Dim(d.name, d.size // microbatches, d.reduction, d.splittable) if d.name == b else d
+                         for d in n.dims)
+        if n.dim(b).size % microbatches:
+            raise ValueError(f"batch {n.dim(b).size} of node {n.name} is not divisible into {microbatches} microbatches")
+        inputs = tuple(Operand(o.source, o.output, shrink(o.spec, b)) for o in n.inputs)
+        outputs = tuple(shrink(t, b) for t in n.outputs)
+        read = n.bytes_read - sum(o.spec.nbytes - s.spec.nbytes for o, s in zip(n.inputs, inputs))
+        written = n.bytes_written - sum(o.nbytes - s.nbytes for o, s in zip(n.outputs, outputs))
+        nodes.append(dataclasses.replace(n, dims=new_dims, inputs=inputs, outputs=outputs,
+                                         flops=n.flops // microbatches, bytes_read=max(read, 0),
+                                         bytes_written=max(written, 0)))
+    inputs = {}
+    for name, spec in graph.inputs.items():
+        shape = list(spec.shape)
+        if shape and shape[0] % microbatches == 0:
+            shape[0] //= microbatches
+        inputs[name] = dataclasses.replace(spec, shape=tuple(shape))
+    return Graph(nodes, inputs, list(graph.outputs), graph.model_name, graph.fx_graph)

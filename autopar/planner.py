@@ -1,0 +1,212 @@
+"""``autopar.plan``: trace -> cost tables -> search -> Plan, with the baselines priced alike.
+
+This is the only place that knows both a cost model and a search: it hands the tables from one to
+the other. Baselines are restrictions of the same tables (``autopar.tables.restrict``), so every
+number in a plan and its baselines comes from one cost model and is directly comparable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import numpy as np
+
+from autopar.batch import batch_dims
+from autopar.cluster import Cluster
+from autopar.errors import InfeasibleError
+from autopar.fingerprint import fingerprint
+from autopar.ir import Graph
+from autopar.plan import Plan, SearchInfo
+from autopar.tables import CostTables, Solution, restrict
+
+SEARCHES = ("auto", "dp", "ilp", "brute")
+COST_MODELS = ("analytic", "pase")
+
+
+def resolve_cluster(cluster) -> Cluster:
+    if isinstance(cluster, Cluster):
+        return cluster
+    if isinstance(cluster, str):
+        return Cluster.preset(cluster)
+    if isinstance(cluster, int) and not isinstance(cluster, bool):
+        return Cluster(devices=cluster)
+    raise ValueError(f"cluster must be an autopar.Cluster, a preset name or a device count, not {cluster!r}")
+
+
+def parse_space(space: str) -> tuple[str, int]:
+    """'mesh' -> ('mesh', 0); 'pase' -> ('pase', 4); 'pase:N' -> ('pase', N)."""
+    if space == "mesh":
+        return "mesh", 0
+    if space == "pase":
+        return "pase", 4
+    if space.startswith("pase:") and space[5:].isdigit() and int(space[5:]) >= 1:
+        return "pase", int(space[5:])
+    raise ValueError(f"unknown space {space!r}; use 'mesh', 'pase' (cutoff 4) or 'pase:N'")
+
+
+def run_search(tables: CostTables, search: str, time_limit: float) -> Solution:
+    from autopar.search.common import SearchTooLargeError
+    from autopar.search.dp import dp
+    from autopar.search.ilp import ilp
+
+    if search == "brute":
+        from autopar.search.brute import brute
+
+        return brute(tables)
+    if search == "ilp":
+        return ilp(tables, time_limit=time_limit)
+    try:
+        return dp(tables, ilp_time_limit=time_limit)
+    except SearchTooLargeError:
+        if search == "dp":
+            raise
+        return ilp(tables, time_limit=time_limit)
+
+
+def plan(model, example_inputs, cluster=8, *, cost_model: str = "analytic", space: str = "mesh",
+         search: str = "auto", mode: str = "train", optimizer: str | None = "adam",
+         memory_capacity: float | None = None, time_limit: float = 60.0, graph: Graph | None = None,
+         model_name: str = "", pase_profile: str | None = None, pase_rate: tuple[float, float] = (10.0, 16.0),
+         baselines: bool = True) -> Plan:
+    """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``; see DESIGN.md.
+
+    ``cluster``: an ``autopar.Cluster``, a preset name (``"8xA100"``) or a device count.
+    ``memory_capacity`` (bytes per device) overrides the cluster's. ``search``: auto, dp, ilp, brute.
+    ``cost_model="pase"`` uses PaSE's model (``pase_rate`` = its TFLOP/s and GB/s) on PaSE's view of
+    the graph, with ``space="pase"``/``"pase:N"``; ``pase_profile`` names the per-model fold rules
+    (default: the model class's name when PaSE has a profile for it).
+    """
+    if search not in SEARCHES:
+        raise ValueError(f"unknown search {search!r}; use one of {', '.join(SEARCHES)}")
+    if cost_model not in COST_MODELS:
+        raise ValueError(f"unknown cost model {cost_model!r}; use one of {', '.join(COST_MODELS)}")
+    space_kind, cutoff = parse_space(space)
+    if (cost_model == "pase") != (space_kind == "pase"):
+        raise ValueError("cost_model='pase' goes with space='pase' or 'pase:N' (and only with it)")
+    cluster = resolve_cluster(cluster)
+    if graph is None:
+        from autopar.trace import trace
+
+        graph = trace(model, example_inputs)
+    name = model_name or graph.model_name or type(model).__name__
+    common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
+                  mesh=cluster.mesh(), cost_model=cost_model, space=space, mode=mode)
+    if cost_model == "pase":
+        return _plan_pase(graph, model, cluster, cutoff, search, time_limit, pase_profile, pase_rate, common,
+                          baselines)
+    return _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
+                          baselines)
+
+
+# -- the analytic model on the mesh space --------------------------------------------------------
+
+def _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
+                   with_baselines) -> Plan:
+    from autopar.cost_models.tables import build_tables
+
+    tables = build_tables(graph, cluster, "analytic", space="mesh", mode=mode, optimizer=optimizer)
+    if memory_capacity is not None:
+        tables.memory_capacity = float(memory_capacity)
+    unsupported = {n.name: n.unsupported for n in graph.nodes if n.unsupported}
+    base = _analytic_baselines(graph, tables, cluster, common, unsupported) if with_baselines else {}
+    start = time.perf_counter()
+    try:
+        sol = run_search(tables, search, time_limit)
+    except InfeasibleError as e:
+        least = _least_memory(tables)
+        raise InfeasibleError(
+            f"no plan of {graph.model_name or 'the model'} fits {tables.memory_capacity / 2**30:.3g} GiB per device "
+            f"on {cluster.devices} devices; the least autopar can reach is {least / 2**30:.3g} GiB per device "
+            f"(splitting every node as finely as it can): add devices or memory", least) from e
+    seconds = time.perf_counter() - start
+    return _make_plan(graph, tables, sol, SearchInfo(sol.search, seconds, sol.gap), common, unsupported, base)
+
+
+def _least_memory(tables: CostTables) -> float:
+    return float(sum(np.min(m) for m in tables.memory))
+
+
+def _make_plan(graph, tables, sol: Solution, info: SearchInfo, common, unsupported, baselines) -> Plan:
+    assignment = {name: tables.configs[i][c] for i, (name, c) in enumerate(zip(tables.nodes, sol.choice))}
+    return Plan(**common, assignment=assignment, cost=float(sol.cost), units=tables.units,
+                memory_per_device=float(tables.total_memory(sol.choice)), search=info,
+                unsupported=unsupported, baselines=baselines, graph=graph, tables=tables)
+
+
+def _evaluate(tables: CostTables, choice: list[int]) -> Solution:
+    return Solution(list(choice), tables.total(choice), tables.total_memory(choice), "fixed", 0.0)
+
+
+def data_parallel_choice(graph: Graph, tables: CostTables) -> list[int]:
+    """Each node's config that splits only its batch dim, over as many mesh axes as divide it."""
+    batch = batch_dims(graph)
+    choice = []
+    for i, node in enumerate(graph.nodes):
+        b = batch.get(node.name)
+        names = [d.name for d in node.dims]
+        best, best_split = None, 0
+        for j, c in enumerate(tables.configs[i]):
+            used = [k for k, s in enumerate(c.splits) if s > 1]
+            if not used:
+                split = 1
+            elif b is not None and used == [names.index(b)]:
+                split = c.splits[used[0]]
+            else:
+                continue
+            if split > best_split:
+                best, best_split = j, split
+        choice.append(best if best is not None else 0)
+    return choice
+
+
+def _analytic_baselines(graph, tables, cluster, common, unsupported) -> dict[str, Plan]:
+    out = {}
+    dp_choice = data_parallel_choice(graph, tables)
+    out["data_parallel"] = _make_plan(graph, tables, _evaluate(tables, dp_choice), SearchInfo("fixed", 0.0),
+                                      common, unsupported, {})
+    from autopar.expert import expert_pins, is_transformer_like, matches
+
+    if is_transformer_like(graph):
+        mesh = cluster.mesh()
+        pins = expert_pins(graph, batch_dims(graph), mesh.shape, mesh.level)
+        keep = []
+        for i, node in enumerate(graph.nodes):
+            names = [d.name for d in node.dims]
+            ok = [j for j, c in enumerate(tables.configs[i])
+                  if not c.mesh_axes or matches(pins[node.name], names, c.mesh_axes)]
+            keep.append(ok or [dp_choice[i]])
+        sub = restrict(tables, keep)
+        sub.memory_capacity = math.inf  # a baseline is priced as written, fitting or not
+        from autopar.search.dp import dp
+
+        start = time.perf_counter()
+        sol = dp(sub)
+        sol.choice = [keep[i][c] for i, c in enumerate(sol.choice)]
+        out["expert"] = _make_plan(graph, tables, _evaluate(tables, sol.choice),
+                                   SearchInfo("dp (pinned)", time.perf_counter() - start), common, unsupported, {})
+    return out
+
+
+# -- PaSE's model and space -----------------------------------------------------------------------
+
+def _plan_pase(graph, model, cluster, cutoff, search, time_limit, profile, rate, common, with_baselines) -> Plan:
+    from autopar.cost_models import pase
+    from autopar.cost_models.pase_view import PROFILES
+
+    if profile is None:
+        guess = type(model).__name__.lower().replace("_", "")
+        profile = next((k for k in PROFILES if k != "default" and guess.startswith(k[:5])), "default")
+    r = pase.rate(*rate)
+    pgraph, tables = pase.tables_for(graph, cluster.devices, profile, kappa=cutoff, r=r)
+    start = time.perf_counter()
+    sol = run_search(tables, search, time_limit)
+    info = SearchInfo(sol.search, time.perf_counter() - start, sol.gap)
+    common = dict(common, mesh=dataclasses.replace(common["mesh"]))
+    base = {}
+    if with_baselines:
+        dp_choice = pase.choice_of(tables, pase.data_parallel(pgraph, cluster.devices, cutoff))
+        base["data_parallel"] = _make_plan(pgraph, tables, _evaluate(tables, dp_choice), SearchInfo("fixed", 0.0),
+                                           common, {}, {})
+    return _make_plan(pgraph, tables, sol, info, common, {}, base)
+
