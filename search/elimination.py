@@ -24,6 +24,7 @@ picks the order whose *remaining* work is smallest.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,48 +96,103 @@ def original_factors(p: Problem, node_cost: tuple[np.ndarray, ...]) -> tuple[lis
     return factors, {fid: t for fid, t in zip(ids, tables)}
 
 
-def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
-         reuse: bool = True) -> EliminationPlan:
-    """Walk the elimination symbolically: keys, reuse and sizes, no arithmetic on tables."""
-    next_id = max((f.fid for f in factors), default=-1) + 1
-    by_var: list[set[Factor]] = [set() for _ in range(p.n)]
-    for f in factors:
-        for w in f.scope:
-            by_var[w].add(f)
-    seen: dict[tuple, int] = {}
-    steps, constants = [], []
-    work = total = message_elems = largest = reused_steps = 0
-    for v in order:
-        inputs = sorted(by_var[v], key=lambda f: (f.fid, f.scope))
-        for f in inputs:
+class _Symbolic:
+    """The factors alive during an elimination, by variable, and the step keys seen so far."""
+
+    def __init__(self, p: Problem, factors: list[Factor]):
+        self.sizes = p.sizes
+        self.next_id = max((f.fid for f in factors), default=-1) + 1
+        self.by_var: list[set[Factor]] = [set() for _ in range(p.n)]
+        for f in factors:
             for w in f.scope:
-                by_var[w].discard(f)
+                self.by_var[w].add(f)
+        self.seen: dict[tuple, int] = {}
+
+    def key(self, v: int) -> tuple[tuple, tuple[Factor, ...], tuple[int, ...]]:
+        """(step key, input factors in key order, message variables in label order)."""
+        inputs = tuple(sorted(self.by_var[v], key=lambda f: (f.fid, f.scope)))
         labels = {v: 0}
         for f in inputs:
             for w in f.scope:
                 labels.setdefault(w, len(labels))
         key = tuple((f.fid, tuple(labels[w] for w in f.scope)) for f in inputs)
-        out_scope = tuple(labels)[1:]
-        size = table_elements(p.sizes, out_scope)
-        step_work = size * p.sizes[v]
-        total += step_work
-        hit = reuse and key in seen
+        return key, inputs, tuple(labels)[1:]
+
+    def eliminate(self, v: int, reuse: bool) -> Step:
+        key, inputs, out_scope = self.key(v)
+        for f in inputs:
+            for w in f.scope:
+                self.by_var[w].discard(f)
+        hit = reuse and key in self.seen
         if hit:
-            fid = seen[key]
+            fid = self.seen[key]
+        else:
+            fid, self.next_id = self.next_id, self.next_id + 1
+            self.seen[key] = fid
+        out = Factor(fid, out_scope)
+        for w in out_scope:
+            self.by_var[w].add(out)
+        work = table_elements(self.sizes, out_scope) * self.sizes[v]
+        return Step(v, inputs, out, hit, work)
+
+
+def reuse_order(p: Problem, factors: list[Factor]) -> list[int]:
+    """Greedy on the work *left to compute*: a step whose key was seen costs nothing, and a step
+    that n alive nodes share (the same node of n identical blocks, with the same factors around
+    it) costs 1/n of its table, since the other n - 1 will reuse it. Table size (PaSE's dependent
+    set, weighted by config counts) is the work, so without repeats this is ``min_weight``; with
+    repeats it eliminates each block's interior first, everywhere at once, and leaves a chain of
+    identical block-to-block messages, instead of dragging one block's message through the next
+    (which makes every block's steps different)."""
+    state = _Symbolic(p, factors)
+    alive = set(range(p.n))
+    cache: dict[int, tuple[tuple, int]] = {}
+    sharing: Counter = Counter()
+
+    def refresh(v: int) -> None:
+        if v in cache:
+            sharing[cache[v][0]] -= 1
+        key, _, out_scope = state.key(v)
+        cache[v] = (key, table_elements(p.sizes, out_scope) * p.sizes[v])
+        sharing[key] += 1
+
+    def amortised(v: int) -> tuple[float, int]:
+        key, work = cache[v]
+        return (0.0 if key in state.seen else work / sharing[key], v)
+
+    for v in sorted(alive):
+        refresh(v)
+    order = []
+    while alive:
+        v = min(alive, key=amortised)
+        sharing[cache.pop(v)[0]] -= 1
+        step = state.eliminate(v, reuse=True)
+        alive.remove(v)
+        order.append(v)
+        for w in step.out.scope:
+            refresh(w)
+    return order
+
+
+def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
+         reuse: bool = True) -> EliminationPlan:
+    """Walk the elimination symbolically: keys, reuse and sizes, no arithmetic on tables."""
+    state = _Symbolic(p, factors)
+    steps, constants = [], []
+    work = total = message_elems = largest = reused_steps = 0
+    for v in order:
+        step = state.eliminate(v, reuse)
+        steps.append(step)
+        size = step.work // p.sizes[v]
+        total += step.work
+        largest = max(largest, size)
+        if step.reused:
             reused_steps += 1
         else:
-            fid, next_id = next_id, next_id + 1
-            seen[key] = fid
-            work += step_work
+            work += step.work
             message_elems += size
-        largest = max(largest, size)
-        out = Factor(fid, out_scope)
-        steps.append(Step(v, tuple(inputs), out, hit, step_work))
-        if out_scope:
-            for w in out_scope:
-                by_var[w].add(out)
-        else:
-            constants.append(out)
+        if not step.out.scope:
+            constants.append(step.out)
     return EliminationPlan(order_name, list(order), steps, constants, work, total,
                            8 * message_elems, largest, reused_steps)
 
@@ -144,11 +200,18 @@ def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
 def choose_plan(p: Problem, factors: list[Factor], order: str = "auto", reuse: bool = True,
                 memory_budget: float = DEFAULT_MEMORY_BUDGET) -> EliminationPlan:
     """The plan with the least computed work among the candidate orders that fit the budget."""
-    names = list(ORDERS) if order == "auto" else [order]
-    if any(name not in ORDERS for name in names):
-        raise ValueError(f"unknown elimination order {order!r}; one of auto, {', '.join(ORDERS)}")
+    known = [*ORDERS, "reuse"]
+    names = known if order == "auto" else [order]
+    if any(name not in known for name in names):
+        raise ValueError(f"unknown elimination order {order!r}; one of auto, {', '.join(known)}")
+    if not reuse and "reuse" in names and len(names) > 1:
+        names.remove("reuse")
     adj = adjacency(p.n, p.edges.keys())
-    plans = [plan(p, factors, ORDERS[name](adj, p.sizes), name, reuse) for name in names]
+
+    def make(name: str) -> list[int]:
+        return reuse_order(p, factors) if name == "reuse" else ORDERS[name](adj, p.sizes)
+
+    plans = [plan(p, factors, make(name), name, reuse) for name in names]
     fitting = [pl for pl in plans if pl.message_bytes + 8 * TILE_ELEMENTS <= memory_budget]
     if not fitting:
         best = min(plans, key=lambda pl: pl.message_bytes)
