@@ -210,7 +210,7 @@ class _Builder:
             site, bound = _opaque_site(node, self.target_name(node)), {"args": args, "kwargs": kwargs}
         else:
             site, bound = found
-        if not _flat_tensors((list(args), kwargs)) and site.op != "opaque":  # torch.ones(T, T), arange...
+        if not _flat_tensors((list(args), kwargs)):  # torch.ones(T, T), arange...
             site = _opaque_site(node, site.target, "creates a new tensor (factory op); replicated")
             bound = {"args": args, "kwargs": kwargs}
         call = Call(site.op, site.target, bound, outs, dict(site.fixed))
@@ -422,7 +422,7 @@ def _stack_line(node: fx.Node | None) -> str:
         return ""
     lines = [ln.strip() for ln in node.stack_trace.strip().splitlines()]
     for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("File "):
+        if lines[i].startswith("File ") and _TORCH_DIR not in lines[i]:
             parts = lines[i].split('"')
             file = os.path.basename(parts[1]) if len(parts) > 1 else "?"
             line = lines[i].split("line ")[-1].split(",")[0]

@@ -32,6 +32,7 @@ RULES = {
     "slice": shape.slice_,
     "cat": concat.cat,
     "split": concat.split,
+    "stack": concat.stack,
     "pool": pool.pool,
     "lstm": lstm.lstm,
     "cross_entropy": loss.cross_entropy,

@@ -40,3 +40,14 @@ def split(call: Call) -> Result:
     sizes = tuple(1 if squeeze else o.shape[axis] for o in call.outs)
     return Result("split", same_dims(names, x.shape, unsplittable={names[axis]}), [(x, names_axes(names))], outs, 0,
                   {"axis": axis, "sizes": sizes, "squeeze": squeeze}, bytes_read=0, bytes_written=0)
+
+
+def stack(call: Call) -> Result:
+    """``torch.stack``: a cat along a new axis of size len(tensors); op "cat" with ``new_axis``."""
+    tensors = call.tensors()
+    out = call.outs[0]
+    axis = norm_axis(int(call.args.get("dim", 0)), out.ndim)
+    names = generic_names(out.ndim)
+    in_axes = tuple((n,) for i, n in enumerate(names) if i != axis)
+    return Result("cat", same_dims(names, out.shape, unsplittable={names[axis]}), [(t, in_axes) for t in tensors],
+                  [names_axes(names)], 0, {"axis": axis, "sizes": (1,) * len(tensors), "new_axis": True})

@@ -97,7 +97,7 @@ COMMON: dict[str, tuple] = {
     "int": ("identity", ANY, {"fn": "int"}), "bool": ("identity", ANY, {"fn": "bool"}),
     "type": ("identity", ANY, {"fn": "type"}), "alias": ("identity", ANY, {"fn": "alias"}),
     "cat": ("cat", "tensors, dim=0", {}), "concat": ("cat", "tensors, dim=0", {}),
-    "concatenate": ("cat", "tensors, dim=0", {}),
+    "concatenate": ("cat", "tensors, dim=0", {}), "stack": ("stack", "tensors, dim=0", {}),
     "split": ("split", "input, split_size_or_sections, dim=0", {}),
     "split_with_sizes": ("split", "input, split_sizes, dim=0", {}),
     "chunk": ("split", "input, chunks, dim=0", {}),
@@ -153,7 +153,7 @@ def _functions() -> dict[Callable, Site]:
         mod = importlib.import_module(mod_name)
         for name, entry in COMMON.items():
             fn = getattr(mod, name, None)
-            if mod_name == "torch" and name in ATEN_ONLY:  # torch.embedding & co. take aten's argument order
+            if mod_name == "torch" and name in ("embedding", "batch_norm"):  # aten's argument order
                 entry = ATEN_ONLY[name]
             if callable(fn) and not isinstance(fn, torch.dtype) and fn not in table:
                 table[fn] = _site(name, entry, f"{mod_name}.{name}")
