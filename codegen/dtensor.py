@@ -185,8 +185,10 @@ class _Runner(fx.Interpreter):
     def _run_sharded(self, n: fx.Node, node: Node) -> Any:
         layout = self.program.layouts[node.name]
         mesh = self.program.mesh
-        flat, spec = pytree.tree_flatten((n.args, n.kwargs))
-        values = [self.env[a] if isinstance(a, fx.Node) else a for a in flat]
+        flat, spec = pytree.tree_flatten((n.args, n.kwargs))  # fx nodes, to name operands
+        values, spec_v = pytree.tree_flatten(self.fetch_args_kwargs_from_env(n))  # their values
+        if spec_v != spec:
+            raise LayoutError(f"node {node.name}: arguments changed structure when resolved")
         operands = _OperandMatcher(node, layout)
         slots, uses = [], []
         for i, (a, v) in enumerate(zip(flat, values)):

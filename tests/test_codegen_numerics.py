@@ -18,6 +18,11 @@ from codegen.dtensor import shard_module
 STEPS = 3
 LR = 1e-2
 RTOL, ATOL = 1e-5, 1e-6
+# Adam divides by sqrt(v) + eps: a gradient that is zero in exact arithmetic (GPT's key bias: a
+# softmax ignores a constant added to every score of a row) is rounding noise of ~1e-9 whose sign
+# would decide a full lr-sized step. eps well above that noise keeps such steps ~1e-7 while real
+# gradients still dominate; both runs use the same optimizer, so nothing is hidden.
+EPS = 1e-4
 
 
 @dataclass
@@ -29,7 +34,7 @@ class Reference:
 
 def reference_run(model, inputs, steps: int = STEPS) -> Reference:
     model = copy.deepcopy(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS)
     losses, grads = [], {}
     for step in range(steps):
         opt.zero_grad()
@@ -47,7 +52,7 @@ def check_rank(rank, world, model, inputs, graph, assignment, mesh_shape, ref: R
     sharded = shard_module(model, graph, assignment, mesh_shape)
     names = [n for n, _ in sharded.named_parameters()]
     assert names == list(ref.params), f"parameter names changed: {names}"
-    opt = torch.optim.AdamW(sharded.parameters(), lr=LR)
+    opt = torch.optim.AdamW(sharded.parameters(), lr=LR, eps=EPS)
     for step in range(steps):
         opt.zero_grad()
         loss = sharded(*inputs)
