@@ -22,6 +22,64 @@ def _cmd_trace(args) -> int:
     return 0
 
 
+def _cluster(args):
+    from autopar.cluster import Cluster
+
+    if args.devices is not None and args.devices < 1:
+        raise ValueError(f"--devices must be at least 1, got {args.devices}")
+    if args.cluster:
+        return Cluster.preset(args.cluster, devices=args.devices)
+    return Cluster(devices=args.devices or 8)
+
+
+def _plan(args, model_arg=None, **overrides):
+    import autopar
+    from autopar import model_spec
+
+    model, inputs, name = model_spec.load(model_arg or args.model)
+    kwargs = dict(cost_model=args.cost_model, space=args.space, search=args.search, mode=args.mode,
+                  model_name=name)
+    if getattr(args, "memory", None):
+        kwargs["memory_capacity"] = args.memory * 2**30
+    kwargs.update(overrides)
+    return autopar.plan(model, inputs, _cluster(args), **kwargs)
+
+
+def _cmd_plan(args) -> int:
+    plan = _plan(args)
+    print(plan.report(explain=args.explain))
+    if args.json:
+        plan.save(args.json)
+        print(f"plan written to {args.json}")
+    for path in filter(None, (args.svg, args.png)):
+        from autopar.picture import draw
+
+        draw(plan, path)
+        print(f"picture written to {path}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from autopar.report import fmt_bytes, fmt_seconds
+
+    plan = _plan(args)
+    fmt = fmt_seconds if plan.units == "s" else (lambda v: f"{v:.6g}")
+    rows = [(name.replace("_", " "), b) for name, b in plan.baselines.items()] + [("autopar", plan)]
+    print(f"{plan.model_name} on {plan.cluster['name']} ({plan.devices} devices), cost model {plan.cost_model}")
+    print(f"{'plan':<15} {'step time':>12} {'memory/device':>14} {'speedup vs DP':>14}")
+    dp_cost = plan.baselines["data_parallel"].cost
+    for name, p in rows:
+        print(f"{name:<15} {fmt(p.cost):>12} {fmt_bytes(p.memory_per_device):>14} {dp_cost / p.cost:>13.2f}x")
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from autopar.plan import Plan
+
+    print(Plan.load(args.plan).report())
+    return 0
+
+
 def _cmd_demo(args) -> int:
     """The main job on an embedded default; grows as planning and codegen land."""
     import autopar
@@ -30,6 +88,11 @@ def _cmd_demo(args) -> int:
     graph = autopar.trace(model, inputs)
     graph.model_name = "gpt (2 layers)"
     print(graph)
+    print()
+    big, big_inputs = autopar.zoo.get("gpt", layers=12, width=768, heads=12, seq=1024, batch=16,
+                                      vocab=32768, device="meta")
+    plan = autopar.plan(big, big_inputs, "8xA100", model_name="gpt (12 layers, width 768, seq 1024)")
+    print(plan.report())
     return 0
 
 
@@ -44,6 +107,34 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("trace", help="trace MODEL and print its operator graph")
     t.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
     t.set_defaults(func=_cmd_trace)
+    for cmd, func, text in (("plan", _cmd_plan, "find the best strategy for MODEL and print its report"),
+                            ("compare", _cmd_compare, "data parallel vs expert vs autopar, side by side")):
+        c = sub.add_parser(cmd, help=text, description=text)
+        c.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
+        c.add_argument("--devices", type=int, default=None, help="number of devices (default: the cluster's, or 8)")
+        c.add_argument("--cluster", default=None,
+                       help="cluster preset: cpu, 8xV100, 8xA100, 8xH100, 2x8xH100, 8x8xH100, 1080ti, 2080ti "
+                       "(default: a flat cluster of --devices devices)")
+        c.add_argument("--cost-model", default="analytic", choices=["analytic", "pase"],
+                       help="analytic (roofline + alpha-beta collectives, seconds) or pase (PaSE's model)")
+        c.add_argument("--space", default="mesh",
+                       help="mesh (splits on the device mesh), pase (PaSE's rule, cutoff 4) or pase:N")
+        c.add_argument("--search", default="auto", choices=["auto", "dp", "ilp", "brute"],
+                       help="exact DP, ILP (OR-tools) or brute force; auto takes the DP, else the ILP")
+        c.add_argument("--mode", default="train", choices=["train", "inference"],
+                       help="price forward+backward+gradient sync (train) or the forward only")
+        c.add_argument("--memory", type=float, default=None, metavar="GIB",
+                       help="memory per device in GiB (default: the cluster's)")
+        c.set_defaults(func=func)
+        if cmd == "plan":
+            c.add_argument("--json", metavar="OUT", help="save the plan as JSON")
+            c.add_argument("--svg", metavar="OUT", help="draw the plan to an SVG file")
+            c.add_argument("--png", metavar="OUT", help="draw the plan to a PNG file")
+            c.add_argument("--explain", action="store_true",
+                           help="print every term of the predicted step time with its arithmetic")
+    s = sub.add_parser("show", help="print the report of a saved plan (autopar plan ... --json OUT)")
+    s.add_argument("plan", metavar="PLAN.json")
+    s.set_defaults(func=_cmd_show)
     d = sub.add_parser("demo", help="trace and show the default model (what `make demo` runs)")
     d.set_defaults(func=_cmd_demo)
     return p
@@ -53,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (AutoparError, ValueError) as e:
+    except (AutoparError, ValueError, KeyError) as e:
         print(f"autopar: error: {e}", file=sys.stderr)
         return 2
 
