@@ -1,8 +1,9 @@
 """PaSE's exact dynamic program, as variable elimination over numpy tables.
 
 ``dp(tables)`` returns a proven optimum of  sum_i node_cost[i][c_i] + sum_(u,v) edge[c_u, c_v]:
-an elimination order (PaSE's GENERATESEQ or a size-aware greedy, whichever leaves the least work;
-search/order.py), min-plus messages in bounded memory (search/minplus.py), identical repeated
+an elimination order (PaSE's GENERATESEQ, size-aware greedies, or a greedy that amortises work
+over identical blocks, whichever leaves the least work to compute; search/order.py and
+search/elimination.py), min-plus messages in bounded memory (search/minplus.py), identical repeated
 blocks computed once (search/elimination.py), and back-substitution for the argmin.
 
 Memory limit. The DP cannot carry a global sum-of-memory constraint, so it solves the Lagrangian
@@ -59,7 +60,8 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
        ilp_time_limit: float = 60.0, max_multipliers: int = 60) -> Solution:
     """The exact optimum; see the module docstring for the memory limit.
 
-    ``order``: "auto" (least work among the candidates), "pase", "min_weight" or "min_fill".
+    ``order``: "auto" (least work among the candidates), "pase", "min_weight", "min_fill" or
+    "reuse".
     ``reuse``: compute repeated identical steps once (exact; off only to test that it is).
     ``memory_budget``: bytes of DP tables allowed; above it SearchTooLargeError (a MemoryError).
     """
@@ -67,15 +69,19 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
     p = problem_of(tables)
     check_feasible(p)
 
-    def point(node_cost) -> tuple[_Point, str]:
-        choice, pl = _unconstrained(p, node_cost, order, reuse, memory_budget)
-        return _Point(tuple(choice), tables.total(choice), tables.total_memory(choice)), pl.order_name
+    chosen_order = [order]
 
-    x0, _ = point(p.node_cost)
+    def point(node_cost) -> _Point:
+        # The first solve picks the order; the Lagrangian re-solves only shift node costs.
+        choice, pl = _unconstrained(p, node_cost, chosen_order[0], reuse, memory_budget)
+        chosen_order[0] = pl.order_name
+        return _Point(tuple(choice), tables.total(choice), tables.total_memory(choice))
+
+    x0 = point(p.node_cost)
     if p.memory is None or p.fits(x0.mem):
         return _solution(tables, x0, 0.0, "dp", start)
     best, lower = _lagrangian(p, x0, lambda lam: point(tuple(
-        c + lam * m for c, m in zip(p.node_cost, p.memory)))[0], max_multipliers)
+        c + lam * m for c, m in zip(p.node_cost, p.memory))), max_multipliers)
     gap = relative_gap(best.cost, lower)
     name = "dp"
     if gap > 0 and ilp_fallback:

@@ -15,10 +15,12 @@ instead of recomputing it. Induction over the steps: equal ids imply equal table
 
 When does this fire? Identical transformer layers have equal node vectors and edge matrices, so
 every step that only touches one layer's own tables (and messages derived from them) has the same
-key in every layer; the tie-breaking by node index in the greedy orders visits the layers in the
-same relative order. Work that mixes a layer's tables with what flows in from the previous layer
-is different in every layer and is computed each time; the plan counts both kinds, and the DP
-picks the order whose *remaining* work is smallest.
+key in every layer. Work that mixes a layer's tables with what flows in from the previous layer
+is different in every layer and is computed each time, so the order matters: ``reuse_order``
+eliminates the same interior node of all identical layers before touching their boundaries, which
+leaves one reusable layer-to-layer message (on a chain of 12 attention blocks with 1000 configs
+per node: 7e9 instead of 5e10 terms). The plan counts both kinds of step, and the DP picks the
+candidate order whose *remaining* work is smallest.
 """
 
 from __future__ import annotations

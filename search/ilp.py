@@ -91,6 +91,9 @@ def _solve(tables: CostTables, time_limit: float, max_variables: int,
 
     params = mathopt.SolveParameters(time_limit=datetime.timedelta(seconds=time_limit),
                                      relative_gap_tolerance=0.0, absolute_gap_tolerance=0.0)
+    # Tight tolerances: the rounded choice must keep the memory row (checked again below).
+    params.highs.double_options["mip_feasibility_tolerance"] = 1e-9
+    params.highs.double_options["primal_feasibility_tolerance"] = 1e-9
     model_params = None
     if hint is not None:
         model_params = mathopt.ModelSolveParameters(solution_hints=[mathopt.SolutionHint(
@@ -111,5 +114,8 @@ def _solve(tables: CostTables, time_limit: float, max_variables: int,
         raise TimeoutError(f"the ILP found no solution within {time_limit} s ({reason.name})")
     values = result.variable_values()
     choice = [int(np.argmax([values[var] for var in row])) for row in x]
+    if p.memory is not None and not p.fits(tables.total_memory(choice)):
+        raise RuntimeError("the ILP's rounded plan exceeds the memory capacity by more than the "
+                           "solver's tolerance; rescale the memory units")
     lower = result.termination.objective_bounds.dual_bound * scale + offset
     return choice, float(lower), reason == mathopt.TerminationReason.OPTIMAL

@@ -10,7 +10,10 @@ clique (the table built for v ranges over v and d(v)). Three greedy heuristics:
   tables small on graphs with long-range edges (the Transformer's residuals, the decoder's
   shared encoder output).
 
-All three break ties by node index, so blocks that repeat in index order are eliminated in the
+A fourth, ``reuse`` (search/elimination.py), needs the factors' contents, not just the graph: it
+amortises a step's work over the identical blocks that share it.
+
+All break ties by node index, so blocks that repeat in index order are eliminated in the
 same relative order, which is what lets the DP reuse the work of one block in the next.
 """
 

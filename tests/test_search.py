@@ -243,3 +243,23 @@ def test_dp_reproduces_pase_published_optima(model, batch, kappa, p, total):
     graphs = pytest.importorskip("autopar.cost_models.pase_reference")
     tables = pase.pase_tables(getattr(graphs, f"{model}_graph")(batch), p, kappa)
     assert math.isclose(dp(tables).cost, total, rel_tol=1e-9)
+
+
+def test_reuse_order_eliminates_block_interiors_first():
+    t = repeated_blocks(blocks=8, k=6)
+    reuse, greedy = dp_plan(t, order="reuse"), dp_plan(t, order="min_weight")
+    assert reuse.work <= greedy.work and reuse.reused_steps >= greedy.reused_steps
+    assert dp(t, order="reuse").cost == dp(t, order="min_weight", reuse=False).cost
+
+
+def test_ilp_time_limit_gives_a_plan_with_an_honest_gap_or_times_out():
+    t = repeated_blocks(blocks=6, k=8)
+    best = dp(t).cost
+    try:
+        sol = ilp(t, time_limit=0.001)
+    except TimeoutError:
+        return
+    assert sol.cost >= best * (1 - 1e-12) and sol.gap >= 0.0
+    assert sol.cost * (1 - sol.gap) <= best * (1 + 1e-9)
+    if sol.gap == 0.0:
+        assert math.isclose(sol.cost, best, rel_tol=1e-9)

@@ -89,7 +89,7 @@ def test_huge_units_agree(t):
 
 
 @SETTINGS
-@given(tables(), st.sampled_from(["pase", "min_weight", "min_fill"]), st.booleans())
+@given(tables(), st.sampled_from(["pase", "min_weight", "min_fill", "reuse"]), st.booleans())
 def test_every_order_and_reuse_setting_is_exact(t, order, reuse):
     ref = brute(t)
     sol = dp(t, order=order, reuse=reuse)
