@@ -68,7 +68,7 @@ def plan(model, example_inputs, cluster=8, *, cost_model: str = "analytic", spac
          search: str = "auto", mode: str = "train", optimizer: str | None = "adam",
          memory_capacity: float | None = None, time_limit: float = 60.0, graph: Graph | None = None,
          model_name: str = "", pase_profile: str | None = None, pase_rate: tuple[float, float] = (10.0, 16.0),
-         baselines: bool = True) -> Plan:
+         baselines: bool = True, pipeline: bool | str = "auto") -> Plan:
     """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``; see DESIGN.md.
 
     ``cluster``: an ``autopar.Cluster``, a preset name (``"8xA100"``) or a device count.
@@ -76,7 +76,12 @@ def plan(model, example_inputs, cluster=8, *, cost_model: str = "analytic", spac
     ``cost_model="pase"`` uses PaSE's model (``pase_rate`` = its TFLOP/s and GB/s) on PaSE's view of
     the graph, with ``space="pase"``/``"pase:N"``; ``pase_profile`` names the per-model fold rules
     (default: the model class's name when PaSE has a profile for it).
+    ``pipeline``: True searches pipeline stages too, False never; "auto" searches them when the
+    cluster has several nodes or no single-stage plan fits, and a pipeline is taken only when it is
+    predicted faster or is the only plan that fits.
     """
+    if pipeline not in (True, False, "auto"):
+        raise ValueError(f"pipeline must be True, False or 'auto', not {pipeline!r}")
     if search not in SEARCHES:
         raise ValueError(f"unknown search {search!r}; use one of {', '.join(SEARCHES)}")
     if cost_model not in COST_MODELS:
@@ -96,13 +101,13 @@ def plan(model, example_inputs, cluster=8, *, cost_model: str = "analytic", spac
         return _plan_pase(graph, model, cluster, cutoff, search, time_limit, pase_profile, pase_rate, common,
                           baselines)
     return _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-                          baselines)
+                          baselines, pipeline)
 
 
 # -- the analytic model on the mesh space --------------------------------------------------------
 
 def _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-                   with_baselines) -> Plan:
+                   with_baselines, pipeline="auto") -> Plan:
     from autopar.cost_models.tables import build_tables
 
     tables = build_tables(graph, cluster, "analytic", space="mesh", mode=mode, optimizer=optimizer)
@@ -115,12 +120,43 @@ def _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, tim
         sol = run_search(tables, search, time_limit)
     except InfeasibleError as e:
         least = _least_memory(tables)
+        if pipeline is not False and cluster.devices > 1:
+            piped = _with_pipeline(graph, cluster, mode, optimizer, tables, None, search, time_limit, common,
+                                   unsupported, base, start)
+            if piped is not None:
+                return piped
         raise InfeasibleError(
             f"no plan of {graph.model_name or 'the model'} fits {tables.memory_capacity / 2**30:.3g} GiB per device "
             f"on {cluster.devices} devices; the least autopar can reach is {least / 2**30:.3g} GiB per device "
             f"(splitting every node as finely as it can): add devices or memory", least) from e
     seconds = time.perf_counter() - start
-    return _make_plan(graph, tables, sol, SearchInfo(sol.search, seconds, sol.gap), common, unsupported, base)
+    plan = _make_plan(graph, tables, sol, SearchInfo(sol.search, seconds, sol.gap), common, unsupported, base)
+    if pipeline is True or (pipeline == "auto" and cluster.nodes > 1):
+        piped = _with_pipeline(graph, cluster, mode, optimizer, tables, plan, search, time_limit, common,
+                               unsupported, base, start)
+        if piped is not None and piped.cost < plan.cost:
+            return piped
+    return plan
+
+
+def _with_pipeline(graph, cluster, mode, optimizer, tables, single, search, time_limit, common, unsupported,
+                   base, start) -> Plan | None:
+    """The best pipelined plan, or None when no stage split fits."""
+    from autopar.pipeline_plan import best_pipeline, stage_assignment
+    from autopar.plan import Stage
+
+    found = best_pipeline(graph, cluster, mode, optimizer, tables.memory_capacity,
+                          lambda t: run_search(t, search, time_limit))
+    if found is None:
+        return None
+    sol, option = found
+    names = [n.name for n in graph.nodes]
+    stages = [Stage(names[a:b], sol.devices, t) for (a, b), t in zip(sol.stages, sol.stage_time)]
+    gap = single.search.gap if single is not None else 0.0
+    return Plan(**common, assignment=stage_assignment(option, graph), cost=sol.cost, units=tables.units,
+                memory_per_device=max(sol.memory), search=SearchInfo("dp + pipeline", time.perf_counter() - start, gap),
+                stages=stages, microbatches=sol.microbatches, schedule=sol.schedule, unsupported=unsupported,
+                baselines=base, graph=graph, tables=None)
 
 
 def _least_memory(tables: CostTables) -> float:

@@ -125,3 +125,42 @@ def test_report_folds_repeated_blocks_and_lists_baselines():
 def test_bad_arguments_are_value_errors(mlp, kwargs, match):
     with pytest.raises(ValueError, match=match):
         autopar.plan(*mlp, 4, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def gpt8():
+    model, inputs = autopar.zoo.get("gpt", layers=8, width=1024, heads=16, seq=512, batch=32, vocab=32768,
+                                    device="meta")
+    return model, inputs, autopar.trace(model, inputs)
+
+
+def test_pipeline_is_taken_only_when_it_pays(gpt8):
+    import dataclasses
+
+    model, inputs, graph = gpt8
+    fast = autopar.Cluster.preset("2x8xH100")
+    slow = dataclasses.replace(fast, inter_bandwidth=2e8, name="slow-ib")
+    for cluster in (fast, slow):
+        with_pp = autopar.plan(model, inputs, cluster, graph=graph, pipeline=True, baselines=False)
+        without = autopar.plan(model, inputs, cluster, graph=graph, pipeline=False, baselines=False)
+        assert with_pp.cost <= without.cost * (1 + 1e-12)
+        if with_pp.stages:
+            assert with_pp.cost < without.cost
+            names = [n for s in with_pp.stages for n in s.nodes]
+            assert names == [n.name for n in graph.nodes]  # stages cover the graph in order
+            assert with_pp.microbatches % len(with_pp.stages) == 0
+    # across a slow inter-node link the gradient all-reduce of data parallelism is the bottleneck:
+    # a pipeline, which only sends activations across it, must win
+    assert autopar.plan(model, inputs, slow, graph=graph, baselines=False).stages
+
+
+def test_microbatch_graph_scales_flops_and_batch_axes(gpt8):
+    from autopar.batch import batch_dims, scale_batch
+
+    _, _, graph = gpt8
+    small = scale_batch(graph, 4)
+    assert small.flops == pytest.approx(graph.flops / 4, rel=1e-6)
+    assert small.param_count == graph.param_count
+    b = batch_dims(graph)
+    qkv = next(n for n in graph.nodes if n.module.endswith("attn.qkv"))
+    assert small.node(qkv.name).dim(b[qkv.name]).size * 4 == qkv.dim(b[qkv.name]).size
