@@ -14,6 +14,8 @@ graph node by node:
    consulted, so a rule that is wrong for some layout (``F.conv2d`` with an in-channel split
    returns wrong values labelled ``Replicate``, see DESIGN.md) cannot bite, and the collectives
    are exactly those of the plan;
+   A training batch norm whose batch is split is the one op that runs differently: with global
+   statistics (``batchnorm.py``), as the single-device model does;
 3. fx nodes that are not IR nodes (``x.shape``, ``getitem`` on a node's tuple output) run as they
    are, on DTensors, which is right for metadata and tuple indexing;
 4. the graph's outputs come back as ordinary, replicated tensors (``full_tensor()``).
@@ -39,7 +41,8 @@ from torch.utils import _pytree as pytree
 from autopar.ir import Graph, Node, Operand
 from autopar.tables import Config
 
-from .ops import LocalCall, mean_scale
+from .batchnorm import needs_sync, sync_batch_norm
+from .ops import LocalCall, mean_scale, vocab_shard
 from .placements import LayoutError, NodeLayout, Placements, grad_placements, node_layout
 
 _NO_KEY = object()  # an fx argument that is no operand of the node (a constant, a shape)
@@ -185,6 +188,10 @@ class _Runner(fx.Interpreter):
     def _run_sharded(self, n: fx.Node, node: Node) -> Any:
         layout = self.program.layouts[node.name]
         mesh = self.program.mesh
+        if n.op == "call_module":
+            module = self.root.get_submodule(n.target)
+            if needs_sync(node, layout, module):
+                return sync_batch_norm(module, self.env[n.args[0]], node, layout, mesh)
         flat, spec = pytree.tree_flatten((n.args, n.kwargs))  # fx nodes, to name operands
         values, spec_v = pytree.tree_flatten(self.fetch_args_kwargs_from_env(n))  # their values
         if spec_v != spec:
@@ -208,7 +215,8 @@ class _Runner(fx.Interpreter):
         drop = {j for j, u in enumerate(uses) if any(coord[a] != 0 for a in u.additive)}
         flat_consts = [None if i in slots else v for i, v in enumerate(values[:len(flat)])]
         call = LocalCall(n, node, layout, module, flat_consts, spec, slots[:len(slots) - len(names)],
-                         names, self.program.scales.get(node.name, 1.0), drop)
+                         names, self.program.scales.get(node.name, 1.0), drop,
+                         vocab_shard(node, layout, tuple(mesh.shape), coord))
         run = local_map(call, out_placements=tuple(layout.outputs),
                         in_placements=tuple(u.placements for u in uses),
                         in_grad_placements=tuple(u.grads for u in uses), device_mesh=mesh)

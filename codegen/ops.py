@@ -10,7 +10,10 @@ they live here, keyed by what the op *is*, not by which model uses it:
 * a mean over a split dim (``cross_entropy(reduction="mean")``, ``mean``) would make every device
   divide by its local count; scaling the local result by 1/parts turns the partial *means* into
   partial *sums*, so that the ``Partial`` output's sum is the global mean and its gradient is right;
-* parameters of a called module are swapped for their local shards with ``functional_call``.
+* parameters of a called module are swapped for their local shards with ``functional_call``;
+* an embedding whose vocabulary is split (a reduction in the IR: the shards' outputs sum to the
+  answer) looks up only the indices its row shard owns and contributes zeros for the others
+  (Megatron's vocab-parallel embedding); ``vocab`` gives its shard's first row and row count.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class LocalCall:
     param_names: list[str]
     mean_scale: float = 1.0
     drop: set[int] = field(default_factory=set)  # tensors this device adds as zero (additive)
+    vocab: tuple[int, int] | None = None  # (first row, rows) of this device's embedding shard
     out_flat: list[Any] | None = None  # the last call's output leaves (tensors as _TENSOR)
     out_spec: Any = None
 
@@ -74,7 +78,15 @@ class LocalCall:
             leaves[slot] = t
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         args, kwargs = localize_shape_args(self.fx_node, self.node, self.layout, args, kwargs)
+        outside = None
+        if self.vocab is not None:  # the indices are the call's first argument
+            first, rows = self.vocab
+            idx = args[0] - first
+            outside = (idx < 0) | (idx >= rows)
+            args = (idx.masked_fill(outside, 0), *args[1:])
         out = self._invoke(args, kwargs, tensors[len(self.slots):])
+        if outside is not None:
+            out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         if self.mean_scale != 1.0:
             out = pytree.tree_map(lambda t: t * self.mean_scale if _is_float(t) else t, out)
         flat, self.out_spec = pytree.tree_flatten(out)
@@ -99,6 +111,23 @@ class LocalCall:
             self_obj, *rest = args
             return getattr(self_obj, n.target)(*rest, **kwargs)
         return n.target(*args, **kwargs)
+
+
+def vocab_shard(node: Node, layout: NodeLayout, mesh_shape, coord) -> tuple[int, int] | None:
+    """(first row, rows) of this device's shard of a vocabulary-split embedding, else None."""
+    if node.op != "embedding":
+        return None
+    vocab = next((d for d in node.dims if d.reduction), None)
+    if vocab is None or layout.split_counts.get(vocab.name, 1) == 1:
+        return None
+    if node.attrs.get("padding_idx") is not None:
+        raise LayoutError(f"node {node.name}: a vocabulary split with padding_idx is not supported")
+    index = 0  # the shard index: the mesh axes cutting the vocabulary, first one major
+    for a, dim in enumerate(layout.axis_dims):
+        if dim == vocab.name:
+            index = index * mesh_shape[a] + coord[a]
+    rows = vocab.size // layout.split_counts[vocab.name]
+    return index * rows, rows
 
 
 def _is_float(t: Any) -> bool:

@@ -8,12 +8,14 @@ each dim. Together they fix the layout of every tensor on every mesh axis, with 
   holds a partial sum);
 * otherwise -> ``Replicate()``.
 
-An operand that a split reduction dim does not index, in a node whose output that reduction leaves
-partial, is an additive term outside the sum (a row-parallel linear's bias): every device would
+In a contraction (linear, matmul, einsum, conv: ``ADDITIVE_OPS``), an operand that a split
+reduction dim does not index, in a node whose output that reduction leaves partial, is an additive
+term outside the sum (a row-parallel linear's bias): every device would
 add it to its partial sum and the reduction would count it ``parts`` times. It stays
 ``Replicate()``, but only the devices at coordinate 0 of those mesh axes add it (the others add
 zero, exactly; ``NodeLayout.input_additive``); its gradient is then a partial sum like that of any
-replicated read.
+replicated read. (Not so elsewhere: an embedding's indices are not indexed by the vocabulary
+dim either, yet they select inside the sum; ``ops.vocab_shard`` handles that op.)
 
 Gradients need one more case: an input replicated on ``a`` while ``a`` cuts some other dim of the
 node is read by every device for a different piece of the work, so its gradient on ``a`` is a
@@ -34,6 +36,7 @@ from autopar.ir import Node, TensorSpec
 from autopar.tables import Config
 
 Placements = tuple[Placement, ...]
+ADDITIVE_OPS = frozenset({"linear", "matmul", "einsum", "conv", "conv1d", "conv2d", "conv3d"})
 
 
 class LayoutError(ValueError):
@@ -103,8 +106,10 @@ def grad_placements(forward: Placements, owner: list[str | None]) -> Placements:
                  for p, dim in zip(forward, owner))
 
 
-def additive_axes(forward: Placements, outputs: tuple[Placements, ...]) -> tuple[int, ...]:
+def additive_axes(forward: Placements, outputs: tuple[Placements, ...], op: str) -> tuple[int, ...]:
     """Mesh axes where an operand is replicated while the node's outputs are partial sums there."""
+    if op not in ADDITIVE_OPS:
+        return ()
     partial = {a for pls in outputs for a, p in enumerate(pls) if p.is_partial()}
     return tuple(a for a, p in enumerate(forward) if a in partial and p.is_replicate())
 
@@ -121,8 +126,8 @@ def node_layout(node: Node, config: Config | None, mesh_shape: tuple[int, ...]) 
     return NodeLayout(ins, params, outs,
                       tuple(grad_placements(p, owner) for p in ins),
                       tuple(grad_placements(p, owner) for p in params), counts, tuple(owner),
-                      tuple(additive_axes(p, outs) for p in ins),
-                      tuple(additive_axes(p, outs) for p in params))
+                      tuple(additive_axes(p, outs, node.op) for p in ins),
+                      tuple(additive_axes(p, outs, node.op) for p in params))
 
 
 def local_shape(spec: TensorSpec, counts: dict[str, int]) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ class Reference:
     losses: list[torch.Tensor]
     grads: dict[str, torch.Tensor]
     params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
 
 
 def reference_run(model, inputs, steps: int = STEPS) -> Reference:
@@ -44,7 +45,8 @@ def reference_run(model, inputs, steps: int = STEPS) -> Reference:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         losses.append(loss.detach().clone())
         opt.step()
-    return Reference(losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()})
+    return Reference(losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()},
+                     {n: b.clone() for n, b in model.named_buffers()})
 
 
 def check_rank(rank, world, model, inputs, graph, assignment, mesh_shape, ref: Reference,
@@ -71,3 +73,6 @@ def check_rank(rank, world, model, inputs, graph, assignment, mesh_shape, ref: R
     for n, p in sharded.named_parameters():
         torch.testing.assert_close(p.full_tensor(), ref.params[n], rtol=RTOL, atol=ATOL,
                                    msg=lambda m, n=n: f"rank {rank} param {n} after {steps}: {m}")
+    for n, b in sharded.named_buffers():  # batch-norm running statistics, masks
+        torch.testing.assert_close(b.full_tensor(), ref.buffers[n], rtol=RTOL, atol=ATOL,
+                                   msg=lambda m, n=n: f"rank {rank} buffer {n} after {steps}: {m}")

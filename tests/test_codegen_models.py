@@ -1,0 +1,86 @@
+"""GPT and CNN, traced by ``autopar.trace``, sharded and trained against a single-device run.
+
+Plans (``tests.test_codegen_plans``): data parallel; Megatron (attention heads split from the
+q/k/v views on, column/row-parallel MLP, so every block ends in an all-reduce of partial sums);
+vocab-parallel embedding + head with a forced row-split fc1 (reduction splits that do not come
+in Megatron's pairs); channel-parallel convolutions (out-channel split, then in-channel split
+leaving partial sums) with batch norm on split channels; on 4 ranks each combined with data
+parallelism on the other mesh axis. Batch norm with a split batch uses global statistics.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import autopar
+from tests.dist_utils import run_threaded
+from tests.test_codegen_numerics import check_rank, reference_run
+from tests.test_codegen_plans import data_parallel, follow
+
+GPT = dict(layers=1, batch=4, seq=8, width=16, heads=2, vocab=32)
+CNN = dict(blocks=1, batch=4, channels=4, image=8)
+
+
+def megatron_gpt(graph, tp, dp):
+    """Heads split at the q/k/v views, fc1 column-parallel; the rest follows."""
+    pins = {}
+    for n in graph.nodes:
+        if n.op == "linear" and n.module.endswith("fc1"):
+            pins[n.name] = {"n": tp}
+        if n.op == "view" and n.inputs[0].source == "split":
+            pins[n.name] = {n.outputs[0].axes[2][0]: tp}  # (b, s, h, d): the head axis
+    return follow(graph, _mesh(tp, dp), pins, dp)
+
+
+def vocab_gpt(graph, tp, dp):
+    return follow(graph, _mesh(tp, dp), {"tok": {"v": tp}, "head": {"n": tp},
+                                         "blocks_0_fc1": {"k": tp}}, dp)
+
+
+def channels_cnn(graph, tp, dp):
+    pins = {n.name: {"c_out": tp} for n in graph.nodes if n.name in ("stem", "blocks_0_conv2")}
+    return follow(graph, _mesh(tp, dp), pins, dp)
+
+
+def _mesh(tp, dp):
+    return (2,) * (len(tp) + len(dp))
+
+
+PLANS = {
+    "data_parallel": lambda g, tp, dp: data_parallel(g, _mesh(tp, dp)),
+    "megatron": megatron_gpt,
+    "vocab_parallel": vocab_gpt,
+    "channels": channels_cnn,
+}
+
+CASES = [
+    ("gpt", {}, "data_parallel", 2), ("gpt", {}, "megatron", 2), ("gpt", {}, "megatron", 4),
+    ("gpt", {"attention": "manual"}, "megatron", 2), ("gpt", {}, "vocab_parallel", 4),
+    ("cnn", {}, "data_parallel", 2), ("cnn", {}, "channels", 2), ("cnn", {}, "channels", 4),
+]
+
+
+@pytest.fixture(scope="module")
+def traced():
+    cache = {}
+
+    def get(name, extra):
+        key = (name, tuple(sorted(extra.items())))
+        if key not in cache:
+            model, inputs = autopar.zoo.get(name, **(GPT if name == "gpt" else CNN), **extra)
+            cache[key] = model, inputs, autopar.trace(model, inputs), reference_run(model, inputs)
+        return cache[key]
+    return get
+
+
+@pytest.mark.parametrize("name,extra,plan,world", CASES,
+                         ids=[f"{n}{'-' + '-'.join(e.values()) if e else ''}-{p}-{w}"
+                              for n, e, p, w in CASES])
+def test_model_plan_matches_single_device(traced, name, extra, plan, world):
+    model, inputs, graph, ref = traced(name, extra)
+    tp, dp = ((0,), ()) if world == 2 else ((1,), (0,))
+    if plan == "data_parallel":
+        tp, dp = (), tuple(range(len(tp) + len(dp)))
+    assignment = PLANS[plan](graph, tp, dp)
+    assert any(c.devices > 1 for c in assignment.values())
+    run_threaded(check_rank, world, model, inputs, graph, assignment, _mesh(tp, dp), ref)
