@@ -16,11 +16,15 @@ Shapes are static: ``x.shape``/``x.size(1)`` evaluate to ints and become no node
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import logging
 import operator
 import os
 import sys
 import types
+import warnings
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -435,6 +439,10 @@ def _stack_line(node: fx.Node | None) -> str:
 # front end 2: torch.export (aten-level graph, values already on fake tensors)
 
 
+_EXPORT_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes", "torch.export",
+                   "torch._export", "torch._dynamo")
+
+
 class _ExportFrontend(_Builder):
     frontend = "torch.export"
 
@@ -443,12 +451,22 @@ class _ExportFrontend(_Builder):
         self.inputs_given = inputs
 
     def graph(self) -> Graph:
+        # a failed export logs tracebacks and graphs; its exception says it all in one line
+        quiet = [logging.getLogger(n) for n in _EXPORT_LOGGERS]
+        levels = [q.level for q in quiet]
+        for q in quiet:
+            q.setLevel(logging.CRITICAL)
         try:
-            ep = torch.export.export(self.model, self.inputs_given, strict=False)
+            with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):  # it prints partial graphs
+                warnings.simplefilter("ignore")
+                ep = torch.export.export(self.model, self.inputs_given, strict=False)
         except Exception as e:
             module, where = _user_frame(e, self.model)
             stage = "trace" if any(k in str(e) for k in _DATA_DEPENDENT) else "shapes"
             raise _Failure(self.frontend, e, module, where, stage) from e
+        finally:
+            for q, level in zip(quiet, levels):
+                q.setLevel(level)
         sig = ep.graph_signature
         state = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
         gm = ep.graph_module
