@@ -1,0 +1,260 @@
+"""The profiled cost model: compute measured on this device, communication from alpha-beta links.
+
+``AnalyticModel`` guesses a node's compute from datasheet peaks; here each node's *local* work
+under a config (operands cut by the splits, see ``op_runner.local_shape``) is run on the real
+device, forward and backward, and the median of ``repeats`` runs replaces the two roofline terms.
+Everything else (weight-gradient syncs, edge reshards, graph outputs) is the analytic model's,
+priced on the cluster's links, or on links fitted to the live process group when there is one
+(``fit_collectives``: all-reduce timed at a few sizes, least squares for alpha and beta).
+
+Timings are cached in SQLite (``profile_cache``) by device, torch version and op signature, so
+a second plan of the same model measures nothing. An op the runner cannot rebuild, or one whose
+estimate exceeds ``max_estimate`` seconds, keeps the analytic terms and says so in its label.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import platform
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from autopar.cluster import Cluster
+from autopar.ir import Graph, Node
+from autopar.layout import NodeLayouts, to_mesh
+from autopar.tables import Config
+from autopar.cost_models.analytic import AnalyticModel, NodeCost, Term, check_mode
+from autopar.cost_models.profile_cache import ProfileCache, Timing
+
+_COMPUTE = ("compute forward", "compute backward")
+
+
+def device_name(device: str = "cpu") -> str:
+    """What a timing is valid for: the GPU's name, or the CPU's model name and architecture."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return "cuda:" + torch.cuda.get_device_name(dev)
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu:{model}:{platform.machine()}"
+
+
+def op_signature(node: Node, config: Config) -> str:
+    """Op, local shapes, dtypes, axis maps and attrs: all a measured time depends on."""
+    from autopar.cost_models.op_runner import local_shape
+
+    def spec(s):
+        return (local_shape(node, config, s), s.dtype, s.axes)
+
+    params = [spec(p.spec) + ((p.source.rsplit(".", 1)[-1],) if node.op == "batch_norm" else ())
+              for p in node.params]
+    return repr((node.op, node.target, [spec(o.spec) for o in node.inputs], params,
+                 [spec(s) for s in node.outputs], sorted(node.attrs.items(), key=str)))
+
+
+class Progress:
+    """A one-line bar on ``stream``, drawn only when it is a terminal (logs stay clean)."""
+
+    def __init__(self, total: int, label: str = "profiling", stream: TextIO | None = None,
+                 enabled: bool | None = None, width: int = 30):
+        self.total, self.label, self.done, self.width = total, label, 0, width
+        self.stream = stream or sys.stderr
+        self.enabled = (self.stream.isatty() if enabled is None else enabled) and total > 0
+
+    def step(self, what: str = "") -> None:
+        self.done += 1
+        if self.enabled:
+            fill = self.width * self.done // self.total
+            self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (self.width - fill)}] "
+                              f"{self.done}/{self.total} {what[:30]:<30}")
+            if self.done == self.total:
+                self.stream.write("\n")
+            self.stream.flush()
+
+
+@dataclass(frozen=True)
+class CommFit:
+    """All-reduce time ``t(N) = alpha_total + beta_total * N`` on ``world`` ranks, as link terms."""
+
+    latency: float  # per hop, s
+    bandwidth: float  # bytes/s per device, one direction
+    world: int
+
+
+def fit_collectives(sizes=(2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20), repeats: int = 5,
+                    device: str = "cpu") -> CommFit | None:
+    """Fit alpha and beta of a ring all-reduce on the live process group (None without one).
+
+    Every rank must call it (it runs collectives); the fit is all-reduced with MAX so that all
+    ranks price plans alike. ``t = 2(p-1) a + 2(p-1)/p N / bw`` is the ring model of ``comm``.
+    """
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import time
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    p = dist.get_world_size()
+    xs, ts = [], []
+    for n in sizes:
+        buf = torch.zeros(n // 4, dtype=torch.float32, device=device)
+        dist.all_reduce(buf)  # warm-up: connections, allocations
+        for _ in range(repeats):
+            dist.barrier()
+            t = time.perf_counter()
+            dist.all_reduce(buf)
+            if buf.is_cuda:
+                torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t)
+            xs.append(float(n))
+    a = np.stack([np.ones(len(xs)), np.asarray(xs)], axis=1)
+    (c0, c1), *_ = np.linalg.lstsq(a, np.asarray(ts), rcond=None)
+    fit = torch.tensor([max(c0, 1e-7), max(c1, 1e-13)], dtype=torch.float64, device=device)
+    dist.all_reduce(fit, op=dist.ReduceOp.MAX)
+    c0, c1 = float(fit[0]), float(fit[1])
+    return CommFit(latency=c0 / (2 * (p - 1)), bandwidth=2 * (p - 1) / p / c1, world=p)
+
+
+@dataclass
+class ProfiledModel(AnalyticModel):
+    """``AnalyticModel`` with measured compute; see the module docstring.
+
+    ``cache_path``: SQLite file (default ``$AUTOPAR_CACHE`` or ``~/.cache/autopar/profile.sqlite``).
+    ``max_estimate``: ops whose analytic forward exceeds this many seconds are not run.
+    ``measurements`` counts ops actually run (0 on a fully cached second run).
+    """
+
+    name: str = "profiled"
+    cache_path: str | None = None
+    device: str = "cpu"
+    repeats: int = 5
+    warmup: int = 2
+    max_estimate: float = 2.0
+    fit_comm: bool = True
+    measurements: int = field(default=0, init=False)
+    fallbacks: dict = field(default_factory=dict, init=False, repr=False)  # signature -> why
+    cache: ProfileCache = field(init=False, repr=False)
+    comm: CommFit | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        import torch
+
+        self.repeats = max(5, self.repeats)
+        self.cache = ProfileCache(self.cache_path)
+        self._device = device_name(self.device)
+        self._torch = torch.__version__
+        self._comm_done = not self.fit_comm
+
+    # -- communication -----------------------------------------------------------------------
+    def comm_cluster(self, cluster: Cluster) -> Cluster:
+        """The cluster with its links replaced by the live process group's fit, if any."""
+        if not self._comm_done:
+            self.comm, self._comm_done = fit_collectives(device=self.device), True
+        if self.comm is None or self.comm.world != cluster.devices:
+            return cluster
+        c = self.comm
+        return dataclasses.replace(cluster, intra_bandwidth=c.bandwidth, intra_latency=c.latency,
+                                   inter_bandwidth=c.bandwidth, inter_latency=c.latency)
+
+    def edge_cost(self, src, src_output, dst, dst_input, src_configs, dst_configs, cluster, mode="train"):
+        return super().edge_cost(src, src_output, dst, dst_input, src_configs, dst_configs,
+                                 self.comm_cluster(cluster), mode)
+
+    def output_cost(self, node, output, configs, cluster, mode="train"):
+        return super().output_cost(node, output, configs, self.comm_cluster(cluster), mode)
+
+    # -- compute ---------------------------------------------------------------------------
+    def timing(self, node: Node, config: Config, estimate: float = 0.0) -> Timing:
+        """The cached or freshly measured timing of ``node``'s local op under ``config``."""
+        sig = op_signature(node, config)
+        hit = self.cache.get(self._device, self._torch, sig)
+        if hit is not None:
+            return hit
+        if estimate > self.max_estimate:
+            return Timing(None, None, f"estimate {estimate:.3g} s > max_estimate {self.max_estimate:g} s")
+        timing = self._measure(node, config)
+        self.measurements += 1
+        self.cache.put(self._device, self._torch, sig, timing)
+        return timing
+
+    def _measure(self, node: Node, config: Config) -> Timing:
+        import torch
+
+        from autopar.cost_models.op_runner import NotRunnable, build, time_op
+
+        threads = torch.get_num_threads()
+        cpu = torch.device(self.device).type == "cpu"
+        if cpu:
+            torch.set_num_threads(1)  # one device = one core's worth: no oversubscription noise
+        try:
+            call = build(node, config, self.device)
+            fwd, bwd = time_op(call, True, self.repeats, self.warmup, self.device)
+            return Timing(fwd, bwd or 0.0)
+        except NotRunnable as e:
+            return Timing(None, None, str(e))
+        except Exception as e:  # a rebuilt op that torch rejects: price it analytically
+            return Timing(None, None, f"{type(e).__name__}: {str(e)[:120]}")
+        finally:
+            if cpu:
+                torch.set_num_threads(threads)
+
+    def node_breakdown(self, node: Node, config: Config, cluster: Cluster, mode: str = "train",
+                       text: bool = True, layouts: NodeLayouts | None = None) -> NodeCost:
+        mode = check_mode(mode)
+        cluster = self.comm_cluster(cluster)
+        nc = super().node_breakdown(node, config, cluster, mode, text, layouts)
+        if not math.isfinite(nc.seconds):
+            return nc
+        est = next(t.seconds for t in nc.terms if t.label == "compute forward")
+        t = self.timing(node, config, est)
+        rest = [x for x in nc.terms if x.label not in _COMPUTE]
+        if t.error:
+            why = f"analytic, not measured: {t.error}"
+            nc.terms = [dataclasses.replace(x, label=f"{x.label} ({why})") if x.label in _COMPUTE else x
+                        for x in nc.terms]
+            return nc
+        measured = [Term("compute forward (measured)", t.forward,
+                         f"median of {self.repeats} on {self._device} = {t.forward:.4g} s" if text else "")]
+        if mode == "train":
+            measured.append(Term("compute backward (measured)", t.backward,
+                                 f"median(fwd+bwd) - median(fwd) = {t.backward:.4g} s" if text else ""))
+        nc.terms = measured + rest
+        return nc
+
+    # -- a whole graph up front, with a progress bar ------------------------------------------
+    def profile(self, graph: Graph, cluster: Cluster, mode: str = "train", space: str = "mesh",
+                progress: bool | None = None) -> int:
+        """Measure every (node, config) the tables will ask for; returns how many were run."""
+        from autopar.search.space import configs_for
+
+        mesh = cluster.mesh()
+        todo: dict[str, tuple[Node, Config]] = {}
+        for n in graph.nodes:
+            for c in configs_for(n, mesh, space):
+                m = to_mesh(c, mesh)
+                if m is not None:
+                    todo.setdefault(op_signature(n, m), (n, m))
+        missing = [(n, c) for s, (n, c) in todo.items()
+                   if self.cache.get(self._device, self._torch, s) is None]
+        before = self.measurements
+        bar = Progress(len(missing), f"profiling {graph.model_name or 'model'}", enabled=progress)
+        for n, c in missing:
+            self.node_breakdown(n, c, cluster, mode, text=False)
+            bar.step(n.name)
+        return self.measurements - before
+
+
+def profiled_model(graph: Graph, cluster: Cluster, mode: str = "train", **kwargs) -> ProfiledModel:
+    """A ``ProfiledModel`` with ``graph`` already measured (what ``autopar.plan`` uses)."""
+    model = ProfiledModel(**kwargs)
+    model.profile(graph, cluster, mode)
+    return model
