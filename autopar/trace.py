@@ -306,9 +306,9 @@ class _Tracer(fx.Tracer):
 
     proxy_buffer_attributes = True
 
-    def __init__(self) -> None:
+    def __init__(self, stack_traces: bool = False) -> None:
         super().__init__()
-        self.record_stack_traces = True
+        self.record_stack_traces = stack_traces  # costly; only re-traced with them to locate an error
 
     def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
         return has_module_rule(m)
@@ -350,7 +350,11 @@ class _FxFrontend(_Builder):
 
     def graph(self) -> Graph:
         gm = self._trace()
-        self._propagate(gm)
+        try:
+            self._propagate(gm)
+        except _Failure:  # trace again with source lines, so that the message can point at one
+            gm = self._trace(stack_traces=True)
+            self._propagate(gm)
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 self.add_input(node, node.name)
@@ -363,11 +367,11 @@ class _FxFrontend(_Builder):
                 self.add_call(node)
         return Graph(self.nodes, self.inputs, outputs, type(self.model).__name__, gm)
 
-    def _trace(self) -> fx.GraphModule:
+    def _trace(self, stack_traces: bool = False) -> fx.GraphModule:
         params = list(inspect.signature(self.model.forward).parameters.values())
         concrete = {p.name: p.default for p in params[len(self.inputs_given):]
                     if p.default is not inspect.Parameter.empty and p.kind == p.POSITIONAL_OR_KEYWORD}
-        tracer = _Tracer()
+        tracer = _Tracer(stack_traces)
         try:
             graph = tracer.trace(self.model, concrete_args=concrete or None)
         except Exception as e:
