@@ -21,7 +21,7 @@ from autopar.plan import Plan, SearchInfo
 from autopar.tables import CostTables, Solution, restrict
 
 SEARCHES = ("auto", "dp", "ilp", "brute")
-COST_MODELS = ("analytic", "pase")
+COST_MODELS = ("analytic", "pase", "profiled")
 
 
 def resolve_cluster(cluster) -> Cluster:
@@ -110,7 +110,12 @@ def _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, tim
                    with_baselines, pipeline="auto") -> Plan:
     from autopar.cost_models.tables import build_tables
 
-    tables = build_tables(graph, cluster, "analytic", space="mesh", mode=mode, optimizer=optimizer)
+    model = "analytic"
+    if common["cost_model"] == "profiled":  # same tables and baselines, compute measured here
+        from autopar.cost_models.profiled import profiled_model
+
+        model = profiled_model(graph, cluster, mode)
+    tables = build_tables(graph, cluster, model, space="mesh", mode=mode, optimizer=optimizer)
     if memory_capacity is not None:
         tables.memory_capacity = float(memory_capacity)
     unsupported = {n.name: n.unsupported for n in graph.nodes if n.unsupported}
