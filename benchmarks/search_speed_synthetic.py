@@ -11,6 +11,8 @@ Graphs:
 * ``chain-12x8``: 12 attention-like blocks of 8 nodes with ~1000 configs each (diamond
   QKV -> (QK -> softmax, V) -> AV, a residual around the block).
 * ``pase-*``: PaSE's own tables (cost_models/pase.py) at p=64.
+* ``..., memory``: the same with a memory capacity that binds (Lagrangian multipliers, then the
+  ILP if small enough; ``gap`` says what is proven).
 Each line: median of ``repeat`` runs of dp (reuse on), the plan's work with and without reuse.
 """
 
@@ -128,6 +130,24 @@ def chain(blocks: int = 12, configs: int = 1000) -> CostTables:
     return b.tables()
 
 
+def with_memory(tables: CostTables, fraction: float = 0.5, seed: int = 1) -> CostTables:
+    """The same tables with per-role memory vectors and a capacity ``fraction`` of the way from
+    the least possible memory to the unconstrained optimum's, so the limit binds."""
+    rng = np.random.default_rng(seed)
+    by_role: dict[str, np.ndarray] = {}
+    memory = []
+    for name, cfgs in zip(tables.nodes, tables.configs):
+        role = name.rstrip("0123456789")
+        if role not in by_role:
+            by_role[role] = rng.integers(1, 1000, len(cfgs)).astype(float) * 2**20
+        memory.append(by_role[role])
+    free = dp(tables)
+    least = sum(float(m.min()) for m in memory)
+    used = sum(float(m[c]) for m, c in zip(memory, free.choice))
+    return CostTables(tables.nodes, tables.configs, tables.node_cost, tables.edge_cost, memory,
+                      memory_capacity=least + fraction * (used - least), units=tables.units)
+
+
 def _pase(name: str, p: int):
     try:
         from autopar.cost_models.pase import pase_tables
@@ -146,7 +166,7 @@ def measure(name: str, tables: CostTables, repeat: int, reuse: bool = True) -> N
         start = time.perf_counter()
         sol = dp(tables, reuse=reuse)
         times.append(time.perf_counter() - start)
-    print(f"{name:28s} reuse={'on ' if reuse else 'off'} nodes={len(tables.nodes):3d} "
+    print(f"{name:28s} reuse={'on ' if reuse else 'off'} {sol.search:6s} gap={sol.gap:.2g} nodes={len(tables.nodes):3d} "
           f"edges={len(tables.edge_cost):3d} max_cfg={max(len(c) for c in tables.configs):5d} "
           f"order={plan.order_name:10s} work={plan.work:.3g} (no reuse {plan.work_without_reuse:.3g}) "
           f"tables={plan.message_bytes / 2**20:.0f} MiB  median {statistics.median(times):.2f} s "
@@ -158,7 +178,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="skip the runs with reuse off")
     args = ap.parse_args()
-    cases = [("transformer-like", transformer_like()), ("chain-12x8 (1000 cfg)", chain())]
+    tl = transformer_like()
+    cases = [("transformer-like", tl), ("transformer-like, memory", with_memory(tl)),
+             ("chain-12x8 (1000 cfg)", chain())]
     for p in (64,):
         for model in ("inception3", "transformer"):
             t = _pase(model, p)

@@ -25,6 +25,7 @@ import numpy as np
 from autopar.tables import CostTables, Solution
 
 from .common import GAP_RTOL, Problem, SearchTooLargeError, check_feasible, problem_of, relative_gap
+from .local import descend, neighbours, repair
 from .elimination import DEFAULT_MEMORY_BUDGET, EliminationPlan, choose_plan, execute, original_factors
 
 __all__ = ["dp", "dp_plan", "DEFAULT_MEMORY_BUDGET"]
@@ -80,8 +81,18 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
     x0 = point(p.node_cost)
     if p.memory is None or p.fits(x0.mem):
         return _solution(tables, x0, 0.0, "dp", start)
+    nbrs = neighbours(p)
+
+    def upper(x: _Point) -> _Point | None:
+        """The best fitting plan local moves make of x (repaired first if it does not fit)."""
+        start_from = list(x.choice) if p.fits(x.mem) else repair(p, list(x.choice), nbrs)
+        if start_from is None:
+            return None
+        choice = descend(p, start_from, nbrs)
+        return _Point(tuple(choice), tables.total(choice), tables.total_memory(choice))
+
     best, lower = _lagrangian(p, x0, lambda lam: point(tuple(
-        c + lam * m for c, m in zip(p.node_cost, p.memory))), max_multipliers)
+        c + lam * m for c, m in zip(p.node_cost, p.memory))), upper, max_multipliers)
     gap = relative_gap(best.cost, lower)
     name = "dp"
     if gap > 0 and ilp_fallback:
@@ -91,18 +102,31 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
                                            hint=list(best.choice))
         except SearchTooLargeError:
             choice, ilp_lower = None, -np.inf
+        else:
+            name = "dp+ilp"
         if choice is not None:
             cand = _Point(tuple(choice), tables.total(choice), tables.total_memory(choice))
             if p.fits(cand.mem) and cand.cost < best.cost:
                 best = cand
         lower = max(lower, ilp_lower)
         gap = relative_gap(best.cost, lower)
-        name = "dp+ilp"
     return _solution(tables, best, gap, name, start)
 
 
-def _lagrangian(p: Problem, x0: _Point, solve, max_multipliers: int) -> tuple[_Point, float]:
-    """Best feasible plan found and the best Lagrangian lower bound (breakpoint method)."""
+def _lagrangian(p: Problem, x0: _Point, solve, upper, max_multipliers: int
+                ) -> tuple[_Point, float]:
+    """Best feasible plan found and the best Lagrangian lower bound (breakpoint method).
+
+    ``solve(lam)`` is the DP's optimum with memory priced at lam; ``upper(x)`` turns any plan
+    into a fitting one by local moves (or None): only the upper bound uses it."""
+    found: list[_Point] = []
+
+    def seen(x: _Point) -> _Point:
+        cand = upper(x)
+        if cand is not None and p.fits(cand.mem):
+            found.append(cand)
+        return x
+
     cap = p.capacity
     lower = x0.cost  # lam = 0: the unconstrained optimum
     lo = x0
@@ -115,7 +139,7 @@ def _lagrangian(p: Problem, x0: _Point, solve, max_multipliers: int) -> tuple[_P
     lam = min(lam_max, (span + 1e-300) / max(x0.mem - cap, 1e-300))
     hi = None
     while hi is None:
-        x = solve(lam)
+        x = seen(solve(lam))
         lower = max(lower, x.cost + lam * (x.mem - cap))
         if p.fits(x.mem):
             hi = x
@@ -123,28 +147,26 @@ def _lagrangian(p: Problem, x0: _Point, solve, max_multipliers: int) -> tuple[_P
             raise RuntimeError("the least-memory plan does not fit although check_feasible passed")
         else:
             lo, lam = x, min(lam * 4, lam_max)
-    if hi is None:
-        raise RuntimeError("no multiplier made the DP's plan fit although the least memory fits")
-    best = hi
+    seen(x0)
+    best = min([hi, *found], key=lambda y: y.cost)
     for _ in range(max_multipliers):
         if relative_gap(best.cost, lower) == 0.0 or lo.mem <= hi.mem:
             break
         lam = (hi.cost - lo.cost) / (lo.mem - hi.mem)
         if lam < 0:  # a fitting plan at least as cheap as an infeasible one: nothing to trade
             break
-        x = solve(lam)
+        x = seen(solve(lam))
+        best = min([best, *found], key=lambda y: y.cost)
         value = x.cost + lam * (x.mem - cap)
         line = hi.cost + lam * (hi.mem - cap)
         lower = max(lower, value)
-        if p.fits(x.mem) and x.cost < best.cost:
-            best = x
         if value >= line - GAP_RTOL * max(abs(line), abs(value), 1e-300):
             break  # lam maximises the dual: no multiplier gives a better bound
         if p.fits(x.mem):
             hi = x
         else:
             lo = x
-    return best, lower
+    return min([best, *found], key=lambda y: y.cost), lower
 
 
 def _solution(tables: CostTables, x: _Point, gap: float, name: str, start: float) -> Solution:
