@@ -1,0 +1,1 @@
+"""Benchmarks: the strategy-quality regression suite (``python -m benchmarks.run``) and search-speed scripts."""
