@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Union
 
+import numpy as np
+
 from autopar.ir import Node, TensorSpec
 from autopar.tables import Config, Mesh
 
@@ -90,9 +92,14 @@ def tensor_layout(node: Node, config: Config, spec: TensorSpec, mesh: Mesh,
 def tensor_layouts(node: Node, configs: list[Config], spec: TensorSpec, mesh: Mesh,
                    output: bool = False) -> list[Layout]:
     """``tensor_layout`` for many configs of one node (the per-dim work is done once)."""
+    owners = [axis_owner(c, len(mesh.shape)) for c in configs]
+    return _layouts_from_owners(node, owners, spec, output)
+
+
+def _layouts_from_owners(node: Node, owners: list[list[int | None]], spec: TensorSpec,
+                         output: bool = False) -> list[Layout]:
     dp = dim_placements(node, spec, output)
-    n = len(mesh.shape)
-    return [tuple(R if i is None else dp[i] for i in axis_owner(c, n)) for c in configs]
+    return [tuple(R if i is None else dp[i] for i in own) for own in owners]
 
 
 @dataclass(frozen=True)
@@ -109,9 +116,10 @@ def node_layouts(node: Node, config: Config, mesh: Mesh) -> NodeLayouts:
 
 
 def node_layouts_many(node: Node, configs: list[Config], mesh: Mesh) -> list[NodeLayouts]:
-    ins = [tensor_layouts(node, configs, op.spec, mesh) for op in node.inputs]
-    ps = [tensor_layouts(node, configs, op.spec, mesh) for op in node.params]
-    outs = [tensor_layouts(node, configs, s, mesh, output=True) for s in node.outputs]
+    owners = [axis_owner(c, len(mesh.shape)) for c in configs]
+    ins = [_layouts_from_owners(node, owners, op.spec) for op in node.inputs]
+    ps = [_layouts_from_owners(node, owners, op.spec) for op in node.params]
+    outs = [_layouts_from_owners(node, owners, s, output=True) for s in node.outputs]
     return [NodeLayouts(tuple(x[c] for x in ins), tuple(x[c] for x in ps), tuple(x[c] for x in outs))
             for c in range(len(configs))]
 
@@ -161,6 +169,35 @@ def to_mesh(config: Config, mesh: Mesh) -> Config | None:
             return None
         axes_of.append(tuple(sorted(mine)))
     return Config(config.splits, tuple(axes_of))
+
+
+def owner_matrix(configs: list[Config], mesh: Mesh) -> tuple[np.ndarray, np.ndarray]:
+    """``own[c, a]``: the dim mesh axis ``a`` cuts under config ``c`` (-1: none), and which configs
+    are realizable on the mesh at all (mesh-less configs are mapped with ``to_mesh``)."""
+    own = np.full((len(configs), len(mesh.shape)), -1, dtype=np.int64)
+    ok = np.ones(len(configs), dtype=bool)
+    for i, c in enumerate(configs):
+        m = to_mesh(c, mesh)
+        if m is None:
+            ok[i] = False
+            continue
+        for d, axes in enumerate(m.mesh_axes):
+            for a in axes:
+                own[i, a] = d
+    return own, ok
+
+
+def shard_mask(node: Node, spec: TensorSpec, own: np.ndarray, output: bool = False) -> np.ndarray:
+    """``[c, a]``: is the tensor sharded along mesh axis ``a`` under config ``c``."""
+    is_shard = [isinstance(p, Shard) for p in dim_placements(node, spec, output)] + [False]
+    return np.asarray(is_shard, dtype=bool)[own]
+
+
+def shard_factors(node: Node, spec: TensorSpec, own: np.ndarray, mesh: Mesh,
+                  output: bool = False) -> np.ndarray:
+    """``shard_factor`` of the tensor's layout under every config (rows of ``own``)."""
+    sizes = np.asarray(mesh.shape, dtype=float)
+    return np.prod(np.where(shard_mask(node, spec, own, output), sizes, 1.0), axis=1)
 
 
 def format_layout(layout: Layout) -> str:

@@ -36,11 +36,13 @@ import numpy as np
 
 from autopar.cluster import Cluster
 from autopar.ir import Node
-from autopar.layout import (Layout, NodeLayouts, Partial, Shard, format_layout, grad_of_input,
-                            grad_of_output, node_layouts, node_layouts_many, shard_factor,
-                            tensor_layout, tensor_layouts, to_mesh)
+from autopar.layout import (Layout, NodeLayouts, Partial, Shard, dim_placements, format_layout,
+                            grad_of_input, grad_of_output, node_layouts, owner_matrix,
+                            shard_factor, shard_factors, shard_mask, tensor_layout,
+                            tensor_layouts, to_mesh)
 from autopar.tables import Config, Mesh
-from autopar.cost_models.comm import collective, reshard_matrix, reshard_steps
+from autopar.cost_models.comm import (collective, collective_time, reshard_matrix_codes,
+                                      reshard_steps)
 
 FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "complex64"}
 MODES = ("train", "inference")
@@ -154,13 +156,53 @@ class AnalyticModel:
 
     def node_cost(self, node: Node, configs: list[Config], cluster: Cluster,
                   mode: str = "train") -> np.ndarray:
+        """``node_breakdown(...).seconds`` for every config at once (numpy over configs)."""
+        mode = check_mode(mode)
         mesh = cluster.mesh()
-        mapped = [to_mesh(c, mesh) for c in configs]
-        ok = [c for c in mapped if c is not None]
-        lays = iter(node_layouts_many(node, ok, mesh))
-        return np.array([self.node_breakdown(node, c, cluster, mode, text=False,
-                                             layouts=next(lays) if m is not None else None).seconds
-                         for c, m in zip(configs, mapped)], dtype=float)
+        own, ok = owner_matrix(configs, mesh)
+        sizes = np.asarray(mesh.shape, dtype=float)
+        parts = np.prod(np.where(own >= 0, sizes, 1.0), axis=1)
+        dtype = self.compute_dtype or (node.outputs[0].dtype if node.outputs else "float32")
+        tensors = ([(op.spec, False) for op in node.inputs] + [(op.spec, False) for op in node.params]
+                   + [(s, True) for s in node.outputs])
+        total_spec = sum(s.nbytes for s, _ in tensors)
+        local_spec = sum(s.nbytes / shard_factors(node, s, own, mesh, out) for s, out in tensors)
+        moved = (node.bytes_read + node.bytes_written) or total_spec
+        local_bytes = moved * (local_spec / total_spec) if total_spec else np.full(len(configs), float(moved))
+        t_flops = node.flops / parts / (cluster.peak(dtype) * self.compute_efficiency)
+        t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
+        cost = np.maximum(t_flops, t_mem)
+        if mode == "train":
+            cost = cost * (1.0 + self.backward_factor) + self._grad_sync(node, own, mesh, cluster)
+        return np.where(ok, cost, math.inf)
+
+    def _grad_sync(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
+        """Weight-gradient all-reduces, one per distinct group of mesh axes (a bucket)."""
+        params = [op for op in node.params if op.spec.dtype in FLOAT_DTYPES]
+        out = np.zeros(len(own))
+        if not params:
+            return out
+        sizes = np.asarray(mesh.shape, dtype=float)
+        level = np.asarray(mesh.level or (0,) * len(mesh.shape)) > 0
+        bits = 2 ** np.arange(len(mesh.shape))
+        masks, nbytes = [], []
+        for op in params:
+            sh = shard_mask(node, op.spec, own)
+            partial = (own >= 0) & ~sh  # grad_of_input: Partial along axes cutting other dims
+            masks.append(partial @ bits)
+            nbytes.append(op.spec.nbytes / np.prod(np.where(sh, sizes, 1.0), axis=1))
+        for j, m in enumerate(masks):
+            first = np.ones(len(own), dtype=bool)
+            for i in range(j):
+                first &= masks[i] != m
+            bucket = sum(nb * (mk == m) for mk, nb in zip(masks, nbytes))
+            axes = (m[:, None] & bits[None, :]) > 0
+            p = np.prod(np.where(axes, sizes, 1.0), axis=1)
+            cross = (axes & level).any(axis=1)
+            bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
+            lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
+            out += np.where(first & (m > 0), collective_time("all-reduce", bucket, p, bw, lat), 0.0)
+        return out
 
     # -- per edge -------------------------------------------------------------------------
     def _edge_layouts(self, src: Node, src_output: int, dst: Node, dst_input: int,
@@ -185,11 +227,18 @@ class AnalyticModel:
                   mode: str = "train") -> np.ndarray:
         mode = check_mode(mode)
         mesh = cluster.mesh()
-        spec, s_lay, d_lay, d_grad, s_grad = self._edge_layouts(
-            src, src_output, dst, dst_input, src_configs, dst_configs, mesh)
-        m = reshard_matrix(spec.nbytes, s_lay, d_lay, mesh, cluster)
+        spec = src.outputs[src_output]
+        d_spec = dst.inputs[dst_input].spec
+        book: dict = {}
+        s_codes, _ = _codes(src, spec, True, src_configs, mesh, book, "")
+        # a shard of one shape is no shard of another: give the consumer's shards their own codes
+        tag = "" if spec.shape == d_spec.shape else "dst"
+        d_codes, d_own = _codes(dst, d_spec, False, dst_configs, mesh, book, tag)
+        m = reshard_matrix_codes(spec.nbytes, s_codes, d_codes, mesh, cluster)
         if mode == "train" and spec.dtype in FLOAT_DTYPES:
-            m = m + reshard_matrix(spec.nbytes, d_grad, s_grad, mesh, cluster).T
+            d_grad = np.where((d_codes == 0) & (d_own >= 0), 1, d_codes)  # grad_of_input
+            s_grad = np.where(s_codes == 1, 0, s_codes)  # grad_of_output
+            m = m + reshard_matrix_codes(spec.nbytes, d_grad, s_grad, mesh, cluster).T
         return np.ascontiguousarray(m)
 
     def output_cost(self, node: Node, output: int, configs: list[Config], cluster: Cluster,
@@ -250,6 +299,23 @@ class AnalyticModel:
             lines.append("  layouts agree: no communication")
         lines.append(f"  edge total = {total:.4g} s")
         return lines, total
+
+
+def _codes(node: Node, spec, output: bool, configs: list[Config], mesh: Mesh, book: dict,
+           tag: str) -> tuple[np.ndarray, np.ndarray]:
+    """Encoded layouts of one tensor under every config (as ``comm.encode_layouts`` would give),
+    and the mesh-axis owner matrix (-1: the axis replicates the node; unrealizable configs are
+    all Partial, their node cost is already infinite)."""
+    table = []
+    for p in dim_placements(node, spec, output):
+        table.append(1 if isinstance(p, Partial) else 0 if not isinstance(p, Shard)
+                     else book.setdefault((tag, p), 2 + len(book)))
+    table.append(0)  # owner -1 -> Replicate
+    own, ok = owner_matrix(configs, mesh)
+    bad = ~ok
+    codes = np.asarray(table, dtype=np.int64)[own]
+    codes[bad] = 1
+    return codes, own
 
 
 def _foreign(layout: Layout) -> Layout:

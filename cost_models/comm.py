@@ -177,47 +177,100 @@ def reshard_matrix(nbytes: float, src: list[Layout], dst: list[Layout], mesh: Me
     if not src or not dst:
         return np.zeros((len(src), len(dst)))
     book: dict = {}
-    s_codes, s_inv = np.unique(encode_layouts(src, book), axis=0, return_inverse=True)
-    d_codes, d_inv = np.unique(encode_layouts(dst, book), axis=0, return_inverse=True)
+    return reshard_matrix_codes(nbytes, encode_layouts(src, book), encode_layouts(dst, book),
+                                mesh, cluster)
+
+
+def reshard_matrix_codes(nbytes: float, src: np.ndarray, dst: np.ndarray, mesh: Mesh,
+                         cluster: Cluster) -> np.ndarray:
+    """``reshard_matrix`` on layouts already encoded (``encode_layouts``, one codebook)."""
+    if not len(src) or not len(dst):
+        return np.zeros((len(src), len(dst)))
+    s_codes, s_inv = np.unique(src, axis=0, return_inverse=True)
+    d_codes, d_inv = np.unique(dst, axis=0, return_inverse=True)
     cost = _reshard_codes(nbytes, s_codes, d_codes, mesh, cluster)
     return cost[np.ravel(s_inv)][:, np.ravel(d_inv)]
+
+
+# Per mesh axis, what a (src, dst) placement pair asks for. The order is the phase order.
+NONE, SLICE, RS, AR, A2A, AG = range(6)
+_PHASES = ((RS, "reduce-scatter"), (AR, "all-reduce"), (A2A, "all-to-all"), (AG, "all-gather"))
+_DIRECT_INDEX_LIMIT = 2_000_000  # 6**8: beyond, present transition keys are found by sorting
+
+
+def _transition_table(n_codes: int) -> np.ndarray:
+    """T[s, d]: the per-axis transition from placement code s to d (0 R, 1 P, >= 2 shards)."""
+    t = np.zeros((n_codes, n_codes), dtype=np.int64)
+    for s in range(n_codes):
+        for d in range(n_codes):
+            if s == d or d == 1:
+                t[s, d] = NONE  # equal, or anything -> Partial: free
+            elif s == 0:
+                t[s, d] = SLICE if d >= 2 else NONE
+            elif s == 1:
+                t[s, d] = RS if d >= 2 else AR
+            else:
+                t[s, d] = A2A if d >= 2 else AG
+    return t
 
 
 def _reshard_codes(nbytes: float, s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh,
                    cluster: Cluster) -> np.ndarray:
     """The phases of ``reshard_steps`` on every (src, dst) pair at once.
 
-    Per mesh axis only 2-d (src, dst) masks are built; each phase's group size is the product of
-    the axis sizes whose mask is set, and the group crosses nodes when an inter-node axis is in it.
+    Every term of the cost is linear in the source's local bytes ``nbytes / src_shard_factor``
+    with a slope and an intercept that depend only on the per-axis transitions (which axis does a
+    slice, a reduce-scatter, ...). So each pair gets one integer key (its transitions in base 6),
+    slope and intercept are computed once per key that occurs, and the matrix is
+    ``local[src] * slope[key] + intercept[key]``.
     """
-    level = mesh.level or (0,) * len(mesh.shape)
-    shape = (len(s_codes), len(d_codes))
-    phases = ("slice", "reduce-scatter", "all-reduce", "all-to-all", "all-gather")
-    p = {k: np.ones(shape) for k in phases}
-    cross = {k: np.zeros(shape, dtype=bool) for k in phases}
-    src_factor = np.ones(len(s_codes))
-    for a, size in enumerate(mesh.shape):
-        s, d = s_codes[:, a][:, None], d_codes[:, a][None, :]
-        s_sh, d_sh = s >= 2, d >= 2
-        src_factor[s_codes[:, a] >= 2] *= size
-        masks = {"slice": (s == 0) & d_sh, "reduce-scatter": (s == 1) & d_sh,
-                 "all-reduce": (s == 1) & (d == 0), "all-to-all": s_sh & d_sh & (s != d),
-                 "all-gather": s_sh & (d == 0)}
-        for k, m in masks.items():
-            if m.any():
-                p[k][m] *= size
-                if level[a] > 0:
-                    cross[k] |= m
+    n_axes = len(mesh.shape)
+    level = np.asarray(mesh.level or (0,) * n_axes) > 0
+    sizes = np.asarray(mesh.shape, dtype=float)
+    table = _transition_table(int(max(s_codes.max(initial=1), d_codes.max(initial=1))) + 1)
+    # the key is a sum over axes; over each half of the axes the distinct (src, dst) sub-rows are
+    # few, so each half's partial key is a small matrix and the full one takes two gathers
+    key = None
+    for half in (range(0, n_axes // 2), range(n_axes // 2, n_axes)):
+        if not len(half):
+            continue
+        s_sub, s_id = np.unique(s_codes[:, list(half)], axis=0, return_inverse=True)
+        d_sub, d_id = np.unique(d_codes[:, list(half)], axis=0, return_inverse=True)
+        part = np.zeros((len(s_sub), len(d_sub)), dtype=np.int64 if n_axes > 11 else np.int32)
+        for j, a in enumerate(half):
+            part += table[s_sub[:, j][:, None], d_sub[:, j][None, :]] * 6 ** a
+        full = np.take(np.take(part, np.ravel(s_id), axis=0), np.ravel(d_id), axis=1)
+        key = full if key is None else key + full
+    if 6 ** n_axes <= _DIRECT_INDEX_LIMIT:
+        present = np.flatnonzero(np.bincount(key.ravel(), minlength=6 ** n_axes))
+        inverse = None
+    else:
+        present, inverse = np.unique(key, return_inverse=True)
+    types = (present[:, None] // 6 ** np.arange(n_axes)[None, :]) % 6  # (keys, axes)
 
-    def time(kind, n):
-        bw = np.where(cross[kind], cluster.inter_bandwidth, cluster.intra_bandwidth)
-        lat = np.where(cross[kind], cluster.inter_latency, cluster.intra_latency)
-        return collective_time(kind, n, p[kind], bw, lat)
+    def group(kind):
+        mask = types == kind
+        p = np.prod(np.where(mask, sizes, 1.0), axis=1)
+        cross = (mask & level).any(axis=1)
+        bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
+        lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
+        return p, bw, lat
 
-    local = (nbytes / src_factor)[:, None] / p["slice"]
-    total = time("reduce-scatter", local)
-    local = local / p["reduce-scatter"]
-    total += time("all-reduce", local)
-    total += time("all-to-all", local)
-    total += time("all-gather", local * p["all-gather"])
-    return total
+    scale = 1.0 / group(SLICE)[0]  # local bytes after slicing, per byte of the source's local
+    slope = np.zeros(len(present))
+    intercept = np.zeros(len(present))
+    for kind, name in _PHASES:
+        p, bw, lat = group(kind)
+        n = scale * (p if kind == AG else 1.0)
+        slope += np.where(p > 1, _BW[name](np.maximum(p, 1)) * n / bw, 0.0)
+        intercept += np.where(p > 1, _LAT[name](np.maximum(p, 1)) * lat, 0.0)
+        if kind == RS:
+            scale = scale / p
+    src_factor = np.prod(np.where(s_codes >= 2, sizes, 1.0), axis=1)
+    local = nbytes / src_factor
+    if inverse is None:  # gather straight from key-indexed tables
+        slope_of, intercept_of = np.zeros(6 ** n_axes), np.zeros(6 ** n_axes)
+        slope_of[present], intercept_of[present] = slope, intercept
+        return local[:, None] * np.take(slope_of, key) + np.take(intercept_of, key)
+    idx = inverse.reshape(key.shape)
+    return local[:, None] * np.take(slope, idx) + np.take(intercept, idx)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.ir import Node
-from autopar.layout import NodeLayouts, node_layouts, node_layouts_many, shard_factor, to_mesh
+from autopar.layout import (NodeLayouts, node_layouts, owner_matrix, shard_factor, shard_factors,
+                            to_mesh)
 from autopar.tables import Config, Mesh
 
 FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "complex64"}
@@ -89,11 +90,27 @@ def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
 def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str = "train",
                        optimizer: str | None = "adam",
                        skip: frozenset[str] = frozenset()) -> np.ndarray:
-    mapped = [to_mesh(c, mesh) for c in configs]
-    lays = iter(node_layouts_many(node, [c for c in mapped if c is not None], mesh))
-    return np.array([node_memory(node, c, mesh, mode, optimizer, skip,
-                                 next(lays) if m is not None else None).total
-                     for c, m in zip(configs, mapped)], dtype=float)
+    """``node_memory(...).total`` for every config at once (numpy over configs)."""
+    own, ok = owner_matrix(configs, mesh)
+    train = mode in ("train", "training")
+    states = optimizer_states(optimizer) if train else 0
+    total = np.zeros(len(configs))
+    for op in node.params:
+        if op.source in skip:
+            continue
+        k = shard_factors(node, op.spec, own, mesh)
+        per_byte = 1.0
+        if train and op.spec.dtype in FLOAT_DTYPES:
+            per_byte += 1.0 + states * OPTIMIZER_STATE_BYTES / op.spec.itemsize
+        total += per_byte * op.spec.nbytes / k
+    if train and node.op not in SAVES_NOTHING:
+        if node.op in SAVES_OUTPUT:
+            saved = [(s, True) for s in node.outputs]
+        else:
+            saved = [(op.spec, False) for op in node.inputs]
+        for spec, out in saved:
+            total += spec.nbytes / shard_factors(node, spec, own, mesh, out)
+    return np.where(ok, total, np.inf)
 
 
 def plan_memory(graph, choice: dict[str, Config], mesh: Mesh, mode: str = "train",

@@ -271,3 +271,23 @@ def test_inference_tables_have_no_backward():
     assert all((i <= t + 1e-15).all() for i, t in zip(inf.node_cost, tr.node_cost))
     assert all(np.all(inf.memory[i] <= tr.memory[i]) for i in range(len(g.nodes)))
     assert math.isclose(float(inf.node_cost[1][0]) * 3, float(tr.node_cost[1][0]))
+
+
+def test_vectorised_node_cost_and_memory_equal_the_breakdowns():
+    from autopar.cost_models.memory import node_memory, node_memory_vector
+    from autopar.search.space import mesh_configs
+
+    cluster = Cluster.preset("2x8xH100")
+    mesh = cluster.mesh()
+    g = gpt_graph(layers=1, b=16, s=32, w=64, heads=4)
+    g.nodes.append(matmul("mm", "input:a", "input:b"))
+    for n in g.nodes:
+        cfgs = mesh_configs(n, mesh)
+        for mode in ("train", "inference"):
+            vec = MODEL.node_cost(n, cfgs, cluster, mode)
+            ref = [MODEL.node_breakdown(n, c, cluster, mode, text=False).seconds for c in cfgs]
+            assert np.allclose(vec, ref, rtol=1e-12, atol=0), (n.name, mode)
+            mem = node_memory_vector(n, cfgs, mesh, mode, "adam", frozenset({"param:l0.qkv.bias"}))
+            ref = [node_memory(n, c, mesh, mode, "adam", frozenset({"param:l0.qkv.bias"})).total
+                   for c in cfgs]
+            assert np.allclose(mem, ref, rtol=1e-12, atol=0), (n.name, mode)

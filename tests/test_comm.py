@@ -16,6 +16,7 @@ FLAT = Cluster(devices=8, intra_bandwidth=BW, intra_latency=LAT, inter_bandwidth
                inter_latency=1e-3)
 HIER = Cluster(devices=16, devices_per_node=8, intra_bandwidth=BW, intra_latency=LAT,
                inter_bandwidth=10e9, inter_latency=10e-6)
+BIG = Cluster(devices=512, devices_per_node=8)  # 9 mesh axes: the sorted-keys path
 MB = 2 ** 20
 
 
@@ -76,7 +77,7 @@ def _random_layout(rng, axes):
     return tuple(rng.choice([R, P, Shard(0), Shard(1), Shard(1, 3)]) for _ in range(axes))
 
 
-@pytest.mark.parametrize("cluster", [FLAT, HIER])
+@pytest.mark.parametrize("cluster", [FLAT, HIER, BIG])
 def test_vectorised_matrix_equals_scalar_steps(cluster):
     rng = random.Random(0)
     m = cluster.mesh()
