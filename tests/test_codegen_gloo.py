@@ -1,4 +1,7 @@
-"""The collectives a sharded module runs are exactly those its plan implies (CommDebugMode).
+"""On real gloo processes: numerics of a Megatron MLP, and the collectives each plan runs.
+
+One launch serves every test here (process start-up is the slow part on a 2-core box).
+The collectives a sharded module runs are exactly those its plan implies (CommDebugMode).
 
 These counts are what a plan's predicted collective list is compared with: one all-reduce of the
 loss in a data-parallel forward and one per parameter in its backward; Megatron's one all-reduce
@@ -16,6 +19,7 @@ from codegen.dtensor import shard_module
 from tests.dist_utils import run_gloo
 from tests.test_codegen_ir import linear_cfg, mlp_graph
 from tests.test_codegen_mlp import MLP, ew, plans
+from tests.test_codegen_numerics import check_rank, reference_run
 
 
 def counts(mode: CommDebugMode) -> dict[str, int]:
@@ -23,8 +27,9 @@ def counts(mode: CommDebugMode) -> dict[str, int]:
     return {str(op).rsplit(".", 1)[-1]: n for op, n in mode.get_comm_counts().items() if n}
 
 
-def comm_rank(rank, world, model, inputs, graph, assignments, mesh_shape):
-    """Forward and backward collective counts of each plan, on this rank."""
+def gloo_rank(rank, world, model, inputs, graph, assignments, mesh_shape, ref):
+    """The Megatron numerics check, then forward and backward collective counts of each plan."""
+    check_rank(rank, world, model, inputs, graph, assignments["megatron"], mesh_shape, ref)
     out = {}
     for name, assignment in assignments.items():
         sharded = shard_module(model, graph, assignment, mesh_shape)
@@ -49,9 +54,15 @@ def measured():
     model, inputs = autopar.zoo.get("mlp", **MLP)
     graph = mlp_graph(model, inputs)
     assignments = {**plans(2), "batch_split_but_loss": batch_split_but_loss()}
-    per_rank = run_gloo(comm_rank, 2, model, inputs, graph, assignments, (2,))
+    per_rank = run_gloo(gloo_rank, 2, model, inputs, graph, assignments, (2,),
+                        reference_run(model, inputs))
     assert per_rank[0] == per_rank[1]
     return per_rank[0]
+
+
+@pytest.mark.dist
+def test_megatron_mlp_matches_single_device_on_gloo(measured):
+    assert set(measured) >= {"megatron"}  # gloo_rank's check_rank raised otherwise
 
 
 @pytest.mark.dist

@@ -2,7 +2,7 @@
 
 Plans: data parallel, Megatron (column then row parallel), a forced reduction split (k cut, so
 partial sums flow into the next node), and 2-d meshes that mix them. Threads on the threaded
-process group keep this fast; one gloo test runs the same check on real processes.
+process group keep this fast; ``test_codegen_gloo`` runs the same check on real processes.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import autopar
-from tests.dist_utils import run_gloo, run_threaded
+from tests.dist_utils import run_threaded
 from tests.test_codegen_ir import linear_cfg, mlp_graph
-from tests.test_codegen_numerics import Reference, check_rank, reference_run
+from tests.test_codegen_numerics import check_rank, reference_run
 from autopar.tables import Config
 
 MLP = dict(batch=8, inputs=8, hidden=16, layers=2, classes=4)
@@ -64,9 +64,3 @@ def test_mlp_plan_matches_single_device(mlp_case, world, plan):
     model, inputs, graph, ref = mlp_case
     mesh = (2,) if world == 2 else (2, 2)
     run_threaded(check_rank, world, model, inputs, graph, plans(world)[plan], mesh, ref)
-
-
-@pytest.mark.dist
-def test_mlp_megatron_on_gloo_processes(mlp_case):
-    model, inputs, graph, ref = mlp_case
-    run_gloo(check_rank, 2, model, inputs, graph, plans(2)["megatron"], (2,), ref)
