@@ -76,6 +76,20 @@ class NodeCost:
         return sum(t.seconds for t in self.terms)
 
 
+# Ops that only change a tensor's view (no copy): a traced node with no declared bytes moves none.
+VIEW_OPS = {"view", "reshape", "permute", "transpose", "split", "chunk", "slice", "getitem",
+            "expand", "squeeze", "unsqueeze", "flatten", "unflatten"}
+
+
+def _bytes_moved(node: Node, spec_bytes: int) -> int:
+    """Declared ``bytes_read + bytes_written``; when none were declared, every operand once
+    (hand-built nodes), except for view-only ops, which move nothing."""
+    declared = node.bytes_read + node.bytes_written
+    if declared or node.flops or node.op not in VIEW_OPS:
+        return declared or spec_bytes
+    return 0
+
+
 def _dims_product_text(node: Node) -> str | None:
     """'2·b·s·n·k' when the node's FLOPs are 2 per point of its iteration space, else None."""
     if node.flops and node.flops == 2 * math.prod(d.size for d in node.dims):
@@ -115,7 +129,7 @@ class AnalyticModel:
         lays = list(lay.inputs) + list(lay.params) + list(lay.outputs)
         total_spec = sum(s.nbytes for s in specs)
         local_spec = sum(s.nbytes / shard_factor(l, mesh) for s, l in zip(specs, lays))
-        moved = (node.bytes_read + node.bytes_written) or total_spec
+        moved = _bytes_moved(node, total_spec)
         local_bytes = moved * (local_spec / total_spec if total_spec else 1.0)
 
         t_flops = node.flops / parts / (peak * self.compute_efficiency)
@@ -156,8 +170,15 @@ class AnalyticModel:
 
     def node_cost(self, node: Node, configs: list[Config], cluster: Cluster,
                   mode: str = "train") -> np.ndarray:
-        """``node_breakdown(...).seconds`` for every config at once (numpy over configs)."""
+        """``node_breakdown(...).seconds`` for every config at once (numpy over configs).
+
+        A subclass that overrides ``node_breakdown`` (the profiled model) gets the per-config
+        loop over its own breakdown instead, so the tables always price what it explains.
+        """
         mode = check_mode(mode)
+        if type(self).node_breakdown is not AnalyticModel.node_breakdown:
+            return np.array([self.node_breakdown(node, c, cluster, mode, text=False).seconds
+                             for c in configs], dtype=float)
         mesh = cluster.mesh()
         own, ok = owner_matrix(configs, mesh)
         sizes = np.asarray(mesh.shape, dtype=float)
@@ -167,7 +188,7 @@ class AnalyticModel:
                    + [(s, True) for s in node.outputs])
         total_spec = sum(s.nbytes for s, _ in tensors)
         local_spec = sum(s.nbytes / shard_factors(node, s, own, mesh, out) for s, out in tensors)
-        moved = (node.bytes_read + node.bytes_written) or total_spec
+        moved = _bytes_moved(node, total_spec)
         local_bytes = moved * (local_spec / total_spec) if total_spec else np.full(len(configs), float(moved))
         t_flops = node.flops / parts / (cluster.peak(dtype) * self.compute_efficiency)
         t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)

@@ -34,10 +34,17 @@ OPTIMIZER_STATE_BYTES = 4  # fp32 moments, whatever the parameter dtype
 
 SAVES_NOTHING = {
     "add", "sub", "neg", "view", "reshape", "flatten", "unflatten", "transpose", "permute",
-    "contiguous", "split", "chunk", "getitem", "cat", "stack", "expand", "squeeze", "unsqueeze",
-    "identity", "output", "placeholder", "clone", "to", "type_as",
+    "contiguous", "split", "chunk", "getitem", "slice", "cat", "stack", "expand", "squeeze",
+    "unsqueeze", "identity", "output", "placeholder", "clone", "to", "type_as",
 }
+LINEAR_FNS = {"add", "sub", "neg", "iadd", "isub"}  # ``elementwise`` nodes whose backward needs no input
 SAVES_OUTPUT = {"softmax", "log_softmax", "sigmoid", "tanh", "exp"}
+
+
+def _saves(node: Node) -> bool:
+    if node.op in SAVES_NOTHING:
+        return False
+    return not (node.op == "elementwise" and node.attrs.get("fn") in LINEAR_FNS)
 
 
 def optimizer_states(optimizer: str | None) -> int:
@@ -78,7 +85,7 @@ def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
         if train and op.spec.dtype in FLOAT_DTYPES:
             grads += op.spec.nbytes / k
             opt += states * OPTIMIZER_STATE_BYTES * op.spec.numel / k
-    if train and node.op not in SAVES_NOTHING:
+    if train and _saves(node):
         if node.op in SAVES_OUTPUT:
             saved = zip(node.outputs, lay.outputs)
         else:
@@ -103,7 +110,7 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
         if train and op.spec.dtype in FLOAT_DTYPES:
             per_byte += 1.0 + states * OPTIMIZER_STATE_BYTES / op.spec.itemsize
         total += per_byte * op.spec.nbytes / k
-    if train and node.op not in SAVES_NOTHING:
+    if train and _saves(node):
         if node.op in SAVES_OUTPUT:
             saved = [(s, True) for s in node.outputs]
         else:

@@ -291,3 +291,20 @@ def test_vectorised_node_cost_and_memory_equal_the_breakdowns():
             ref = [node_memory(n, c, mesh, mode, "adam", frozenset({"param:l0.qkv.bias"})).total
                    for c in cfgs]
             assert np.allclose(mem, ref, rtol=1e-12, atol=0), (n.name, mode)
+
+
+def test_view_ops_move_nothing_and_subclasses_keep_their_breakdown():
+    x = Operand("prev", 0, spec((B, S, N), "bsc"))
+    view = Node("v", "view", "Tensor.view", "", (Dim("b", B), Dim("s", S), Dim("c", N)), (x,), (),
+                (spec((B, S, N), "bsc"),))
+    assert MODEL.node_cost(view, [cfg(view)], C8)[0] == 0.0
+
+    class Doubled(AnalyticModel):
+        def node_breakdown(self, node, config, cluster, mode="train", text=True, layouts=None):
+            nc = super().node_breakdown(node, config, cluster, mode, text, layouts)
+            nc.terms = nc.terms + nc.terms
+            return nc
+
+    lin = linear("fc", "input:x")
+    c = cfg(lin, b=(0, 1, 2))
+    assert Doubled().node_cost(lin, [c], C8)[0] == pytest.approx(2 * MODEL.node_cost(lin, [c], C8)[0])

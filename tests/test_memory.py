@@ -75,3 +75,14 @@ def test_shared_parameter_counted_once():
     total, per = plan_memory(g, {"a": REPL, "b": REPL}, MESH)
     assert per["b"].params == 0 and per["a"].params == PARAM_BYTES
     assert total == 4 * PARAM_BYTES + 2 * X_BYTES
+
+
+def test_traced_elementwise_add_saves_nothing_but_gelu_does():
+    spec = TensorSpec((B, S), "float32", (("d0",), ("d1",)))
+    dims = (Dim("d0", B), Dim("d1", S))
+    add = Node("add", "elementwise", "operator.add", "", dims, (Operand("a", 0, spec),) * 2, (), (spec,),
+               attrs={"fn": "add"})
+    gelu = Node("gelu", "elementwise", "F.gelu", "", dims, (Operand("a", 0, spec),), (), (spec,),
+                attrs={"fn": "gelu"})
+    assert node_memory(add, Config((1, 1), ((), ())), MESH).total == 0
+    assert node_memory(gelu, Config((1, 1), ((), ())), MESH).activations == spec.nbytes
