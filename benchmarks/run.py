@@ -135,8 +135,8 @@ def compare(baseline: dict, outcomes: dict[str, Outcome], suite: list[Case] = SU
             problems.append(f"{name}: predicted cost worse than baseline: {old['cost']:.6g} -> {new.cost:.6g} "
                             f"({_rel(old['cost'], new.cost)}; tolerance {TOLERANCE:.1%})")
         if old.get("fits") and not new.fits:
-            problems.append(f"{name}: plan fitted before ({old['memory_per_device'] / 2**30:.3g} GiB/device), "
-                            f"now needs {new.memory_per_device / 2**30:.3g} GiB of {new.capacity / 2**30:.3g}")
+            problems.append(f"{name}: plan no longer fits: it needed {old['memory_per_device'] / 2**30:.3g} "
+                            f"GiB/device, now {new.memory_per_device / 2**30:.3g} GiB of {new.capacity / 2**30:.3g}")
     return problems
 
 
