@@ -12,12 +12,8 @@ from autopar.plan import Plan
 __version__ = "0.1.0"
 
 
-def trace(model, example_inputs, **kwargs) -> Graph:
-    """Trace ``model`` on ``example_inputs`` into an ``autopar.Graph`` (see ``autopar.trace``)."""
-    from autopar.trace import trace as _trace
-
-    return _trace(model, example_inputs, **kwargs)
-
+# bound eagerly: importing the submodule autopar.trace must not shadow the function
+from autopar.trace import trace  # noqa: E402
 
 def plan(model, example_inputs, cluster=8, **kwargs) -> Plan:
     """Find the best parallelization strategy (see ``autopar.planner.plan``)."""

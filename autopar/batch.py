@@ -1,7 +1,8 @@
 """Which dim of each node is the batch dim: the basis of the data-parallel baseline.
 
 The first axis of every graph input is a batch axis. A node dim that indexes a batch axis of one of
-its data inputs (as the major dim of a merged axis, so ``view(b*s, v)`` keeps ``b``) is a batch dim,
+its data inputs (as the major dim of a merged axis, so ``view(b*s, v)`` keeps ``b``; a reduction dim
+too, as in a loss averaged over the batch) is a batch dim,
 and every output axis whose major dim is a batch dim is a batch axis for the consumers. Parameters
 never carry the batch. The propagation is a single pass in topological order.
 """
@@ -32,9 +33,9 @@ def _batch_dim_of(node: Node, batch_axes: dict[tuple[str, int], set[int]]) -> st
     for op in node.inputs:
         for i in sorted(batch_axes.get((op.source, op.output), ())):
             if i < len(op.spec.axes) and op.spec.axes[i]:
-                name = op.spec.axes[i][0]
-                if not node.dim(name).reduction:
-                    return name
+                # a loss that averages over the batch has it as a reduction dim; it is still
+                # the batch: data parallelism splits it and sums the partial losses
+                return op.spec.axes[i][0]
     return None
 
 
