@@ -38,12 +38,14 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.experimental import local_map
 from torch.utils import _pytree as pytree
 
-from autopar.ir import Graph, Node, Operand
+from autopar.ir import Graph, Node, Operand, TensorSpec
 from autopar.tables import Config
 
 from .batchnorm import needs_sync, sync_batch_norm
 from .ops import LocalCall, mean_scale, vocab_shard
-from .placements import LayoutError, NodeLayout, Placements, grad_placements, node_layout
+from .strided import chunk_index
+from .placements import LayoutError, NodeLayout, Placements, StridedCut, grad_placements, \
+    node_layout
 
 _NO_KEY = object()  # an fx argument that is no operand of the node (a constant, a shape)
 
@@ -214,9 +216,12 @@ class _Runner(fx.Interpreter):
         coord = mesh.get_coordinate() or [0] * mesh.ndim
         drop = {j for j, u in enumerate(uses) if any(coord[a] != 0 for a in u.additive)}
         flat_consts = [None if i in slots else v for i, v in enumerate(values[:len(flat)])]
+        mesh_shape = tuple(mesh.shape)
         call = LocalCall(n, node, layout, module, flat_consts, spec, slots[:len(slots) - len(names)],
                          names, self.program.scales.get(node.name, 1.0), drop,
-                         vocab_shard(node, layout, tuple(mesh.shape), coord))
+                         vocab_shard(node, layout, mesh_shape, coord),
+                         [(u.spec, u.strided) for u in uses],
+                         lambda dim: chunk_index(dim, layout.axis_dims, mesh_shape, coord))
         run = local_map(call, out_placements=tuple(layout.outputs),
                         in_placements=tuple(u.placements for u in uses),
                         in_grad_placements=tuple(u.grads for u in uses), device_mesh=mesh)
@@ -252,6 +257,8 @@ class _Use:
     placements: Placements
     grads: Placements
     additive: tuple[int, ...] = ()
+    spec: TensorSpec | None = None  # the IR's view of the tensor (None: not in the IR)
+    strided: tuple[StridedCut, ...] = ()  # minor-dim cuts, taken locally
 
 
 class _OperandMatcher:
@@ -289,11 +296,13 @@ class _OperandMatcher:
 
     def _input(self, i: int) -> _Use:
         lay = self.layout
-        return _Use(lay.inputs[i], lay.input_grads[i], lay.input_additive[i])
+        return _Use(lay.inputs[i], lay.input_grads[i], lay.input_additive[i],
+                    self.node.inputs[i].spec, lay.input_strided[i])
 
     def _param(self, i: int) -> _Use:
         lay = self.layout
-        return _Use(lay.params[i], lay.param_grads[i], lay.param_additive[i])
+        return _Use(lay.params[i], lay.param_grads[i], lay.param_additive[i],
+                    self.node.params[i].spec, lay.param_strided[i])
 
     def _is(self, key: Any, op: Operand, tag: tuple[str, int]) -> bool:
         if not isinstance(key, OperandKey) or tag in self.used:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -28,9 +28,10 @@ import torch.nn as nn
 from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
-from autopar.ir import Node
+from autopar.ir import Node, TensorSpec
 
 from .placements import LayoutError, NodeLayout, local_shape
+from .strided import place_blocks, take_blocks
 
 _TENSOR = object()  # marks where an output tensor goes back
 SHAPE_METHODS = {"view", "reshape", "expand"}
@@ -67,12 +68,17 @@ class LocalCall:
     mean_scale: float = 1.0
     drop: set[int] = field(default_factory=set)  # tensors this device adds as zero (additive)
     vocab: tuple[int, int] | None = None  # (first row, rows) of this device's embedding shard
+    strided_in: list[tuple[TensorSpec, tuple]] = field(default_factory=list)  # per tensor arg
+    index: Callable[[str], int] | None = None  # this device's chunk of a dim (strided cuts)
     out_flat: list[Any] | None = None  # the last call's output leaves (tensors as _TENSOR)
     out_spec: Any = None
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Run locally; return the tensor leaves of the output, as ``local_map`` wants them."""
         tensors = tuple(t * 0 if j in self.drop else t for j, t in enumerate(tensors))
+        if self.strided_in:
+            tensors = tuple(take_blocks(t, spec, cuts, self.node, self.layout.split_counts, self.index)
+                            if cuts else t for t, (spec, cuts) in zip(tensors, self.strided_in))
         leaves = list(self.flat)
         for slot, t in zip(self.slots, tensors):
             leaves[slot] = t
@@ -94,6 +100,10 @@ class LocalCall:
         if len(tensors_out) != len(self.node.outputs):
             raise LayoutError(f"node {self.node.name}: the call returned {len(tensors_out)} "
                               f"tensors, the IR lists {len(self.node.outputs)} outputs")
+        tensors_out = tuple(
+            place_blocks(t, spec, cuts, self.node, self.layout.split_counts, self.index)
+            if cuts else t
+            for t, spec, cuts in zip(tensors_out, self.node.outputs, self.layout.output_strided))
         self.out_flat = [_TENSOR if isinstance(t, torch.Tensor) else t for t in flat]
         return tensors_out
 

@@ -24,6 +24,13 @@ Megatron's backward all-reduce of a column-parallel input come out of DTensor by
 
 Several mesh axes on one dim: DTensor shards a tensor axis by its mesh dims in ascending order,
 the first one major, which is exactly how ``Config.mesh_axes`` lists them (ascending).
+
+A cut of a *minor* dim of a merged axis (``d`` of ``("h", "d")``; ``autopar.layout`` calls it a
+strided shard) is no DTensor ``Shard``: each device holds ``period`` separate blocks. Codegen
+keeps such an input ``Replicate`` on that mesh axis and takes its blocks locally
+(``codegen.strided``); such an output is ``Partial``: the device's blocks in place, zeros
+elsewhere. Correct, if not the cheapest exchange (an all-gather or an all-reduce where an
+all-to-all would do); the cost model prices a reshuffle.
 """
 
 from __future__ import annotations
@@ -37,6 +44,15 @@ from autopar.tables import Config
 
 Placements = tuple[Placement, ...]
 ADDITIVE_OPS = frozenset({"linear", "matmul", "einsum", "conv", "conv1d", "conv2d", "conv3d"})
+
+
+@dataclass(frozen=True)
+class StridedCut:
+    """Mesh axis ``mesh_axis`` cuts ``dim``, a minor dim of merged tensor axis ``axis``."""
+
+    mesh_axis: int
+    axis: int
+    dim: str
 
 
 class LayoutError(ValueError):
@@ -56,6 +72,9 @@ class NodeLayout:
     axis_dims: tuple[str | None, ...]  # per mesh axis, the dim it cuts (None: it replicates)
     input_additive: tuple[tuple[int, ...], ...] = ()  # per input: mesh axes where it is added
     param_additive: tuple[tuple[int, ...], ...] = ()  # once, by coordinate 0 (see above)
+    input_strided: tuple[tuple[StridedCut, ...], ...] = ()  # per input: minor-dim cuts
+    param_strided: tuple[tuple[StridedCut, ...], ...] = ()
+    output_strided: tuple[tuple[StridedCut, ...], ...] = ()
 
 
 def mesh_axis_dims(node: Node, config: Config | None, mesh_ndim: int) -> list[str | None]:
@@ -84,20 +103,35 @@ def mesh_axis_dims(node: Node, config: Config | None, mesh_ndim: int) -> list[st
 
 def tensor_placements(spec: TensorSpec, owner: list[str | None], node: Node,
                       output: bool = False) -> Placements:
-    """Forward placements of one tensor of ``node``; ``owner`` from :func:`mesh_axis_dims`."""
+    """Forward placements of one tensor of ``node``; ``owner`` from :func:`mesh_axis_dims`.
+
+    A minor-dim (strided) cut is ``Replicate`` here for an input, ``Partial`` for an output; see
+    :func:`strided_cuts` for the blocks.
+    """
     out: list[Placement] = []
     for a, dim in enumerate(owner):
         if dim is None:
             out.append(Replicate())
             continue
-        axis = _axis_of(spec, dim, node)
-        if axis is not None:
+        axis, major = _axis_of(spec, dim)
+        if axis is not None and major:
             out.append(Shard(axis))
-        elif output and node.dim(dim).reduction:
+        elif output and (axis is not None or node.dim(dim).reduction):
             out.append(Partial())
         else:
             out.append(Replicate())
     return tuple(out)
+
+
+def strided_cuts(spec: TensorSpec, owner: list[str | None]) -> tuple[StridedCut, ...]:
+    """The mesh axes that cut a minor dim of one of the tensor's merged axes."""
+    cuts = []
+    for a, dim in enumerate(owner):
+        if dim is not None:
+            axis, major = _axis_of(spec, dim)
+            if axis is not None and not major:
+                cuts.append(StridedCut(a, axis, dim))
+    return tuple(cuts)
 
 
 def grad_placements(forward: Placements, owner: list[str | None]) -> Placements:
@@ -106,12 +140,15 @@ def grad_placements(forward: Placements, owner: list[str | None]) -> Placements:
                  for p, dim in zip(forward, owner))
 
 
-def additive_axes(forward: Placements, outputs: tuple[Placements, ...], op: str) -> tuple[int, ...]:
-    """Mesh axes where an operand is replicated while the node's outputs are partial sums there."""
-    if op not in ADDITIVE_OPS:
+def additive_axes(forward: Placements, node: Node, owner: list[str | None]) -> tuple[int, ...]:
+    """Mesh axes where an operand of a contraction is replicated while the axis cuts a reduction
+    dim that the outputs lack (so they are partial sums there)."""
+    if node.op not in ADDITIVE_OPS:
         return ()
-    partial = {a for pls in outputs for a, p in enumerate(pls) if p.is_partial()}
-    return tuple(a for a, p in enumerate(forward) if a in partial and p.is_replicate())
+    out_dims = {d for spec in node.outputs for axis in spec.axes for d in axis}
+    return tuple(a for a, (p, dim) in enumerate(zip(forward, owner))
+                 if p.is_replicate() and dim is not None and node.dim(dim).reduction
+                 and dim not in out_dims)
 
 
 def node_layout(node: Node, config: Config | None, mesh_shape: tuple[int, ...]) -> NodeLayout:
@@ -126,27 +163,29 @@ def node_layout(node: Node, config: Config | None, mesh_shape: tuple[int, ...]) 
     return NodeLayout(ins, params, outs,
                       tuple(grad_placements(p, owner) for p in ins),
                       tuple(grad_placements(p, owner) for p in params), counts, tuple(owner),
-                      tuple(additive_axes(p, outs, node.op) for p in ins),
-                      tuple(additive_axes(p, outs, node.op) for p in params))
+                      tuple(additive_axes(p, node, owner) for p in ins),
+                      tuple(additive_axes(p, node, owner) for p in params),
+                      tuple(strided_cuts(op.spec, owner) for op in node.inputs),
+                      tuple(strided_cuts(op.spec, owner) for op in node.params),
+                      tuple(strided_cuts(spec, owner) for spec in node.outputs))
 
 
 def local_shape(spec: TensorSpec, counts: dict[str, int]) -> tuple[int, ...]:
-    """The per-device shape of a tensor of a node whose dims are cut ``counts`` times."""
+    """The shape the node's local computation sees: every dim of every axis cut (strided too)."""
     shape = []
     for size, dims in zip(spec.shape, spec.axes):
-        parts = counts.get(dims[0], 1) if dims else 1
+        parts = 1
+        for d in dims:
+            parts *= counts.get(d, 1)
         if size % parts:
             raise LayoutError(f"axis of size {size} does not split into {parts} even parts")
         shape.append(size // parts)
     return tuple(shape)
 
 
-def _axis_of(spec: TensorSpec, dim: str, node: Node) -> int | None:
-    """The tensor axis whose major dim is ``dim``; None if no axis is indexed by it."""
+def _axis_of(spec: TensorSpec, dim: str) -> tuple[int | None, bool]:
+    """(the tensor axis ``dim`` indexes, whether it is that axis's major dim); (None, False)."""
     for i, dims in enumerate(spec.axes):
-        if dims and dims[0] == dim:
-            return i
-        if dim in dims[1:]:
-            raise LayoutError(f"node {node.name}: dim {dim!r} is a minor dim of merged axis {i} "
-                              f"{dims}; its shards are not contiguous")
-    return None
+        if dim in dims:
+            return i, dims[0] == dim
+    return None, False

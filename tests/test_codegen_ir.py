@@ -15,7 +15,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 import autopar
 from autopar.ir import Dim, Graph, Node, Operand, TensorSpec
 from autopar.tables import Config
-from codegen.placements import LayoutError, local_shape, node_layout
+from codegen.placements import LayoutError, StridedCut, local_shape, node_layout
 
 
 def _spec(t, axes) -> TensorSpec:
@@ -127,11 +127,26 @@ def test_bad_configs_are_refused(mlp):
         node_layout(node, Config((2, 2, 1), ((0,), (0,), ())), (2, 2))
 
 
-def test_minor_dim_of_a_merged_axis_is_refused():
+def test_minor_dim_of_a_merged_axis_is_a_strided_cut():
     x = TensorSpec((4, 6), "float32", (("b",), ("h", "d")))
     node = Node("v", "view", "view", "", (Dim("b", 4), Dim("h", 2), Dim("d", 3)),
                 (Operand("input:x", 0, x),), (),
                 (TensorSpec((4, 2, 3), "float32", (("b",), ("h",), ("d",))),))
-    assert node_layout(node, Config((1, 2, 1), ((), (0,), ())), (2,)).inputs == ((Shard(1),),)
-    with pytest.raises(LayoutError, match="minor dim"):
-        node_layout(node, Config((1, 1, 3), ((), (), (0,))), (3,))
+    lay = node_layout(node, Config((1, 2, 1), ((), (0,), ())), (2,))
+    assert lay.inputs == ((Shard(1),),) and lay.input_strided == ((),)
+    lay = node_layout(node, Config((1, 1, 3), ((), (), (0,))), (3,))
+    # the input arrives whole on that axis (its gradient: a sum), the view keeps its blocks
+    assert lay.inputs == ((Replicate(),),) and lay.input_grads == ((Partial(),),)
+    assert lay.input_strided == ((StridedCut(0, 1, "d"),),)
+    assert lay.outputs == ((Shard(2),),) and lay.output_strided == ((),)
+    assert local_shape(x, lay.split_counts) == (4, 2)
+
+
+def test_merged_output_cut_on_a_minor_dim_is_partial():
+    node = Node("m", "view", "view", "", (Dim("b", 4), Dim("h", 2), Dim("d", 4)),
+                (Operand("input:x", 0, TensorSpec((4, 2, 4), "float32",
+                                                  (("b",), ("h",), ("d",)))),), (),
+                (TensorSpec((4, 8), "float32", (("b",), ("h", "d"))),))
+    lay = node_layout(node, Config((2, 1, 2), ((0,), (), (1,))), (2, 2))
+    assert lay.outputs == ((Shard(0), Partial()),)
+    assert lay.output_strided == ((StridedCut(1, 1, "d"),),)

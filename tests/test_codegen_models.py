@@ -4,7 +4,8 @@ Plans (``tests.test_codegen_plans``): data parallel; Megatron (attention heads s
 q/k/v views on, column/row-parallel MLP, so every block ends in an all-reduce of partial sums);
 vocab-parallel embedding + head with a forced row-split fc1 (reduction splits that do not come
 in Megatron's pairs); channel-parallel convolutions (out-channel split, then in-channel split
-leaving partial sums) with batch norm on split channels; on 4 ranks each combined with data
+leaving partial sums) with batch norm on split channels; minor dims of merged view axes cut
+(strided blocks in and out); on 4 ranks each combined with data
 parallelism on the other mesh axis. Batch norm with a split batch uses global statistics.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 import autopar
+from codegen.placements import node_layout
 from tests.dist_utils import run_threaded
 from tests.test_codegen_numerics import check_rank, reference_run
 from tests.test_codegen_plans import data_parallel, follow
@@ -37,6 +39,20 @@ def vocab_gpt(graph, tp, dp):
                                          "blocks_0_fc1": {"k": tp}}, dp)
 
 
+def strided_gpt(graph, tp, dp):
+    """Minor dims of merged axes cut: the per-head dim d at the q/k/v views (input (h*d) cut on
+    d: strided blocks) and at the merging views (attention output, logits, labels: outputs
+    whose merged axis is cut on its minor dim, so partial with zeros around the blocks)."""
+    pins = {}
+    for n in graph.nodes:
+        if n.op == "view" and n.inputs[0].source == "split":
+            pins[n.name] = {n.outputs[0].axes[3][0]: tp}
+        elif n.op == "view" and any(len(ax) > 1 for ax in n.outputs[0].axes):
+            merged = next(ax for ax in n.outputs[0].axes if len(ax) > 1)
+            pins[n.name] = {merged[1]: tp}
+    return follow(graph, _mesh(tp, dp), pins, dp)
+
+
 def channels_cnn(graph, tp, dp):
     pins = {n.name: {"c_out": tp} for n in graph.nodes if n.name in ("stem", "blocks_0_conv2")}
     return follow(graph, _mesh(tp, dp), pins, dp)
@@ -51,11 +67,13 @@ PLANS = {
     "megatron": megatron_gpt,
     "vocab_parallel": vocab_gpt,
     "channels": channels_cnn,
+    "strided": strided_gpt,
 }
 
 CASES = [
     ("gpt", {}, "data_parallel", 2), ("gpt", {}, "megatron", 2), ("gpt", {}, "megatron", 4),
     ("gpt", {"attention": "manual"}, "megatron", 2), ("gpt", {}, "vocab_parallel", 4),
+    ("gpt", {}, "strided", 2), ("gpt", {}, "strided", 4),
     ("cnn", {}, "data_parallel", 2), ("cnn", {}, "channels", 2), ("cnn", {}, "channels", 4),
 ]
 
@@ -83,4 +101,8 @@ def test_model_plan_matches_single_device(traced, name, extra, plan, world):
         tp, dp = (), tuple(range(len(tp) + len(dp)))
     assignment = PLANS[plan](graph, tp, dp)
     assert any(c.devices > 1 for c in assignment.values())
+    if plan == "strided":  # the plan really cuts minor dims, in and out
+        layouts = {n.name: node_layout(n, assignment.get(n.name), _mesh(tp, dp)) for n in graph}
+        assert any(any(c) for lay in layouts.values() for c in lay.input_strided)
+        assert any(any(c) for lay in layouts.values() for c in lay.output_strided)
     run_threaded(check_rank, world, model, inputs, graph, assignment, _mesh(tp, dp), ref)
