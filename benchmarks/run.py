@@ -241,6 +241,7 @@ Whole suite: {len(outcomes)} cases in {wall:.0f} s wall.
 
 def write_plot(outcomes: dict[str, Outcome], cases: list[Case], path: Path = PLOT) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -262,6 +263,7 @@ def write_plot(outcomes: dict[str, Outcome], cases: list[Case], path: Path = PLO
     left.set(xscale="log", yscale="log", xlabel="devices p", ylabel="predicted DP cost / plan cost",
              title="PaSE's models under PaSE's cost model")
     left.set_xticks([4, 8, 16, 32, 64], ["4", "8", "16", "32", "64"])
+    left.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     left.grid(True, which="both", alpha=0.3)
     left.legend(fontsize=7)
     other = [c for c in cases if c.cost_model != "pase" and c.name in outcomes]
