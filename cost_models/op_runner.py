@@ -163,6 +163,20 @@ def build(node: Node, config: Config, device="cpu") -> OpCall:
         ax, stack = a.get("axis", 0), a.get("new_axis", False)
         return OpCall(lambda *t: (torch.stack if stack else torch.cat)(t, ax),
                       [_tensor(loc(s), s.dtype, device) for s in ins])
+    if op == "split":
+        x = _tensor(loc(ins[0]), ins[0].dtype, device)
+        ax = a.get("axis", 0)
+        if a.get("squeeze"):
+            return OpCall(lambda x: x.unbind(ax), [x])
+        sizes = [loc(o)[ax] for o in node.outputs]
+        return OpCall(lambda x: x.split(sizes, ax), [x])
+    if op == "slice":
+        src = (ins + ps)[0]
+        out = loc(node.outputs[0])
+        x = _tensor(loc(src), src.dtype, device)
+        if x.ndim != len(out):
+            raise NotRunnable("slice that drops an axis (select)")
+        return OpCall(lambda x: x[tuple(slice(0, n) for n in out)], [x])
     if op == "pool":
         nd, kind = a.get("ndim", 2), a.get("kind", "max")
         if a.get("adaptive"):
