@@ -25,8 +25,10 @@ test: setup
 bench: setup
 	$(PY) -m benchmarks.run
 
+# Changing the baseline is explicit and says why: make bench-update REASON="what changed and why"
 bench-update: setup
-	$(PY) -m benchmarks.run --update
+	@test -n "$(REASON)" || { echo 'make bench-update needs REASON="why the baseline may move"'; exit 2; }
+	$(PY) -m benchmarks.run --update --reason "$(REASON)"
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache
