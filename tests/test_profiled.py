@@ -94,3 +94,30 @@ def test_no_process_group_keeps_cluster_links(tmp_path):
     assert fit_collectives() is None
     model = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"))
     assert model.comm_cluster(CPU2) == CPU2
+
+
+def _fit_worker(rank, world, init, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        fit = fit_collectives(sizes=(2 ** 10, 2 ** 16, 2 ** 18), repeats=3)
+        model = ProfiledModel(cache_path=f"{out}.sqlite")
+        cl = model.comm_cluster(autopar.Cluster.preset("cpu", devices=world))
+        with open(f"{out}.{rank}", "w") as f:
+            f.write(f"{fit.latency} {fit.bandwidth} {cl.intra_latency} {cl.intra_bandwidth}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_alpha_beta_fitted_on_live_gloo_group(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "fit")
+    mp.spawn(_fit_worker, args=(2, f"file://{tmp_path}/rendezvous", out), nprocs=2)
+    rows = [[float(v) for v in open(f"{out}.{r}").read().split()] for r in range(2)]
+    assert rows[0] == rows[1]  # every rank prices plans alike
+    lat, bw, c_lat, c_bw = rows[0]
+    assert lat > 0 and bw > 0 and c_lat > 0 and c_bw > 0
+    preset = autopar.Cluster.preset("cpu", devices=2)
+    assert (c_lat, c_bw) != (preset.intra_latency, preset.intra_bandwidth)  # the model's own fit
