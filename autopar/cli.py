@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--cluster", default=None,
                        help="cluster preset: cpu, 8xV100, 8xA100, 8xH100, 2x8xH100, 8x8xH100, 1080ti, 2080ti "
                        "(default: a flat cluster of --devices devices)")
-        c.add_argument("--cost-model", default="analytic", choices=["analytic", "pase"],
-                       help="analytic (roofline + alpha-beta collectives, seconds) or pase (PaSE's model)")
+        c.add_argument("--cost-model", default="analytic", choices=["analytic", "profiled", "pase"],
+                       help="analytic (roofline + alpha-beta collectives, seconds), profiled (compute measured on this device, cached) or pase (PaSE's model)")
         c.add_argument("--space", default="mesh",
                        help="mesh (splits on the device mesh), pase (PaSE's rule, cutoff 4) or pase:N")
         c.add_argument("--search", default="auto", choices=["auto", "dp", "ilp", "brute"],
