@@ -42,7 +42,7 @@ from autopar.ir import Graph, Node, Operand, TensorSpec
 from autopar.tables import Config
 
 from .batchnorm import needs_sync, sync_batch_norm
-from .ops import LocalCall, mean_scale, vocab_shard
+from .ops import LocalCall, causal_rows, mean_scale, vocab_shard
 from .strided import chunk_index
 from .placements import LayoutError, NodeLayout, Placements, StridedCut, grad_placements, \
     node_layout
@@ -217,11 +217,14 @@ class _Runner(fx.Interpreter):
         drop = {j for j, u in enumerate(uses) if any(coord[a] != 0 for a in u.additive)}
         flat_consts = [None if i in slots else v for i, v in enumerate(values[:len(flat)])]
         mesh_shape = tuple(mesh.shape)
+
+        def index(dim: str) -> int:
+            return chunk_index(dim, layout.axis_dims, mesh_shape, coord)
+
         call = LocalCall(n, node, layout, module, flat_consts, spec, slots[:len(slots) - len(names)],
                          names, self.program.scales.get(node.name, 1.0), drop,
                          vocab_shard(node, layout, mesh_shape, coord),
-                         [(u.spec, u.strided) for u in uses],
-                         lambda dim: chunk_index(dim, layout.axis_dims, mesh_shape, coord))
+                         causal_rows(node, layout, index), [(u.spec, u.strided) for u in uses], index)
         run = local_map(call, out_placements=tuple(layout.outputs),
                         in_placements=tuple(u.placements for u in uses),
                         in_grad_placements=tuple(u.grads for u in uses), device_mesh=mesh)

@@ -11,6 +11,8 @@ they live here, keyed by what the op *is*, not by which model uses it:
   divide by its local count; scaling the local result by 1/parts turns the partial *means* into
   partial *sums*, so that the ``Partial`` output's sum is the global mean and its gradient is right;
 * parameters of a called module are swapped for their local shards with ``functional_call``;
+* causal attention with its query positions split must mask by *global* positions: the local
+  call gets an explicit mask for its rows instead of ``is_causal`` (``causal_rows``);
 * an embedding whose vocabulary is split (a reduction in the IR: the shards' outputs sum to the
   answer) looks up only the indices its row shard owns and contributes zeros for the others
   (Megatron's vocab-parallel embedding); ``vocab`` gives its shard's first row and row count.
@@ -31,7 +33,7 @@ from torch.utils import _pytree as pytree
 from autopar.ir import Node, TensorSpec
 
 from .placements import LayoutError, NodeLayout, local_shape
-from .strided import place_blocks, take_blocks
+from .strided import local_extent, place_blocks, take_blocks
 
 _TENSOR = object()  # marks where an output tensor goes back
 SHAPE_METHODS = {"view", "reshape", "expand"}
@@ -68,6 +70,7 @@ class LocalCall:
     mean_scale: float = 1.0
     drop: set[int] = field(default_factory=set)  # tensors this device adds as zero (additive)
     vocab: tuple[int, int] | None = None  # (first row, rows) of this device's embedding shard
+    causal_rows: tuple[int, int] | None = None  # (first query row, rows) of a split causal sdpa
     strided_in: list[tuple[TensorSpec, tuple]] = field(default_factory=list)  # per tensor arg
     index: Callable[[str], int] | None = None  # this device's chunk of a dim (strided cuts)
     out_flat: list[Any] | None = None  # the last call's output leaves (tensors as _TENSOR)
@@ -84,6 +87,8 @@ class LocalCall:
             leaves[slot] = t
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         args, kwargs = localize_shape_args(self.fx_node, self.node, self.layout, args, kwargs)
+        if self.causal_rows is not None:
+            args, kwargs = _causal_mask(self.fx_node, args, kwargs, *self.causal_rows)
         outside = None
         if self.vocab is not None:  # the indices are the call's first argument
             first, rows = self.vocab
@@ -100,9 +105,11 @@ class LocalCall:
         if len(tensors_out) != len(self.node.outputs):
             raise LayoutError(f"node {self.node.name}: the call returned {len(tensors_out)} "
                               f"tensors, the IR lists {len(self.node.outputs)} outputs")
+        counts = self.layout.split_counts
+        tensors_out = tuple(local_extent(t, spec, self.node, counts, self.index)
+                            for t, spec in zip(tensors_out, self.node.outputs))
         tensors_out = tuple(
-            place_blocks(t, spec, cuts, self.node, self.layout.split_counts, self.index)
-            if cuts else t
+            place_blocks(t, spec, cuts, self.node, counts, self.index) if cuts else t
             for t, spec, cuts in zip(tensors_out, self.node.outputs, self.layout.output_strided))
         self.out_flat = [_TENSOR if isinstance(t, torch.Tensor) else t for t in flat]
         return tensors_out
@@ -138,6 +145,32 @@ def vocab_shard(node: Node, layout: NodeLayout, mesh_shape, coord) -> tuple[int,
             index = index * mesh_shape[a] + coord[a]
     rows = vocab.size // layout.split_counts[vocab.name]
     return index * rows, rows
+
+
+def causal_rows(node: Node, layout: NodeLayout, index: Callable[[str], int]):
+    """(first row, rows) of this device's query positions in a causal sdpa whose ``l`` is cut."""
+    if node.op != "sdpa" or not node.attrs.get("is_causal"):
+        return None
+    parts = layout.split_counts.get("l", 1)
+    if parts == 1:
+        return None
+    rows = node.dim("l").size // parts
+    return index("l") * rows, rows
+
+
+def _causal_mask(n: fx.Node, args, kwargs, first: int, rows: int):
+    """Swap ``is_causal=True`` for the bool mask of global rows ``first..first+rows``."""
+    names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    q, k = bound["query"], bound["key"]
+    if bound.get("attn_mask") is not None:
+        raise LayoutError(f"{n.name}: is_causal together with attn_mask")
+    keys = torch.arange(k.shape[-2], device=q.device)
+    mine = torch.arange(first, first + rows, device=q.device)
+    bound["attn_mask"] = keys[None, :] <= mine[:, None]
+    bound["is_causal"] = False
+    return (), bound
 
 
 def _is_float(t: Any) -> bool:

@@ -40,6 +40,28 @@ def take_blocks(t: torch.Tensor, spec: TensorSpec, cuts: tuple[StridedCut, ...],
     return t
 
 
+def local_extent(t: torch.Tensor, spec: TensorSpec, node: Node, counts: dict[str, int],
+                 index) -> torch.Tensor:
+    """Cut an output axis the local call produced whole down to this device's part.
+
+    An output dim that indexes no input axis (a partial slice's fresh dim, a factory's) comes out
+    of the local call at full size on every device, while the layout says it is cut.
+    """
+    for axis, (size, dims) in enumerate(zip(spec.shape, spec.axes)):
+        cut_dims = [d for d in dims if counts.get(d, 1) > 1]
+        if not cut_dims or t.shape[axis] != size:
+            continue
+        cut: set[str] = set()
+        for dim in cut_dims:
+            sizes = _sizes(dims, node, counts, cut)
+            pos = dims.index(dim)
+            chunk = sizes[pos] // counts[dim]
+            x = _expand(t, axis, sizes).narrow(axis + pos, index(dim) * chunk, chunk)
+            t = x.reshape(*t.shape[:axis], -1, *t.shape[axis + 1:])
+            cut.add(dim)
+    return t
+
+
 def place_blocks(t: torch.Tensor, spec: TensorSpec, cuts: tuple[StridedCut, ...], node: Node,
                  counts: dict[str, int], index) -> torch.Tensor:
     """Put the local result's minor-dim blocks where they belong, zeros around them."""
