@@ -150,3 +150,38 @@ def test_merged_output_cut_on_a_minor_dim_is_partial():
     lay = node_layout(node, Config((2, 1, 2), ((0,), (), (1,))), (2, 2))
     assert lay.outputs == ((Shard(0), Partial()),)
     assert lay.output_strided == ((StridedCut(1, 1, "d"),),)
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "cnn"])
+def test_placements_agree_with_the_cost_models_layouts(name):
+    """``autopar.layout`` is what the cost models price; codegen must build exactly that layout
+    (a strided shard is built as Replicate-then-blocks for inputs, Partial for outputs)."""
+    from autopar import layout as L
+    from autopar.tables import Mesh
+    from search.space import mesh_configs
+
+    sizes = {"mlp": {}, "gpt": dict(layers=1, seq=8, width=16, vocab=32),
+             "cnn": dict(blocks=1, channels=4, image=8)}[name]
+    model, inputs = autopar.zoo.get(name, **sizes)
+    graph = autopar.trace(model, inputs)
+    mesh = Mesh((2, 2))
+
+    def torch_placement(p, output):
+        if isinstance(p, L.Shard):
+            if p.period == 1:
+                return Shard(p.axis)
+            return Partial() if output else Replicate()
+        return Partial() if isinstance(p, L.Partial) else Replicate()
+
+    checked = 0
+    for node in graph.nodes:
+        for cfg in mesh_configs(node, mesh):
+            ours = node_layout(node, cfg, mesh.shape)
+            theirs = L.node_layouts(node, cfg, mesh)
+            for mine, their, out in [(ours.inputs, theirs.inputs, False),
+                                     (ours.params, theirs.params, False),
+                                     (ours.outputs, theirs.outputs, True)]:
+                assert mine == tuple(tuple(torch_placement(p, out) for p in t) for t in their), \
+                    (node.name, cfg)
+            checked += 1
+    assert checked > len(graph.nodes)
