@@ -17,6 +17,12 @@ zero, exactly; ``NodeLayout.input_additive``); its gradient is then a partial su
 replicated read. (Not so elsewhere: an embedding's indices are not indexed by the vocabulary
 dim either, yet they select inside the sum; ``ops.vocab_shard`` handles that op.)
 
+Some cuts have no local form: an LSTM cut on its hidden units needs every unit of step t-1 to
+compute step t (and a cut on directions, both directions of layer i for layer i+1). For those
+dims (``WHOLE_DIMS``) the node runs whole: its inputs arrive ``Replicate`` on the cutting mesh
+axes and each device keeps its part of the outputs (``strided.local_extent``). Correct, and
+redundant compute, which the plan's cost does not show.
+
 Gradients need one more case: an input replicated on ``a`` while ``a`` cuts some other dim of the
 node is read by every device for a different piece of the work, so its gradient on ``a`` is a
 partial sum (``Partial()``). That is the rule which makes data-parallel gradient all-reduces and
@@ -43,6 +49,7 @@ from autopar.ir import Node, TensorSpec
 from autopar.tables import Config
 
 Placements = tuple[Placement, ...]
+WHOLE_DIMS = {"lstm": frozenset({"h", "dir"})}  # op -> dims whose cut runs the node whole
 ADDITIVE_OPS = frozenset({"linear", "matmul", "einsum", "conv", "conv1d", "conv2d", "conv3d"})
 
 
@@ -154,8 +161,10 @@ def additive_axes(forward: Placements, node: Node, owner: list[str | None]) -> t
 def node_layout(node: Node, config: Config | None, mesh_shape: tuple[int, ...]) -> NodeLayout:
     owner = mesh_axis_dims(node, config, len(mesh_shape))
     outs = tuple(tensor_placements(spec, owner, node, output=True) for spec in node.outputs)
-    ins = tuple(tensor_placements(op.spec, owner, node) for op in node.inputs)
-    params = tuple(tensor_placements(op.spec, owner, node) for op in node.params)
+    whole = WHOLE_DIMS.get(node.op, frozenset())
+    read = [None if d in whole else d for d in owner]  # how the operands are read
+    ins = tuple(tensor_placements(op.spec, read, node) for op in node.inputs)
+    params = tuple(tensor_placements(op.spec, read, node) for op in node.params)
     counts = {d.name: 1 for d in node.dims}
     for a, dim in enumerate(owner):
         if dim is not None:
@@ -165,8 +174,8 @@ def node_layout(node: Node, config: Config | None, mesh_shape: tuple[int, ...]) 
                       tuple(grad_placements(p, owner) for p in params), counts, tuple(owner),
                       tuple(additive_axes(p, node, owner) for p in ins),
                       tuple(additive_axes(p, node, owner) for p in params),
-                      tuple(strided_cuts(op.spec, owner) for op in node.inputs),
-                      tuple(strided_cuts(op.spec, owner) for op in node.params),
+                      tuple(strided_cuts(op.spec, read) for op in node.inputs),
+                      tuple(strided_cuts(op.spec, read) for op in node.params),
                       tuple(strided_cuts(spec, owner) for spec in node.outputs))
 
 

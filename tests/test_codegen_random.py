@@ -3,7 +3,8 @@
 Any config the search may pick for any node must give the single-device numerics, whatever its
 neighbours picked: this samples whole assignments at random (seeded) for the zoo models and for
 ``Odd``, a model made of the ops the zoo lacks (split, partial slices, cat, sum/mean, einsum,
-permute/reshape, softmax, a bare parameter matmul). One forward, backward and AdamW step each.
+permute/reshape, softmax, a bare parameter matmul), and the RNN LM (an LSTM whose hidden-unit cut
+runs whole). One forward, backward and AdamW step each.
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ def build(name: str):
              "gpt": dict(layers=1, batch=4, seq=8, width=16, heads=2, vocab=32),
              "gpt-manual": dict(layers=1, batch=4, seq=8, width=16, heads=2, vocab=32,
                                 attention="manual"),
-             "cnn": dict(blocks=1, batch=4, channels=4, image=8)}[name]
+             "cnn": dict(blocks=1, batch=4, channels=4, image=8),
+             "rnnlm": dict(batch=4, seq=6, vocab=32, units=8, layers=2)}[name]
     return autopar.zoo.get(name.split("-")[0], **sizes)
 
 
 CASES = [("odd", 2, 0), ("odd", 4, 1), ("mlp", 4, 2), ("gpt", 2, 5), ("gpt", 4, 3),
-         ("gpt-manual", 2, 4), ("cnn", 2, 6), ("cnn", 4, 7)]
+         ("gpt-manual", 2, 4), ("cnn", 2, 6), ("cnn", 4, 7),
+         ("rnnlm", 2, 3), ("rnnlm", 4, 6)]  # LSTM cut on hidden units (and batch, with 4)
 
 
 @pytest.mark.parametrize("name,world,seed", CASES, ids=[f"{n}-{w}-seed{s}" for n, w, s in CASES])
