@@ -3,8 +3,8 @@
 Any config the search may pick for any node must give the single-device numerics, whatever its
 neighbours picked: this samples whole assignments at random (seeded) for the zoo models and for
 ``Odd``, a model made of the ops the zoo lacks (split, partial slices, cat, sum/mean, einsum,
-permute/reshape, softmax, a bare parameter matmul), and the RNN LM (an LSTM whose hidden-unit cut
-runs whole). One forward, backward and AdamW step each.
+permute/reshape, softmax, a bare parameter matmul), and PaSE's models at toy sizes: the RNN LM (an
+LSTM whose hidden-unit cut runs whole), the einsum Transformer (stack/unbind), AlexNet. One forward, backward and AdamW step each.
 """
 
 from __future__ import annotations
@@ -49,13 +49,16 @@ def build(name: str):
              "gpt-manual": dict(layers=1, batch=4, seq=8, width=16, heads=2, vocab=32,
                                 attention="manual"),
              "cnn": dict(blocks=1, batch=4, channels=4, image=8),
-             "rnnlm": dict(batch=4, seq=6, vocab=32, units=8, layers=2)}[name]
+             "rnnlm": dict(batch=4, seq=6, vocab=32, units=8, layers=2),
+             "transformer": dict(batch=4, seq=8, vocab=32, width=16, heads=2, hidden=32, layers=1),
+             "alexnet": dict(batch=4, image=67, fc=32, classes=8)}[name]
     return autopar.zoo.get(name.split("-")[0], **sizes)
 
 
 CASES = [("odd", 2, 0), ("odd", 4, 1), ("mlp", 4, 2), ("gpt", 2, 5), ("gpt", 4, 3),
          ("gpt-manual", 2, 4), ("cnn", 2, 6), ("cnn", 4, 7),
-         ("rnnlm", 2, 3), ("rnnlm", 4, 6)]  # LSTM cut on hidden units (and batch, with 4)
+         ("rnnlm", 2, 3), ("rnnlm", 4, 6),  # LSTM cut on hidden units (and batch, with 4)
+         ("transformer", 2, 0), ("transformer", 4, 1), ("alexnet", 2, 2)]
 
 
 @pytest.mark.parametrize("name,world,seed", CASES, ids=[f"{n}-{w}-seed{s}" for n, w, s in CASES])
