@@ -27,6 +27,7 @@ keeps its slice (a Replicate -> Shard redistribute needs no communication).
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,9 +107,11 @@ def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config],
     mesh_shape = tuple(mesh_shape)
     if graph.fx_graph is None:
         raise LayoutError("shard_module needs graph.fx_graph, the fx GraphModule the IR came from")
-    mesh = device_mesh if device_mesh is not None else init_device_mesh("cpu", mesh_shape)
+    mesh = device_mesh if device_mesh is not None else init_device_mesh(
+        "cpu", mesh_shape, mesh_dim_names=tuple(f"mesh{a}" for a in range(len(mesh_shape))))
     if tuple(mesh.shape) != mesh_shape:
         raise LayoutError(f"device mesh {tuple(mesh.shape)} is not the plan's mesh {mesh_shape}")
+    flatten_groups(mesh)
     layouts = {n.name: node_layout(n, assignment.get(n.name), mesh_shape) for n in graph.nodes}
     stored = _stored_placements(graph, layouts)
     model = copy.deepcopy(model)
@@ -119,6 +122,23 @@ def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config],
         if node.name in fx_nodes:
             program.scales[node.name] = mean_scale(fx_nodes[node.name], node, layouts[node.name])
     return ShardedModule(model, program)
+
+
+def flatten_groups(mesh: DeviceMesh) -> None:
+    """Register a flattened mesh for every ascending group of 2+ mesh dims.
+
+    With one, DTensor runs a redistribution that touches several mesh axes in the same way (a
+    (Partial, Partial) -> Replicate loss, a (Shard(0), Shard(0)) gather) as ONE collective over
+    the group instead of one per axis, which is what the cost model prices
+    (``cost_models/comm.py``). ``_flatten`` is what DTensor's own warning asks for; a mesh without
+    dim names (a caller's) keeps the per-axis collectives, which are just as correct.
+    """
+    names = mesh.mesh_dim_names
+    if not names or mesh.ndim < 2:
+        return
+    for k in range(2, mesh.ndim + 1):
+        for group in itertools.combinations(names, k):
+            mesh[group]._flatten()
 
 
 def _stored_placements(graph: Graph, layouts: dict[str, NodeLayout]) -> dict[str, Placements]:

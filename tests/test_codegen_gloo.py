@@ -1,12 +1,13 @@
-"""On real gloo processes: numerics of a Megatron MLP, and the collectives each plan runs.
+"""On real gloo processes: numerics of MLP plans, and the collectives each plan runs.
 
-One launch serves every test here (process start-up is the slow part on a 2-core box).
+One launch per process count serves every test here (start-up is the slow part on 2 cores).
 The collectives a sharded module runs are exactly those its plan implies (CommDebugMode).
 
 These counts are what a plan's predicted collective list is compared with: one all-reduce of the
 loss in a data-parallel forward and one per parameter in its backward; Megatron's one all-reduce
 of the row-parallel partial sums, and in backward only the row-parallel bias (its input x needs
-no gradient); a reduction split reduce-scatters into the next node's shard.
+no gradient); a reduction split reduce-scatters into the next node's shard. On a (2, 2) mesh a
+redistribution over both axes is ONE collective (flattened mesh), as the cost model prices it.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ def counts(mode: CommDebugMode) -> dict[str, int]:
     return {str(op).rsplit(".", 1)[-1]: n for op, n in mode.get_comm_counts().items() if n}
 
 
-def gloo_rank(rank, world, model, inputs, graph, assignments, mesh_shape, ref):
-    """The Megatron numerics check, then forward and backward collective counts of each plan."""
-    check_rank(rank, world, model, inputs, graph, assignments["megatron"], mesh_shape, ref)
+def gloo_rank(rank, world, model, inputs, graph, assignments, mesh_shape, ref, checked):
+    """A numerics check of plan ``checked``, then forward and backward collective counts."""
+    check_rank(rank, world, model, inputs, graph, assignments[checked], mesh_shape, ref)
     out = {}
     for name, assignment in assignments.items():
         sharded = shard_module(model, graph, assignment, mesh_shape)
@@ -55,9 +56,35 @@ def measured():
     graph = mlp_graph(model, inputs)
     assignments = {**plans(2), "batch_split_but_loss": batch_split_but_loss()}
     per_rank = run_gloo(gloo_rank, 2, model, inputs, graph, assignments, (2,),
-                        reference_run(model, inputs))
+                        reference_run(model, inputs), "megatron")
     assert per_rank[0] == per_rank[1]
     return per_rank[0]
+
+
+@pytest.fixture(scope="module")
+def measured4():
+    """Four processes on a (2, 2) mesh: data parallel over both axes, and DP x Megatron."""
+    model, inputs = autopar.zoo.get("mlp", **MLP)
+    graph = mlp_graph(model, inputs)
+    assignments = {k: v for k, v in plans(4).items() if k in ("data_parallel", "dp_x_megatron")}
+    per_rank = run_gloo(gloo_rank, 4, model, inputs, graph, assignments, (2, 2),
+                        reference_run(model, inputs), "dp_x_megatron")
+    assert all(r == per_rank[0] for r in per_rank)
+    return per_rank[0]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("plan,forward,backward", [
+    # the loss (Partial, Partial) and every gradient: one all-reduce each over the flat group
+    ("data_parallel", {"all_reduce": 1}, {"all_reduce": 6}),
+    # forward: row-parallel sums over axis 1, the loss over axis 0; backward: the five weights
+    # and biases replicated on axis 0, and layers_1's additive bias over both axes (one)
+    ("dp_x_megatron", {"all_reduce": 2}, {"all_reduce": 6}),
+])
+def test_collectives_on_a_2x2_mesh(measured4, plan, forward, backward):
+    fwd, bwd = measured4[plan]
+    assert fwd == forward
+    assert bwd == backward
 
 
 @pytest.mark.dist
