@@ -43,7 +43,8 @@ from autopar.ir import Graph, Node, Operand, TensorSpec
 from autopar.tables import Config
 
 from .batchnorm import needs_sync, sync_batch_norm
-from .ops import LocalCall, causal_rows, mean_scale, vocab_shard
+from .op_fixes import causal_rows, mean_scale, vocab_shard
+from .ops import LocalCall
 from .strided import chunk_index
 from .placements import LayoutError, NodeLayout, Placements, StridedCut, grad_placements, \
     node_layout

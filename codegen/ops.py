@@ -1,26 +1,22 @@
 """The per-device body of one node: the traced call, run on local shards.
 
 Most ops need nothing but their local shards: a linear on a column shard of its weight, an
-elementwise op on a row shard, attention on a slice of the heads. Three things do need care, and
-they live here, keyed by what the op *is*, not by which model uses it:
+elementwise op on a row shard, attention on a slice of the heads. ``LocalCall`` replays the fx
+call on them, with parameters of a called module swapped in by ``functional_call``, and does the
+generic repairs every op may need:
 
 * shape arguments (``view``, ``reshape``, ``expand``, ``split``, ``unflatten``) were computed from
   global shapes while tracing (and from a DTensor's global ``.shape`` at run time); the local call
   needs the local sizes, which the IR's output spec divided by the splits gives;
-* a mean over a split dim (``cross_entropy(reduction="mean")``, ``mean``) would make every device
-  divide by its local count; scaling the local result by 1/parts turns the partial *means* into
-  partial *sums*, so that the ``Partial`` output's sum is the global mean and its gradient is right;
-* parameters of a called module are swapped for their local shards with ``functional_call``;
-* causal attention with its query positions split must mask by *global* positions: the local
-  call gets an explicit mask for its rows instead of ``is_causal`` (``causal_rows``);
-* an embedding whose vocabulary is split (a reduction in the IR: the shards' outputs sum to the
-  answer) looks up only the indices its row shard owns and contributes zeros for the others
-  (Megatron's vocab-parallel embedding); ``vocab`` gives its shard's first row and row count.
+* additive terms of a contraction are added by one device only (``placements``), minor-dim cuts
+  take or place blocks, and output dims that index no input are cut down (``strided``).
+
+What only particular ops need (averaging losses, causal masks, vocabulary shards) is in
+``op_fixes``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -32,22 +28,12 @@ from torch.utils import _pytree as pytree
 
 from autopar.ir import Node, TensorSpec
 
+from .op_fixes import call_name, causal_mask, own_rows
 from .placements import LayoutError, NodeLayout, local_shape
 from .strided import local_extent, place_blocks, take_blocks
 
 _TENSOR = object()  # marks where an output tensor goes back
 SHAPE_METHODS = {"view", "reshape", "expand"}
-MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy",
-               "binary_cross_entropy_with_logits", "smooth_l1_loss", "kl_div"}
-
-
-def call_name(n: fx.Node) -> str:
-    """The bare name of what an fx node calls: ``view``, ``cross_entropy``, ``Linear``, ..."""
-    if n.op == "call_method":
-        return str(n.target)
-    if n.op == "call_function":
-        return getattr(n.target, "__name__", str(n.target))
-    return ""
 
 
 @dataclass
@@ -88,13 +74,10 @@ class LocalCall:
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         args, kwargs = localize_shape_args(self.fx_node, self.node, self.layout, args, kwargs)
         if self.causal_rows is not None:
-            args, kwargs = _causal_mask(self.fx_node, args, kwargs, *self.causal_rows)
+            args, kwargs = causal_mask(self.fx_node, args, kwargs, *self.causal_rows)
         outside = None
-        if self.vocab is not None:  # the indices are the call's first argument
-            first, rows = self.vocab
-            idx = args[0] - first
-            outside = (idx < 0) | (idx >= rows)
-            args = (idx.masked_fill(outside, 0), *args[1:])
+        if self.vocab is not None:
+            args, outside = own_rows(args, *self.vocab)
         out = self._invoke(args, kwargs, tensors[len(self.slots):])
         if outside is not None:
             out = out.masked_fill(outside.unsqueeze(-1), 0.0)
@@ -128,49 +111,6 @@ class LocalCall:
             self_obj, *rest = args
             return getattr(self_obj, n.target)(*rest, **kwargs)
         return n.target(*args, **kwargs)
-
-
-def vocab_shard(node: Node, layout: NodeLayout, mesh_shape, coord) -> tuple[int, int] | None:
-    """(first row, rows) of this device's shard of a vocabulary-split embedding, else None."""
-    if node.op != "embedding":
-        return None
-    vocab = next((d for d in node.dims if d.reduction), None)
-    if vocab is None or layout.split_counts.get(vocab.name, 1) == 1:
-        return None
-    if node.attrs.get("padding_idx") is not None:
-        raise LayoutError(f"node {node.name}: a vocabulary split with padding_idx is not supported")
-    index = 0  # the shard index: the mesh axes cutting the vocabulary, first one major
-    for a, dim in enumerate(layout.axis_dims):
-        if dim == vocab.name:
-            index = index * mesh_shape[a] + coord[a]
-    rows = vocab.size // layout.split_counts[vocab.name]
-    return index * rows, rows
-
-
-def causal_rows(node: Node, layout: NodeLayout, index: Callable[[str], int]):
-    """(first row, rows) of this device's query positions in a causal sdpa whose ``l`` is cut."""
-    if node.op != "sdpa" or not node.attrs.get("is_causal"):
-        return None
-    parts = layout.split_counts.get("l", 1)
-    if parts == 1:
-        return None
-    rows = node.dim("l").size // parts
-    return index("l") * rows, rows
-
-
-def _causal_mask(n: fx.Node, args, kwargs, first: int, rows: int):
-    """Swap ``is_causal=True`` for the bool mask of global rows ``first..first+rows``."""
-    names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"]
-    bound = dict(zip(names, args))
-    bound.update(kwargs)
-    q, k = bound["query"], bound["key"]
-    if bound.get("attn_mask") is not None:
-        raise LayoutError(f"{n.name}: is_causal together with attn_mask")
-    keys = torch.arange(k.shape[-2], device=q.device)
-    mine = torch.arange(first, first + rows, device=q.device)
-    bound["attn_mask"] = keys[None, :] <= mine[:, None]
-    bound["is_causal"] = False
-    return (), bound
 
 
 def _is_float(t: Any) -> bool:
@@ -217,38 +157,3 @@ def _arg(n: fx.Node, args, kwargs, i: int, key: str, default: Any = None):
     if len(args) > i:
         return args[i]
     return kwargs.get(key, default)
-
-
-def mean_scale(n: fx.Node, node: Node, layout: NodeLayout) -> float:
-    """1/parts of the split dims the op averages over (1.0 when it averages over none)."""
-    dims = mean_dims(n, node)
-    parts = math.prod(layout.split_counts.get(d, 1) for d in dims)
-    return 1.0 / parts
-
-
-def mean_dims(n: fx.Node, node: Node) -> set[str]:
-    """The reduction dims a node averages (rather than sums) over."""
-    name = call_name(n) if n.op != "call_module" else type_name(n)
-    reductions = {d.name for d in node.dims if d.reduction}
-    if node.op == "cross_entropy" or name in MEAN_LOSSES or name in ("CrossEntropyLoss", "MSELoss"):
-        if _reduction_kwarg(n, node) != "mean":
-            return set()
-        # averaged over the target's items; the class dim (absent from the target) is not
-        target = node.inputs[1].spec.axes if len(node.inputs) > 1 else ()
-        in_target = {d for axis in target for d in axis}
-        return reductions & in_target if in_target else reductions
-    if name == "mean" or node.attrs.get("fn") == "mean" or node.attrs.get("reduce") == "mean":
-        return reductions
-    if "avg" in name.lower() or "avg" in str(node.attrs.get("kind", "")):
-        return reductions
-    return set()
-
-
-def _reduction_kwarg(n: fx.Node, node: Node) -> str:
-    if "reduction" in node.attrs:
-        return str(node.attrs["reduction"])
-    return str(n.kwargs.get("reduction", "mean"))
-
-
-def type_name(n: fx.Node) -> str:
-    return str(n.meta.get("module_type", "")) or str(n.target)

@@ -1,0 +1,117 @@
+"""What particular ops need beyond their local shards, keyed by what the op is.
+
+* A mean over a split dim (``cross_entropy(reduction="mean")``, ``mean``, average pooling) would
+  make every device divide by its local count: scaling the local result by 1/parts turns partial
+  *means* into partial *sums*, so the ``Partial`` output sums to the global mean and its gradient
+  (which DTensor hands back replicated) gets the 1/parts it needs.
+* Causal attention with its query rows split must mask by *global* positions: the local call gets
+  an explicit mask for its rows instead of ``is_causal``.
+* An embedding whose vocabulary is split (a reduction in the IR: the shards' outputs sum to the
+  answer) looks up only the indices its row shard owns and contributes zeros for the others
+  (Megatron's vocab-parallel embedding).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from autopar.ir import Node
+
+from .placements import LayoutError, NodeLayout
+
+MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy",
+               "binary_cross_entropy_with_logits", "smooth_l1_loss", "kl_div"}
+
+
+def call_name(n: fx.Node) -> str:
+    """The bare name of what an fx node calls: ``view``, ``cross_entropy``, a module path, ..."""
+    if n.op == "call_method":
+        return str(n.target)
+    if n.op == "call_function":
+        return getattr(n.target, "__name__", str(n.target))
+    return str(n.target)
+
+
+def mean_scale(n: fx.Node, node: Node, layout: NodeLayout) -> float:
+    """1/parts of the split dims the op averages over (1.0 when it averages over none)."""
+    dims = mean_dims(n, node)
+    parts = math.prod(layout.split_counts.get(d, 1) for d in dims)
+    return 1.0 / parts
+
+
+def mean_dims(n: fx.Node, node: Node) -> set[str]:
+    """The reduction dims a node averages (rather than sums) over."""
+    name = call_name(n)
+    reductions = {d.name for d in node.dims if d.reduction}
+    if node.op == "cross_entropy" or name in MEAN_LOSSES:
+        if _reduction_kwarg(n, node) != "mean":
+            return set()
+        # averaged over the target's items; the class dim (absent from the target) is not
+        target = node.inputs[1].spec.axes if len(node.inputs) > 1 else ()
+        in_target = {d for axis in target for d in axis}
+        return reductions & in_target if in_target else reductions
+    if name == "mean" or node.attrs.get("fn") == "mean" or node.attrs.get("reduce") == "mean":
+        return reductions
+    if node.op == "pool" and node.attrs.get("kind") == "avg":
+        return reductions
+    return set()
+
+
+def _reduction_kwarg(n: fx.Node, node: Node) -> str:
+    if "reduction" in node.attrs:
+        return str(node.attrs["reduction"])
+    return str(n.kwargs.get("reduction", "mean"))
+
+
+def vocab_shard(node: Node, layout: NodeLayout, mesh_shape, coord) -> tuple[int, int] | None:
+    """(first row, rows) of this device's shard of a vocabulary-split embedding, else None."""
+    if node.op != "embedding":
+        return None
+    vocab = next((d for d in node.dims if d.reduction), None)
+    if vocab is None or layout.split_counts.get(vocab.name, 1) == 1:
+        return None
+    if node.attrs.get("padding_idx") is not None:
+        raise LayoutError(f"node {node.name}: a vocabulary split with padding_idx is not supported")
+    index = 0  # the shard index: the mesh axes cutting the vocabulary, first one major
+    for a, dim in enumerate(layout.axis_dims):
+        if dim == vocab.name:
+            index = index * mesh_shape[a] + coord[a]
+    rows = vocab.size // layout.split_counts[vocab.name]
+    return index * rows, rows
+
+
+def causal_rows(node: Node, layout: NodeLayout, index: Callable[[str], int]):
+    """(first row, rows) of this device's query positions in a causal sdpa whose ``l`` is cut."""
+    if node.op != "sdpa" or not node.attrs.get("is_causal"):
+        return None
+    parts = layout.split_counts.get("l", 1)
+    if parts == 1:
+        return None
+    rows = node.dim("l").size // parts
+    return index("l") * rows, rows
+
+
+def causal_mask(n: fx.Node, args, kwargs, first: int, rows: int):
+    """Swap ``is_causal=True`` for the bool mask of global rows ``first..first+rows``."""
+    names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    q, k = bound["query"], bound["key"]
+    if bound.get("attn_mask") is not None:
+        raise LayoutError(f"{n.name}: is_causal together with attn_mask")
+    keys = torch.arange(k.shape[-2], device=q.device)
+    mine = torch.arange(first, first + rows, device=q.device)
+    bound["attn_mask"] = keys[None, :] <= mine[:, None]
+    bound["is_causal"] = False
+    return (), bound
+
+
+def own_rows(args: tuple, first: int, rows: int):
+    """Indices (the call's first argument) shifted into this shard; the ones it does not own."""
+    idx = args[0] - first
+    outside = (idx < 0) | (idx >= rows)
+    return (idx.masked_fill(outside, 0), *args[1:]), outside
