@@ -94,7 +94,20 @@ class ShardedModule(nn.Module):
         return self.program.mesh
 
     def forward(self, *args, **kwargs):
-        return _Runner(self, self.program).run(*args, **kwargs)
+        return _Runner(self, self.program).run(*self._positional(args, kwargs))
+
+    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+        """Keyword inputs in the traced placeholders' order (the Interpreter takes positions)."""
+        names = [n.target for n in self.program.fx_graph.graph.nodes if n.op == "placeholder"]
+        kwargs = dict(kwargs)
+        rest = []
+        for name in names[len(args):]:
+            if name not in kwargs:
+                break
+            rest.append(kwargs.pop(name))
+        if kwargs:
+            raise TypeError(f"inputs {sorted(kwargs)} do not follow the traced inputs {names} in order")
+        return (*args, *rest)
 
 
 def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config],
@@ -154,14 +167,28 @@ def _stored_placements(graph: Graph, layouts: dict[str, NodeLayout]) -> dict[str
 
 
 def _distribute_state(model: nn.Module, mesh: DeviceMesh, stored: dict[str, Placements]) -> None:
+    """Every parameter and buffer as a DTensor; a tied one (one tensor, several names) once."""
     replicate = tuple(Replicate() for _ in range(mesh.ndim))
-    for name, p in list(model.named_parameters()):
-        owner, leaf = _owner(model, name)
-        dt = distribute_tensor(p.detach(), mesh, stored.get(name, replicate))
-        setattr(owner, leaf, nn.Parameter(dt, requires_grad=p.requires_grad))
-    for name, b in list(model.named_buffers()):
-        owner, leaf = _owner(model, name)
-        owner._buffers[leaf] = distribute_tensor(b, mesh, stored.get(name, replicate))
+    for named, make in ((model.named_parameters, _parameter), (model.named_buffers, _buffer)):
+        aliases: dict[int, list[str]] = {}
+        tensors: dict[int, torch.Tensor] = {}
+        for name, t in named(remove_duplicate=False):
+            aliases.setdefault(id(t), []).append(name)
+            tensors[id(t)] = t
+        for key, names in aliases.items():
+            placements = next((stored[n] for n in names if n in stored), replicate)
+            new = make(tensors[key], mesh, placements)
+            for name in names:
+                owner, leaf = _owner(model, name)
+                (owner._parameters if make is _parameter else owner._buffers)[leaf] = new
+
+
+def _parameter(p: torch.Tensor, mesh: DeviceMesh, placements: Placements) -> nn.Parameter:
+    return nn.Parameter(distribute_tensor(p.detach(), mesh, placements), requires_grad=p.requires_grad)
+
+
+def _buffer(b: torch.Tensor, mesh: DeviceMesh, placements: Placements) -> torch.Tensor:
+    return distribute_tensor(b, mesh, placements)
 
 
 def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:

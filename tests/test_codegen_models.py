@@ -12,8 +12,12 @@ parallelism on the other mesh axis. Batch norm with a split batch uses global st
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 import autopar
+from codegen.dtensor import shard_module
 from codegen.placements import node_layout
 from tests.dist_utils import run_threaded
 from tests.test_codegen_numerics import check_rank, reference_run
@@ -106,3 +110,36 @@ def test_model_plan_matches_single_device(traced, name, extra, plan, world):
         assert any(any(c) for lay in layouts.values() for c in lay.input_strided)
         assert any(any(c) for lay in layouts.values() for c in lay.output_strided)
     run_threaded(check_rank, world, model, inputs, graph, assignment, _mesh(tp, dp), ref)
+
+
+class Tied(nn.Module):
+    """An embedding and an output layer sharing one weight, as GPT-2 does."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.fc = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 16, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, idx, labels):
+        logits = self.out(F.relu(self.fc(self.emb(idx))))
+        return F.cross_entropy(logits.view(-1, 16), labels.view(-1))
+
+
+def tied_rank(rank, world, model, inputs, graph, plan, ref):
+    check_rank(rank, world, model, inputs, graph, plan, (2,), ref)
+    sharded = shard_module(model, graph, plan, (2,))
+    assert sharded.out.weight is sharded.emb.weight  # still one parameter
+    torch.testing.assert_close(sharded(inputs[0], labels=inputs[1]), ref.losses[0])  # keywords
+
+
+def test_tied_weights_stay_one_parameter():
+    torch.manual_seed(0)
+    model = Tied()
+    inputs = (torch.randint(0, 16, (4, 3)), torch.randint(0, 16, (4, 3)))
+    graph = autopar.trace(model, inputs)
+    # the shared weight is stored vocab-split (the embedding reads it first); the output layer
+    # reads it split on its reduction dim instead, so it is redistributed both ways
+    plan = follow(graph, (2,), {"emb": {"v": (0,)}, "fc": {"n": (0,)}})
+    run_threaded(tied_rank, 2, model, inputs, graph, plan, reference_run(model, inputs))
