@@ -67,7 +67,7 @@ class Program:
     graph: Graph
     assignment: dict[str, Config]
     mesh: DeviceMesh
-    layouts: dict[str, NodeLayout]
+    layouts: dict[str, NodeLayout]  # one per IR node, by name (= fx node name)
     param_placements: dict[str, Placements]  # qualified name -> placements it is stored with
     scales: dict[str, float] = field(default_factory=dict)  # node -> 1/parts of averaged dims
 
@@ -229,10 +229,9 @@ class _Runner(fx.Interpreter):
     # -- nodes ----------------------------------------------------------------------------
 
     def run_node(self, n: fx.Node) -> Any:
-        graph = self.program.graph
-        if n.op.startswith("call_") and n.name in graph._by_name:
+        if n.op.startswith("call_") and n.name in self.program.layouts:
             with self._set_current_node(n):
-                return self._run_sharded(n, graph.node(n.name))
+                return self._run_sharded(n, self.program.graph.node(n.name))
         return super().run_node(n)
 
     def _run_sharded(self, n: fx.Node, node: Node) -> Any:
@@ -276,20 +275,22 @@ class _Runner(fx.Interpreter):
         run = local_map(call, out_placements=tuple(layout.outputs),
                         in_placements=tuple(u.placements for u in uses),
                         in_grad_placements=tuple(u.grads for u in uses), device_mesh=mesh)
-        return call.rebuild(run(*tensors))
+        # local_map leaves outputs plain when no input was a DTensor (a factory such as arange,
+        # which the IR replicates): label them replicated like every other value
+        return pytree.tree_map(self._replicated, call.rebuild(run(*tensors)))
 
     def _key(self, a: fx.Node) -> Any:
         """The IR operand an fx argument stands for (following getitem on a node's tuple)."""
-        graph = self.program.graph
+        ir_nodes = self.program.layouts
         if a.op == "placeholder":
             return OperandKey(f"input:{a.name}")
         if a.op == "get_attr":
             return OperandKey(f"param:{a.target}")
-        if a.name in graph._by_name:
+        if a.name in ir_nodes:
             return OperandKey(a.name)
         if a.op == "call_function" and getattr(a.target, "__name__", "") == "getitem":
             src, idx = a.args[0], a.args[1]
-            if isinstance(src, fx.Node) and src.name in graph._by_name and isinstance(idx, int):
+            if isinstance(src, fx.Node) and src.name in ir_nodes and isinstance(idx, int):
                 return OperandKey(src.name, idx)
         tensor_args = [x for x in a.all_input_nodes]
         if len(tensor_args) == 1:  # a pass-through the tracer left out of the IR (contiguous)
