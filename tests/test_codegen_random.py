@@ -51,21 +51,24 @@ def build(name: str):
              "cnn": dict(blocks=1, batch=4, channels=4, image=8),
              "rnnlm": dict(batch=4, seq=6, vocab=32, units=8, layers=2),
              "transformer": dict(batch=4, seq=8, vocab=32, width=16, heads=2, hidden=32, layers=1),
-             "alexnet": dict(batch=4, image=67, fc=32, classes=8)}[name]
+             "alexnet": dict(batch=4, image=67, fc=32, classes=8),
+             "gpt-6": dict(layers=1, batch=6, seq=6, width=12, heads=6, vocab=36)}[name]
     return autopar.zoo.get(name.split("-")[0], **sizes)
 
 
 CASES = [("odd", 2, 0), ("odd", 4, 1), ("mlp", 4, 2), ("gpt", 2, 5), ("gpt", 4, 3),
          ("gpt-manual", 2, 4), ("cnn", 2, 6), ("cnn", 4, 7),
          ("rnnlm", 2, 3), ("rnnlm", 4, 6),  # LSTM cut on hidden units (and batch, with 4)
-         ("transformer", 2, 0), ("transformer", 4, 1), ("alexnet", 2, 2)]
+         ("transformer", 2, 0), ("transformer", 4, 1), ("alexnet", 2, 2),
+         ("gpt-6", 6, 0)]  # a (2, 3) mesh: an axis of 3, where halves are not exact in binary
+MESHES = {2: (2,), 4: (2, 2), 6: (2, 3)}
 
 
 @pytest.mark.parametrize("name,world,seed", CASES, ids=[f"{n}-{w}-seed{s}" for n, w, s in CASES])
 def test_random_plan_matches_single_device(name, world, seed):
     model, inputs = build(name)
     graph = autopar.trace(model, inputs)
-    mesh = (2,) if world == 2 else (2, 2)
+    mesh = MESHES[world]
     rnd = random.Random(seed)
     plan = {n.name: rnd.choice(mesh_configs(n, Mesh(mesh))) for n in graph.nodes}
     assert sum(c.devices > 1 for c in plan.values()) >= len(plan) // 3  # mostly split nodes
