@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.experimental import local_map
 
 from tests.dist_utils import run_threaded
 
@@ -75,3 +76,28 @@ def test_dtensor_rule_verdicts():
     table = cases()
     found = run_threaded(verdicts, 2, table)[0]
     assert found == {name: case[3] for name, case in table.items()}
+
+
+def replicated_param_grads(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    found = {}
+    for via_redistribute in (False, True):
+        w = torch.nn.Parameter(distribute_tensor(torch.ones(3), mesh, [Replicate()]))
+        x = distribute_tensor(torch.arange(12.0).view(4, 3), mesh, [Shard(0)])
+        read = w.redistribute(mesh, [Replicate()]) if via_redistribute else w
+        y = local_map(lambda a, b: (a * b).sum(), out_placements=[Partial()],
+                      in_placements=([Shard(0)], [Replicate()]),
+                      in_grad_placements=([Shard(0)], [Partial()]), device_mesh=mesh)(x, read)
+        y.full_tensor().backward()
+        found[via_redistribute] = (w.grad.placements, w.grad.full_tensor().tolist())
+    return found
+
+
+def test_replicated_parameter_gradients_need_the_redistribute():
+    """A data-parallel read of a replicated parameter has a partial gradient. Handed to
+    ``local_map`` directly, the parameter's ``.grad`` stays ``Partial`` (right sum, wrong layout
+    for the optimizer); through a no-op ``redistribute`` to its own placements, the backward of
+    that redistribute all-reduces it to ``Replicate``. Codegen reads every tensor that way."""
+    found = run_threaded(replicated_param_grads, 2)[0]
+    assert found[False] == ((Partial(),), [18.0, 22.0, 26.0])
+    assert found[True] == ((Replicate(),), [18.0, 22.0, 26.0])
