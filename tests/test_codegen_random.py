@@ -4,7 +4,8 @@ Any config the search may pick for any node must give the single-device numerics
 neighbours picked: this samples whole assignments at random (seeded) for the zoo models and for
 ``Odd``, a model made of the ops the zoo lacks (split, partial slices, cat, sum/mean, einsum,
 permute/reshape, softmax, a bare parameter matmul), and PaSE's models at toy sizes: the RNN LM (an
-LSTM whose hidden-unit cut runs whole), the einsum Transformer (stack/unbind), AlexNet. One forward, backward and AdamW step each.
+LSTM whose hidden-unit cut runs whole), the einsum Transformer (stack/unbind), AlexNet; meshes of
+2, (2, 2) and (2, 3) ranks. One forward, backward and AdamW step each.
 """
 
 from __future__ import annotations
