@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -63,11 +64,14 @@ def _worker(rank: int, job: _Job, results) -> None:
         dist.destroy_process_group()
 
 
-def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = "127.0.0.1") -> list:
+def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = "127.0.0.1",
+           timeout: float | None = None) -> list:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` gloo processes; return results by rank.
 
     ``fn``, ``args`` and the results must pickle (``fn`` a module-level function). A failure in
-    any child raises ``LaunchError`` carrying the child's traceback.
+    any child raises ``LaunchError`` carrying the child's traceback. With ``timeout`` (seconds),
+    children still running then (a deadlocked collective) are terminated and ``LaunchError``
+    raised, so that a test fails instead of hanging.
     """
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
@@ -75,16 +79,29 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
     procs = mp.start_processes(_worker, args=(job, results), nprocs=nprocs, join=False,
                                start_method="spawn")
     found: dict[str, dict[int, Any]] = {"ok": {}, "error": {}}
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         # read while waiting: a child blocks on a full pipe until the parent drains it
         while not procs.join(timeout=0.2):
             _drain(results, found)
+            if deadline is not None and time.monotonic() > deadline:
+                _stop(procs)
+                raise LaunchError(f"{nprocs} processes still running after {timeout} s; stopped")
     except ProcessException as e:
         _drain(results, found)
         detail = "\n".join(f"--- rank {r} ---\n{t}" for r, t in sorted(found["error"].items()))
         raise LaunchError(f"{e}\n{detail}" if detail else str(e)) from None
     _drain(results, found)
     return [found["ok"].get(r) for r in range(nprocs)]
+
+
+def _stop(procs) -> None:
+    """Terminate the children this launch started (and only them)."""
+    for p in procs.processes:
+        if p.is_alive():
+            p.terminate()
+    for p in procs.processes:
+        p.join(5)
 
 
 def _drain(results, found: dict[str, dict[int, Any]]) -> None:

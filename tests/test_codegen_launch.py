@@ -1,0 +1,23 @@
+"""``codegen.launch``: a failing child's traceback reaches the caller (no hang, no silence)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from codegen.launch import LaunchError, launch
+
+
+def fail_on_rank_one(rank, world):
+    if rank == 1:
+        raise ValueError("boom on rank one")
+    dist.barrier()  # rank 0 waits for a peer that has died: gloo must give up, not hang
+
+
+@pytest.mark.dist
+def test_child_exception_propagates_with_its_traceback():
+    with pytest.raises(LaunchError) as e:
+        launch(fail_on_rank_one, 2, timeout=120)
+    text = str(e.value)
+    assert "--- rank 1 ---" in text and "ValueError: boom on rank one" in text
+    assert "fail_on_rank_one" in text  # the child's own frames, not just the parent's
