@@ -13,9 +13,9 @@ redistribution over both axes is ONE collective (flattened mesh), as the cost mo
 from __future__ import annotations
 
 import pytest
-from torch.distributed.tensor.debug import CommDebugMode
 
 import autopar
+from codegen.comms import measure
 from codegen.dtensor import shard_module
 from tests.dist_utils import run_gloo
 from tests.test_codegen_ir import linear_cfg, mlp_graph
@@ -23,22 +23,13 @@ from tests.test_codegen_mlp import MLP, ew, plans
 from tests.test_codegen_numerics import check_rank, reference_run
 
 
-def counts(mode: CommDebugMode) -> dict[str, int]:
-    """{"all_reduce": 1, ...}: the op names without their namespace."""
-    return {str(op).rsplit(".", 1)[-1]: n for op, n in mode.get_comm_counts().items() if n}
-
-
 def gloo_rank(rank, world, model, inputs, graph, assignments, mesh_shape, ref, checked):
     """A numerics check of plan ``checked``, then forward and backward collective counts."""
     check_rank(rank, world, model, inputs, graph, assignments[checked], mesh_shape, ref)
     out = {}
     for name, assignment in assignments.items():
-        sharded = shard_module(model, graph, assignment, mesh_shape)
-        with CommDebugMode() as fwd:
-            loss = sharded(*inputs)
-        with CommDebugMode() as bwd:
-            loss.backward()
-        out[name] = (counts(fwd), counts(bwd))
+        found = measure(shard_module(model, graph, assignment, mesh_shape), *inputs)
+        out[name] = (found.forward, found.backward)
     return out
 
 

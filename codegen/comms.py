@@ -1,0 +1,36 @@
+"""The collectives a sharded module really runs, for comparison with a plan's predicted list.
+
+``measure(module, *inputs)`` runs one forward and one backward under DTensor's
+``CommDebugMode`` and returns the counts per collective, forward and backward apart, with the op
+names stripped of their namespace (``{"all_reduce": 2, "all_gather_into_tensor": 1}``).
+The forward's output must be a scalar (a loss) for the backward.
+
+CommDebugMode tracks modules with global hooks: measure on real processes (``codegen.launch``),
+not on the threaded process group, where the ranks' hooks interleave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+from torch.distributed.tensor.debug import CommDebugMode
+
+
+@dataclass(frozen=True)
+class Collectives:
+    forward: dict[str, int]
+    backward: dict[str, int]
+
+
+def counts(mode: CommDebugMode) -> dict[str, int]:
+    """{"all_reduce": 1, ...}: non-zero counts, op names without their namespace."""
+    return {str(op).rsplit(".", 1)[-1]: n for op, n in mode.get_comm_counts().items() if n}
+
+
+def measure(module: nn.Module, *inputs) -> Collectives:
+    with CommDebugMode() as fwd:
+        loss = module(*inputs)
+    with CommDebugMode() as bwd:
+        loss.backward()
+    return Collectives(counts(fwd), counts(bwd))
