@@ -13,7 +13,7 @@ import numpy as np
 
 from autopar.tables import CostTables, Solution
 
-from .common import MEMORY_RTOL, SearchTooLargeError, check_feasible, problem_of
+from .common import MEMORY_RTOL, SearchTooLargeError, check_feasible, no_finite_plan, problem_of
 
 MAX_COMBINATIONS = 10**6
 
@@ -22,7 +22,7 @@ def brute(tables: CostTables, max_combinations: int = MAX_COMBINATIONS) -> Solut
     """The optimum over the Cartesian product of config sets, under the memory capacity if any.
 
     Raises SearchTooLargeError (a MemoryError) above ``max_combinations`` assignments and
-    ``autopar.errors.InfeasibleError`` when no assignment fits in memory.
+    ``autopar.errors.InfeasibleError`` when no assignment fits in memory or has a finite cost.
     """
     start = time.perf_counter()
     p = problem_of(tables)
@@ -47,6 +47,8 @@ def brute(tables: CostTables, max_combinations: int = MAX_COMBINATIONS) -> Solut
         mem = sum((along(i, m) for i, m in enumerate(p.memory)), np.zeros(p.sizes))
         total = np.where(mem <= p.capacity * (1 + MEMORY_RTOL), total, np.inf)
     flat = int(np.argmin(total))
+    if not np.isfinite(total.flat[flat]):
+        raise no_finite_plan(p)
     choice = [int(c) for c in np.unravel_index(flat, p.sizes)] if p.n else []
     return Solution(choice=choice, cost=tables.total(choice), memory=tables.total_memory(choice),
                     search="brute", seconds=time.perf_counter() - start, gap=0.0)

@@ -1,7 +1,8 @@
 """What every exact search shares: checking the tables, the memory limit, and the errors.
 
-Infeasibility is reported the same way by every search: ``autopar.errors.InfeasibleError``, with
-``min_memory_per_device`` set to the least memory any assignment needs (memory is a sum of per-node
+Infeasibility is reported the same way by every search: ``autopar.errors.InfeasibleError``, when
+no assignment fits the memory capacity or every one that fits has an infinite cost (cost models
+price configs they rule out at inf), with ``min_memory_per_device`` set to the least memory any assignment needs (memory is a sum of per-node
 terms, so that minimum is the sum of per-node minima and needs no search at all).
 """
 
@@ -82,6 +83,9 @@ def problem_of(tables: CostTables) -> Problem:
                 raise ValueError(f"node {i}: {k} configs, memory shape {a.shape}")
             memory.append(a)
         memory = tuple(memory)
+        # A config that needs infinite memory never fits: price it out, so no multiplier
+        # (including 0) ever picks it and lam * inf never meets a finite cost.
+        node_cost = [np.where(np.isfinite(m), c, np.inf) for c, m in zip(node_cost, memory)]
     return Problem(sizes, tuple(node_cost), edges, memory, capacity)
 
 
@@ -95,8 +99,18 @@ def check_feasible(p: Problem) -> None:
             min_memory_per_device=least)
 
 
+def no_finite_plan(p: Problem) -> InfeasibleError:
+    """The error for tables whose every assignment (that fits) has an infinite cost: the cost
+    model ruled out every combination, which is no plan at all, not a plan of infinite cost."""
+    return InfeasibleError("every assignment that fits has an infinite cost (the cost model "
+                           "rules out all combinations); check the configs and the mesh",
+                           min_memory_per_device=p.min_memory())
+
+
 def relative_gap(upper: float, lower: float) -> float:
     """(upper - lower) / |upper|, 0 when the bounds meet to float precision."""
+    if not math.isfinite(upper):
+        return 0.0 if upper == lower else math.inf
     if upper - lower <= GAP_RTOL * max(abs(upper), abs(lower)):
         return 0.0
     return float((upper - lower) / max(abs(upper), 1e-300))

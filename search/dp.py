@@ -24,7 +24,8 @@ import numpy as np
 
 from autopar.tables import CostTables, Solution
 
-from .common import GAP_RTOL, Problem, SearchTooLargeError, check_feasible, problem_of, relative_gap
+from .common import (GAP_RTOL, Problem, SearchTooLargeError, check_feasible, no_finite_plan,
+                     problem_of, relative_gap)
 from .local import descend, neighbours, repair
 from .elimination import DEFAULT_MEMORY_BUDGET, EliminationPlan, choose_plan, execute, original_factors
 
@@ -79,6 +80,8 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
         return _Point(tuple(choice), tables.total(choice), tables.total_memory(choice))
 
     x0 = point(p.node_cost)
+    if not np.isfinite(x0.cost):
+        raise no_finite_plan(p)
     if p.memory is None or p.fits(x0.mem):
         return _solution(tables, x0, 0.0, "dp", start)
     nbrs = neighbours(p)
@@ -92,7 +95,8 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
         return _Point(tuple(choice), tables.total(choice), tables.total_memory(choice))
 
     best, lower = _lagrangian(p, x0, lambda lam: point(tuple(
-        c + lam * m for c, m in zip(p.node_cost, p.memory))), upper, max_multipliers)
+        c + lam * np.where(np.isfinite(m), m, 0.0) for c, m in zip(p.node_cost, p.memory))),
+        upper, max_multipliers)
     gap = relative_gap(best.cost, lower)
     name = "dp"
     if gap > 0 and ilp_fallback:
@@ -132,9 +136,11 @@ def _lagrangian(p: Problem, x0: _Point, solve, upper, max_multipliers: int
     lo = x0
     # Above lam_max any memory saving outweighs every possible cost difference, so the DP's
     # optimum there has the least memory, which fits (check_feasible ran before).
-    span = sum(float(np.ptp(a)) for a in (*p.node_cost, *p.edges.values()) if a.size)
-    step = min((float(np.diff(np.unique(m)).min()) for m in p.memory if np.unique(m).size > 1),
-               default=1.0)
+    # Infinite entries (configs a cost model rules out) are never chosen, so they do not count.
+    finite = [a[np.isfinite(a)] for a in (*p.node_cost, *p.edges.values())]
+    span = sum(float(np.ptp(a)) for a in finite if a.size)
+    levels = [np.unique(m[np.isfinite(m)]) for m in p.memory]
+    step = min((float(np.diff(u).min()) for u in levels if u.size > 1), default=1.0)
     lam_max = 2.0 * (span + 1e-300) / step
     lam = min(lam_max, (span + 1e-300) / max(x0.mem - cap, 1e-300))
     hi = None

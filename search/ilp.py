@@ -10,7 +10,9 @@ Memory, when a capacity is given, is one knapsack row sum_i sum_c mem[i][c] x[i]
 Costs are divided by their largest entry before solving (cost models use seconds, ~1e-6, or
 FLOP-equivalents, ~1e12, and solver tolerances are absolute); the reported cost is re-evaluated
 on the original tables. ``Solution.gap`` is 0.0 only when HiGHS proved optimality with zero gap
-tolerances, otherwise (cost - best bound) / cost. No fitting assignment raises InfeasibleError;
+tolerances, otherwise (cost - best bound) / cost. Infinite entries (configs or pairs a cost model
+rules out) become variables fixed at 0. No fitting assignment of finite cost raises
+InfeasibleError;
 no solution within the time limit raises TimeoutError.
 """
 
@@ -21,10 +23,9 @@ import time
 
 import numpy as np
 
-from autopar.errors import InfeasibleError
 from autopar.tables import CostTables, Solution
 
-from .common import SearchTooLargeError, check_feasible, problem_of, relative_gap
+from .common import SearchTooLargeError, check_feasible, no_finite_plan, problem_of, relative_gap
 
 MAX_VARIABLES = 500_000
 
@@ -56,37 +57,45 @@ def _solve(tables: CostTables, time_limit: float, max_variables: int,
 
     p = problem_of(tables)
     check_feasible(p)
-    varying = {e: m for e, m in p.edges.items() if m.size and np.ptp(m) > 0}
+    # Infinite entries (configs a cost model rules out) become variables fixed at 0.
+    varying = {e: m for e, m in p.edges.items()
+               if m.size and not (np.isfinite(m).all() and np.ptp(m) == 0)}
     count = sum(p.sizes) + sum(m.size for m in varying.values())
     if count > max_variables:
         raise SearchTooLargeError(f"the ILP would have {count} variables (limit {max_variables})")
-    scale = max([float(np.abs(a).max()) for a in (*p.node_cost, *p.edges.values()) if a.size]
-                + [0.0]) or 1.0
+    finite = [np.abs(a[np.isfinite(a)]) for a in (*p.node_cost, *p.edges.values())]
+    scale = max([float(a.max()) for a in finite if a.size] + [0.0]) or 1.0
     offset = sum(float(m.flat[0]) for e, m in p.edges.items() if e not in varying)
 
     model = mathopt.Model(name="autopar")
-    x = [[model.add_binary_variable() for _ in range(k)] for k in p.sizes]
+    usable = [np.isfinite(c) & (np.isfinite(m) if p.memory is not None else True)
+              for c, m in zip(p.node_cost, p.memory or p.node_cost)]
+    x = [[model.add_variable(lb=0.0, ub=float(ok), is_integer=True) for ok in row]
+         for row in usable]
     terms = []
     for i, vec in enumerate(p.node_cost):
         model.add_linear_constraint(mathopt.fast_sum(x[i]) == 1)
-        terms += [(c / scale) * var for c, var in zip(vec.tolist(), x[i]) if c]
+        terms += [(c / scale) * var for c, var, ok in zip(vec.tolist(), x[i], usable[i]) if c and ok]
     for (u, v), mat in varying.items():
         ku, kv = mat.shape
-        y = [[model.add_variable(lb=0.0, ub=1.0) for _ in range(kv)] for _ in range(ku)]
+        ok = np.isfinite(mat).tolist()
+        y = [[model.add_variable(lb=0.0, ub=float(ok[a][b])) for b in range(kv)] for a in range(ku)]
         for a in range(ku):
             model.add_linear_constraint(mathopt.fast_sum(y[a]) == x[u][a])
         for b in range(kv):
             model.add_linear_constraint(mathopt.fast_sum(y[a][b] for a in range(ku)) == x[v][b])
         scaled = (mat / scale).tolist()
-        terms += [scaled[a][b] * y[a][b] for a in range(ku) for b in range(kv) if scaled[a][b]]
+        terms += [scaled[a][b] * y[a][b] for a in range(ku) for b in range(kv)
+                  if scaled[a][b] and ok[a][b]]
     if p.memory is not None:
         # Per-node minima moved to the right-hand side keep the row well scaled.
         base = p.min_memory()
         room = p.capacity - base
-        norm = max(room, max(float((m - m.min()).max()) for m in p.memory), 1e-300)
+        extra = [np.where(np.isfinite(m), m - m.min(), 0.0) for m in p.memory]
+        norm = max(room, max(float(e.max()) for e in extra), 1e-300)
         model.add_linear_constraint(mathopt.fast_sum(
-            ((m[c] - m.min()) / norm) * x[i][c]
-            for i, m in enumerate(p.memory) for c in range(len(m)) if m[c] > m.min()) <= room / norm)
+            (e[c] / norm) * x[i][c]
+            for i, e in enumerate(extra) for c in range(len(e)) if e[c] > 0) <= room / norm)
     model.minimize(mathopt.fast_sum(terms))
 
     params = mathopt.SolveParameters(time_limit=datetime.timedelta(seconds=time_limit),
@@ -108,8 +117,7 @@ def _solve(tables: CostTables, time_limit: float, max_variables: int,
         result = mathopt.solve(model, mathopt.SolverType.HIGHS, params=params)
     reason = result.termination.reason
     if reason == mathopt.TerminationReason.INFEASIBLE:
-        raise InfeasibleError("no assignment fits the memory capacity (ILP proved it)",
-                              min_memory_per_device=p.min_memory())
+        raise no_finite_plan(p)
     if not result.has_primal_feasible_solution():
         raise TimeoutError(f"the ILP found no solution within {time_limit} s ({reason.name})")
     values = result.variable_values()

@@ -38,23 +38,28 @@ def repair(p: Problem, choice: list[int], nbrs=None) -> list[int] | None:
     mem = sum(float(m[c]) for m, c in zip(p.memory, choice))
 
     def best_move(i: int) -> tuple[float, int]:
-        saved = p.memory[i][choice[i]] - p.memory[i]
-        if saved.max() <= 0:
-            return np.inf, -1
+        with np.errstate(invalid="ignore"):
+            saved = p.memory[i][choice[i]] - p.memory[i]
         local = _local_cost(p, nbrs, choice, i)
-        extra = np.maximum(local - local[choice[i]], 0.0)
-        ratio = np.where(saved > 0, extra / np.where(saved > 0, saved, 1.0), np.inf)
+        with np.errstate(invalid="ignore"):  # inf - inf: an unusable config stays unusable
+            extra = np.nan_to_num(np.maximum(local - local[choice[i]], 0.0), nan=np.inf)
+        with np.errstate(invalid="ignore"):
+            ratio = np.where(saved > 0, extra / np.where(saved > 0, saved, 1.0), np.inf)
+        ratio = np.nan_to_num(ratio, nan=np.inf)
         c = int(np.argmin(ratio))
-        return float(ratio[c]), c
+        return (float(ratio[c]), c) if np.isfinite(ratio[c]) else (np.inf, -1)
 
     moves = [best_move(i) for i in range(p.n)]
+    budget = sum(p.sizes)  # each move lowers one node's memory: at most k - 1 moves per node
     while not p.fits(mem):
+        budget -= 1
+        if budget < 0:
+            return None
         i = min(range(p.n), key=lambda j: moves[j][0])
         if moves[i][1] < 0:
             return None
-        c = moves[i][1]
-        mem += float(p.memory[i][c] - p.memory[i][choice[i]])
-        choice[i] = c
+        choice[i] = moves[i][1]
+        mem = sum(float(m[c]) for m, c in zip(p.memory, choice))  # exact even past an inf
         for j in [i, *(w for w, _ in nbrs[i])]:
             moves[j] = best_move(j)
     return choice

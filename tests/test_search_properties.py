@@ -3,7 +3,8 @@
 Graphs: up to 8 nodes, up to 4 configs each, any set of edges u < v (chains, diamonds, several
 parents, disconnected parts), non-negative integer-valued costs (so ties are exact and the
 comparisons need no tolerance beyond float summation), integer memory and capacity.
-Infeasible limits must raise InfeasibleError from all three searches.
+Infeasible limits, and tables where every plan has an infinite cost, must raise InfeasibleError
+from all three searches.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ SETTINGS = settings(max_examples=100, deadline=None, derandomize=True,
 
 
 @st.composite
-def tables(draw, with_memory: bool = False, scale: float = 1.0) -> CostTables:
+def tables(draw, with_memory: bool = False, scale: float = 1.0, inf_fraction: float = 0.0
+           ) -> CostTables:
     n = draw(st.integers(1, 8))
     sizes = draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
     pairs = [(u, v) for v in range(n) for u in range(v)]
@@ -33,11 +35,17 @@ def tables(draw, with_memory: bool = False, scale: float = 1.0) -> CostTables:
     rng = np.random.default_rng(seed)
     node_cost = [rng.integers(0, 100, k) * scale for k in sizes]
     edge_cost = {e: rng.integers(0, 100, (sizes[e[0]], sizes[e[1]])) * scale for e in sorted(edges)}
+    if inf_fraction:  # configs and pairs a cost model rules out are priced at inf
+        for a in [*node_cost, *edge_cost.values()]:
+            a[rng.random(a.shape) < inf_fraction] = np.inf
     memory, capacity = [], math.inf
     if with_memory:
         memory = [rng.integers(0, 20, k).astype(float) for k in sizes]
         lo = sum(int(m.min()) for m in memory)
         hi = sum(int(m.max()) for m in memory)
+        if inf_fraction:
+            for m in memory:
+                m[rng.random(m.shape) < inf_fraction] = np.inf
         capacity = float(draw(st.integers(max(0, lo - 3), hi)))
     return CostTables(nodes=[f"n{i}" for i in range(n)],
                       configs=[[Config((c,)) for c in range(k)] for k in sizes],
@@ -86,6 +94,13 @@ def test_tiny_units_agree(t):
 def test_huge_units_agree(t):
     """PaSE's FLOP-equivalent units (~1e12 totals)."""
     _agree(t, rel=1e-7)
+
+
+@SETTINGS
+@given(tables(with_memory=True, inf_fraction=0.15))
+def test_ruled_out_configs_agree(t):
+    """inf entries: never chosen; every plan infinite (or over memory) is InfeasibleError."""
+    _agree(t)
 
 
 @SETTINGS
