@@ -9,16 +9,20 @@ blocks computed once (search/elimination.py), and back-substitution for the argm
 Memory limit. The DP cannot carry a global sum-of-memory constraint, so it solves the Lagrangian
 relaxation  min cost + lam * (memory - capacity)  exactly for a sequence of multipliers (the
 breakpoint method: lam where the lines of the best infeasible and best feasible plan meet). Every
-such optimum is a lower bound on the constrained optimum, every feasible plan seen an upper bound;
-when they meet the plan is proven optimal (gap 0). When a duality gap remains (the knapsack is
-integral), the ILP finishes the job if the problem is small enough for it, and ``Solution.gap``
-reports what is left, never 0 unless proven. No assignment fitting raises InfeasibleError.
+such optimum is a lower bound on the constrained optimum; every feasible plan seen, and what local
+moves make of every plan seen (search/local.py), an upper bound. When they meet, the plan is
+proven optimal (gap 0). When a duality gap remains (the knapsack is integral), the ILP finishes
+the job if the problem is small enough for it (``Solution.search`` then reads "dp+ilp"), and
+``Solution.gap`` reports what is left, never 0 unless proven.
+
+No assignment fitting, or none of finite cost, raises ``autopar.errors.InfeasibleError``; tables
+too big for the memory budget raise ``SearchTooLargeError`` before any table is built.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,8 +30,8 @@ from autopar.tables import CostTables, Solution
 
 from .common import (GAP_RTOL, Problem, SearchTooLargeError, check_feasible, no_finite_plan,
                      problem_of, relative_gap)
-from .local import descend, neighbours, repair
 from .elimination import DEFAULT_MEMORY_BUDGET, EliminationPlan, choose_plan, execute, original_factors
+from .local import descend, neighbours, repair
 
 __all__ = ["dp", "dp_plan", "DEFAULT_MEMORY_BUDGET"]
 
@@ -66,6 +70,9 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
     "reuse".
     ``reuse``: compute repeated identical steps once (exact; off only to test that it is).
     ``memory_budget``: bytes of DP tables allowed; above it SearchTooLargeError (a MemoryError).
+    ``ilp_fallback``, ``ilp_time_limit``: under a memory limit the Lagrangian bound does not close,
+    hand the rest to the ILP (when it is small enough) for at most that many seconds.
+    ``max_multipliers``: Lagrangian re-solves after a fitting multiplier is found.
     """
     start = time.perf_counter()
     p = problem_of(tables)
@@ -94,9 +101,17 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
         choice = descend(p, start_from, nbrs)
         return _Point(tuple(choice), tables.total(choice), tables.total_memory(choice))
 
+    def least_memory() -> _Point:
+        """The least-memory plan among those of finite cost: a DP over memory alone."""
+        masked = replace(p, node_cost=tuple(np.where(np.isfinite(c), m, np.inf)
+                                            for c, m in zip(p.node_cost, p.memory)),
+                         edges={e: np.where(np.isfinite(m), 0.0, np.inf) for e, m in p.edges.items()})
+        choice, _ = _unconstrained(masked, masked.node_cost, "auto", reuse, memory_budget)
+        return _Point(tuple(choice), tables.total(choice), tables.total_memory(choice))
+
     best, lower = _lagrangian(p, x0, lambda lam: point(tuple(
         c + lam * np.where(np.isfinite(m), m, 0.0) for c, m in zip(p.node_cost, p.memory))),
-        upper, max_multipliers)
+        upper, least_memory, max_multipliers)
     gap = relative_gap(best.cost, lower)
     name = "dp"
     if gap > 0 and ilp_fallback:
@@ -114,15 +129,18 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
                 best = cand
         lower = max(lower, ilp_lower)
         gap = relative_gap(best.cost, lower)
+    if not np.isfinite(best.cost):
+        raise no_finite_plan(p)
     return _solution(tables, best, gap, name, start)
 
 
-def _lagrangian(p: Problem, x0: _Point, solve, upper, max_multipliers: int
+def _lagrangian(p: Problem, x0: _Point, solve, upper, least_memory, max_multipliers: int
                 ) -> tuple[_Point, float]:
     """Best feasible plan found and the best Lagrangian lower bound (breakpoint method).
 
     ``solve(lam)`` is the DP's optimum with memory priced at lam; ``upper(x)`` turns any plan
-    into a fitting one by local moves (or None): only the upper bound uses it."""
+    into a fitting one by local moves (or None): only the upper bound uses it; ``least_memory()``
+    is the plan of least memory among those of finite cost, the fitting plan of last resort."""
     found: list[_Point] = []
 
     def seen(x: _Point) -> _Point:
@@ -150,7 +168,10 @@ def _lagrangian(p: Problem, x0: _Point, solve, upper, max_multipliers: int
         if p.fits(x.mem):
             hi = x
         elif lam >= lam_max:
-            raise RuntimeError("the least-memory plan does not fit although check_feasible passed")
+            # Sums of memory can differ by less than one node's step: settle it exactly.
+            hi = least_memory()
+            if not (p.fits(hi.mem) and np.isfinite(hi.cost)):
+                raise no_finite_plan(p)
         else:
             lo, lam = x, min(lam * 4, lam_max)
     seen(x0)

@@ -263,3 +263,25 @@ def test_ilp_time_limit_gives_a_plan_with_an_honest_gap_or_times_out():
     assert sol.cost * (1 - sol.gap) <= best * (1 + 1e-9)
     if sol.gap == 0.0:
         assert math.isclose(sol.cost, best, rel_tol=1e-9)
+
+
+def test_least_memory_plan_ruled_out_by_cost_still_finds_the_fitting_one():
+    # Config 1 of node 0 needs the least memory but the cost model rules it out (inf); the
+    # fitting plans of finite cost need node 1 to give up memory instead.
+    t = make([[0.0, np.inf, 3.0], [0.0, 4.0]], {(0, 1): [[0.0, 1.0], [0.0, 0.0], [2.0, 0.0]]},
+             memory=[[5.0, 1.0, 3.0], [4.0, 1.0]], capacity=6.0)
+    ref = brute(t)
+    assert ref.cost == 5.0
+    for sol in (dp(t), ilp(t)):
+        assert (sol.cost, sol.gap) == (5.0, 0.0) and sol.memory <= 6.0
+    alone = dp(t, ilp_fallback=False)
+    assert alone.memory <= 6.0 and alone.cost * (1 - alone.gap) <= 5.0 + 1e-12
+
+
+def test_no_finite_plan_that_fits_raises_everywhere():
+    # The least memory (2) fits only through the ruled-out config: the DP's multipliers reach
+    # their limit and the least-memory DP settles it.
+    t = make([[0.0, np.inf], [0.0]], {}, memory=[[5.0, 1.0], [1.0]], capacity=3.0)
+    for search in (brute, dp, ilp):
+        with pytest.raises(InfeasibleError):
+            search(t)
