@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.batch import batch_dims, scale_batch
+from autopar.batch import scale_batch
 from autopar.cluster import Cluster
 from autopar.ir import Graph
 from autopar.search.pipeline import PipelineSolution, StageCosts, search
@@ -142,4 +142,4 @@ def stage_assignment(option: PipelineOption, graph: Graph) -> dict[str, Config]:
     return out
 
 
-__all__ = ["PipelineOption", "best_pipeline", "batch_dims", "stage_assignment", "stage_counts"]
+__all__ = ["PipelineOption", "best_pipeline", "stage_assignment", "stage_counts"]

@@ -243,7 +243,6 @@ def _plan_pase(graph, model, cluster, cutoff, search, time_limit, profile, rate,
     start = time.perf_counter()
     sol = run_search(tables, search, time_limit)
     info = SearchInfo(sol.search, time.perf_counter() - start, sol.gap)
-    common = dict(common, mesh=dataclasses.replace(common["mesh"]))
     base = {}
     if with_baselines:
         dp_choice = pase.choice_of(tables, pase.data_parallel(pgraph, cluster.devices, cutoff))

@@ -37,7 +37,7 @@ from torch.func import functional_call
 from autopar.errors import TraceError
 from autopar.ir import Graph, Node, TensorSpec
 from autopar.rules import build_node
-from autopar.rules.base import Call, Tensor
+from autopar.rules.base import Call, Tensor, collect_tensors
 from autopar.rules.sites import ATEN, ATTRIBUTES, FUNCTIONS, METHODS, Site, has_module_rule, module_call
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -266,14 +266,7 @@ def _flat_tensors(v: Any) -> list:
 
 
 def _collect_tensors(v: Any, found: list) -> None:
-    if isinstance(v, (torch.Tensor, Tensor)):
-        found.append(v)
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            _collect_tensors(x, found)
-    elif isinstance(v, dict):
-        for x in v.values():
-            _collect_tensors(x, found)
+    collect_tensors(v, found, (torch.Tensor, Tensor))
 
 
 def _relabel(value: Any, name: str, counter) -> Any:

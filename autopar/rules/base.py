@@ -51,19 +51,20 @@ class Call:
         """Every tensor argument in call order (lists flattened)."""
         found: list[Tensor] = []
         for v in self.args.values():
-            _collect(v, found)
+            collect_tensors(v, found)
         return found
 
 
-def _collect(value: Any, found: list[Tensor]) -> None:
-    if isinstance(value, Tensor):
+def collect_tensors(value: Any, found: list, kinds: tuple[type, ...] = (Tensor,)) -> None:
+    """Append every object of ``kinds`` inside nested lists, tuples and dicts, in order."""
+    if isinstance(value, kinds):
         found.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _collect(v, found)
+            collect_tensors(v, found, kinds)
     elif isinstance(value, dict):
         for v in value.values():
-            _collect(v, found)
+            collect_tensors(v, found, kinds)
 
 
 @dataclass
