@@ -44,10 +44,13 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _AUTOPAR_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def trace(model: nn.Module, example_inputs, *, frontend: str = "auto") -> Graph:
+def trace(model: nn.Module, example_inputs, *, frontend: str = "auto", progress=None) -> Graph:
     """Trace ``model`` called on ``example_inputs`` into an ``ir.Graph``.
 
     ``frontend``: "auto" (fx, then torch.export if fx fails), "fx" or "export" (to force one).
+    ``progress``: a status line ``"tracing <Model> ... 1.2 s"`` (``autopar.progress.phase``):
+    None shows it on stderr when stderr is a terminal, a stream shows it there when that stream is
+    a terminal, True always (on stderr), False never. Nothing is written off a terminal.
     Raises ``TraceError`` (one actionable line) when the model cannot be traced, ``ValueError``
     when ``example_inputs`` do not fit ``model.forward``'s signature.
     """
@@ -55,6 +58,17 @@ def trace(model: nn.Module, example_inputs, *, frontend: str = "auto") -> Graph:
         raise ValueError(f"frontend must be 'auto', 'fx' or 'export', not {frontend!r}")
     inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     _check_arity(model, inputs)
+    from autopar.progress import phase
+
+    if progress is None or isinstance(progress, bool):
+        stream, enabled = None, progress
+    else:
+        stream, enabled = progress, None
+    with phase(f"tracing {type(model).__name__}", stream=stream, enabled=enabled):
+        return _trace(model, inputs, frontend)
+
+
+def _trace(model: nn.Module, inputs: tuple, frontend: str) -> Graph:
     failures: list[_Failure] = []
     if frontend in ("auto", "fx"):
         try:
