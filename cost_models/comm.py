@@ -225,6 +225,8 @@ def _reshard_codes(nbytes: float, s_codes: np.ndarray, d_codes: np.ndarray, mesh
     ``local[src] * slope[key] + intercept[key]``.
     """
     n_axes = len(mesh.shape)
+    if n_axes == 0:  # one device: nothing ever moves
+        return np.zeros((len(s_codes), len(d_codes)))
     level = np.asarray(mesh.level or (0,) * n_axes) > 0
     sizes = np.asarray(mesh.shape, dtype=float)
     table = _transition_table(int(max(s_codes.max(initial=1), d_codes.max(initial=1))) + 1)
