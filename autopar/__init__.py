@@ -4,7 +4,7 @@ Pipeline (one direction): trace -> ir.Graph -> cost tables -> search -> Plan -> 
 """
 
 from autopar import zoo
-from autopar.errors import AutoparError, InfeasibleError, PlanMismatchError, TraceError
+from autopar.errors import AutoparError, InfeasibleError, LaunchRequiredError, PlanMismatchError, TraceError
 from autopar.cluster import Cluster
 from autopar.ir import Dim, Edge, Graph, Node, Operand, TensorSpec
 from autopar.plan import Plan
@@ -22,8 +22,22 @@ def plan(model, example_inputs, cluster=8, **kwargs) -> Plan:
     return _plan(model, example_inputs, cluster, **kwargs)
 
 
+def compile(model, devices=None, example_inputs=None, **kwargs):
+    """This rank's sharded module for training ``model`` (see ``autopar.compiler.compile``)."""
+    from autopar.compiler import compile as _compile
+
+    return _compile(model, devices, example_inputs, **kwargs)
+
+
+def launch(fn, nprocs, *args, **kwargs):
+    """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` local gloo CPU processes; results by rank."""
+    from autopar.codegen.launch import launch as _launch
+
+    return _launch(fn, nprocs, *args, **kwargs)
+
+
 __all__ = [
-    "Cluster", "Plan", "plan",
+    "Cluster", "Plan", "compile", "launch", "plan", "LaunchRequiredError",
     "AutoparError", "Dim", "Edge", "Graph", "InfeasibleError", "Node", "Operand",
     "PlanMismatchError", "TensorSpec", "TraceError", "trace", "zoo",
 ]

@@ -20,3 +20,7 @@ class InfeasibleError(AutoparError):
 
 class PlanMismatchError(AutoparError, ValueError):
     """A saved plan does not belong to this model, cluster or schema version."""
+
+
+class LaunchRequiredError(AutoparError, RuntimeError):
+    """Several devices were asked for, but no process group runs them: the message gives the command."""

@@ -53,7 +53,11 @@ def reference_run(model, inputs, steps: int = STEPS) -> Reference:
 
 def check_rank(rank, world, model, inputs, graph, assignment, mesh_shape, ref: Reference,
                steps: int = STEPS) -> None:
-    sharded = shard_module(model, graph, assignment, mesh_shape)
+    check_module(rank, shard_module(model, graph, assignment, mesh_shape), inputs, ref, steps)
+
+
+def check_module(rank, sharded, inputs, ref: Reference, steps: int = STEPS) -> None:
+    """Train ``sharded`` (this rank's module) as ``reference_run`` trained one copy, and compare."""
     names = [n for n, _ in sharded.named_parameters()]
     assert names == list(ref.params), f"parameter names changed: {names}"
     opt = torch.optim.AdamW(sharded.parameters(), lr=LR, eps=EPS)

@@ -1,0 +1,185 @@
+"""``autopar.compile``: plan once, share the plan, and hand every rank its sharded module.
+
+Under torchrun every rank calls ``compile`` with the same model and inputs. Only rank 0 searches
+(the search is deterministic but not free, and two ranks that disagreed on a tie would build
+modules that deadlock); the plan travels to the other ranks as its JSON document, the same text
+``plan.save`` writes, so what runs is exactly what a saved plan would describe. Every rank traces
+the model itself (codegen needs the fx graph, and tracing is cheap) and checks that its graph has
+the plan's fingerprint, so a rank that was handed a different model fails instead of hanging.
+
+With one device and no process group there is nothing to split: ``compile`` returns a copy of
+the model with the plan attached, so the same script runs with and without torchrun.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shlex
+import sys
+import threading
+
+import torch.distributed as dist
+import torch.nn as nn
+
+from autopar.cluster import Cluster
+from autopar.errors import AutoparError, LaunchRequiredError, PlanMismatchError
+from autopar.plan import Plan
+
+# torch.fx patches module-level functions while it traces, so two traces at once in one process
+# (ranks as threads of a threaded process group) see each other's tracer; ranks trace in turn.
+_TRACE_LOCK = threading.Lock()
+
+
+def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *, plan=None,
+            cluster=None, **plan_kwargs) -> nn.Module:
+    """This rank's module for training ``model`` on ``devices`` devices.
+
+    ``devices``: the device count (default: the process group's size, or 1 without one).
+    ``example_inputs``: a tuple of the forward's arguments (global batch), identical on every rank.
+    ``plan``: None (search, on rank 0), an ``autopar.Plan``, or the path of a saved plan
+    (``plan.save``), which is used as it is, without searching. ``cluster``: what the search
+    prices (an ``autopar.Cluster`` or a preset name; default: this machine, ``"cpu"``).
+    Other keywords go to ``autopar.plan`` (``cost_model=``, ``search=``, ``memory_capacity=``...).
+
+    The module keeps the model's parameter names (each parameter a DTensor: ``p.full_tensor()``
+    is its whole value), returns ordinary replicated tensors, and trains with any torch optimizer
+    and ``loss.backward()``. ``module.plan`` is the plan it runs.
+    """
+    if example_inputs is None:
+        raise ValueError("autopar.compile needs example_inputs: a tuple of the model's forward arguments")
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    devices = _device_count(devices)
+    cluster = _cluster(cluster, devices)
+    if plan is not None and plan_kwargs:
+        raise ValueError(f"a given plan is used as it is: drop the planning options {sorted(plan_kwargs)}")
+    from autopar.trace import trace
+
+    with _TRACE_LOCK:
+        graph = trace(model, tuple(example_inputs))
+    if devices == 1 and not dist.is_initialized():
+        chosen = _local_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
+        single = copy.deepcopy(model)
+        single.plan = chosen
+        return single
+    chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
+    return _build(model, graph, chosen, example_inputs)
+
+
+# -- devices and the process group ------------------------------------------------------------
+
+def _device_count(devices) -> int:
+    if devices is None:
+        return dist.get_world_size() if dist.is_initialized() else 1
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be a positive device count, not {devices!r}")
+    if not dist.is_initialized():
+        if devices > 1:
+            raise LaunchRequiredError(
+                f"autopar.compile(devices={devices}) runs one process per device; start it with: "
+                f"{torchrun_command(devices)}  (or call autopar.launch(fn, {devices}) from Python)")
+        return devices
+    world = dist.get_world_size()
+    if world != devices:
+        raise ValueError(f"autopar.compile(devices={devices}) runs under a process group of {world} processes: "
+                         f"pass devices={world} or start {devices} processes")
+    return devices
+
+
+def torchrun_command(devices: int, argv: list[str] | None = None) -> str:
+    """The command line that runs this very script on ``devices`` local processes."""
+    argv = list(sys.argv if argv is None else argv)
+    script = argv[0] if argv and argv[0] not in ("", "-c", "-m") else "your_script.py"
+    return shlex.join(["torchrun", "--nproc-per-node", str(devices), script, *argv[1:]])
+
+
+def _cluster(cluster, devices: int) -> Cluster:
+    if cluster is None:
+        return Cluster.preset("cpu", devices=devices)
+    if isinstance(cluster, str):
+        return Cluster.preset(cluster, devices=devices)
+    if not isinstance(cluster, Cluster):
+        raise ValueError(f"cluster must be an autopar.Cluster or a preset name, not {type(cluster).__name__}")
+    if cluster.devices != devices:
+        raise ValueError(f"cluster {cluster.name or ''} has {cluster.devices} devices but compile was asked for "
+                         f"{devices}: pass cluster.with_devices({devices})")
+    return cluster
+
+
+# -- the plan: searched on rank 0, or read, then checked against this rank's graph -------------
+
+def _local_plan(model, inputs, graph, cluster, plan, plan_kwargs) -> Plan:
+    if plan is None:
+        from autopar.planner import plan as search
+
+        return search(model, tuple(inputs), cluster, graph=graph, **plan_kwargs)
+    if isinstance(plan, (str, os.PathLike)):
+        return Plan.load(plan, graph=graph)
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan must be None, an autopar.Plan or a plan file's path, not {type(plan).__name__}")
+    _check_fingerprint(plan, graph, "the given plan")
+    return plan
+
+
+def _shared_plan(model, inputs, graph, cluster, plan, plan_kwargs) -> Plan:
+    """Rank 0's plan on every rank (an error on rank 0 is raised on every rank, not a hang)."""
+    box: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            chosen = _local_plan(model, inputs, graph, cluster, plan, plan_kwargs)
+            box[0] = ("plan", chosen.to_json())
+        except (AutoparError, ValueError) as e:
+            box[0] = ("error", type(e).__name__, str(e))
+    dist.broadcast_object_list(box, src=0)
+    if box[0][0] == "error":
+        _, kind, message = box[0]
+        raise _rebuild(kind, message)
+    doc = box[0][1]
+    chosen = Plan.from_json(doc)
+    _check_fingerprint(chosen, graph, f"rank 0's plan (on rank {dist.get_rank()})")
+    if chosen.devices != dist.get_world_size():
+        raise PlanMismatchError(f"the plan is for {chosen.devices} devices; this run has {dist.get_world_size()} "
+                                "processes: re-plan or start as many processes as the plan has devices")
+    chosen.graph = graph
+    return chosen
+
+
+def _check_fingerprint(plan: Plan, graph, what: str) -> None:
+    from autopar.fingerprint import fingerprint
+
+    if plan.cost_model == "pase":
+        raise ValueError("a plan made with cost_model='pase' is about PaSE's view of the graph and cannot be "
+                         "compiled: plan with cost_model='analytic' or 'profiled'")
+    fp = fingerprint(graph)
+    if fp != plan.fingerprint:
+        raise PlanMismatchError(f"{what} was made for another model ({plan.model_name or '?'}, graph "
+                                f"{plan.fingerprint}); this model's graph is {fp}: re-plan it")
+
+
+def _rebuild(kind: str, message: str) -> Exception:
+    import autopar.errors as errors
+
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except TypeError:
+            pass
+    return ValueError(message) if kind == "ValueError" else AutoparError(message)
+
+
+# -- codegen -------------------------------------------------------------------------------------
+
+def _build(model: nn.Module, graph, plan: Plan, inputs) -> nn.Module:
+    if plan.stages:
+        from autopar.codegen import pipeline
+
+        module = pipeline.pipeline_module(model, plan, tuple(inputs), graph=graph)
+    else:
+        from autopar.codegen.dtensor import shard_module
+
+        module = shard_module(model, graph, plan.assignment, tuple(plan.mesh.shape))
+    module.plan = plan
+    return module
+
