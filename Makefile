@@ -16,8 +16,10 @@ $(STAMP): $(PY) setup.cfg pyproject.toml
 
 setup: $(STAMP)
 
+# the main job: a GPT planned by autopar and trained on 2 local CPU processes (gloo), with the
+# plan's report and every step's loss beside the single-process run
 demo: setup
-	$(PY) -m autopar demo
+	OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc-per-node 2 examples/train_gpt.py
 
 test: setup
 	$(PY) -m pytest -q

@@ -80,6 +80,30 @@ def _cmd_show(args) -> int:
     return 0
 
 
+def _cmd_run(args) -> int:
+    """Train a few steps of the sharded module on local CPU processes, beside one process."""
+    from autopar.codegen.launch import launch
+    from autopar.model_spec import load
+    from autopar.training import LossComparison, run_worker, single_process_losses
+
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    model, inputs, _ = load(args.model)  # a bad MODEL fails here, in one line, before any process starts
+    plan_kwargs = {} if args.plan else {"cluster": args.cluster, "cost_model": args.cost_model}
+    results = launch(run_worker, args.nproc, args.model, args.steps, args.lr, args.plan, plan_kwargs,
+                     timeout=args.timeout)
+    errors = [r[1] for r in results if r[0] == "error"]
+    if errors:
+        raise AutoparError(errors[0])
+    print(results[0][2])
+    print()
+    comparison = LossComparison(results[0][1], single_process_losses(model, inputs, args.steps, args.lr), args.nproc)
+    print(comparison.table())
+    return 0 if comparison.equal else 1
+
+
 def _cmd_demo(args) -> int:
     """The main job on an embedded default; grows as planning and codegen land."""
     import autopar
@@ -132,6 +156,21 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--png", metavar="OUT", help="draw the plan to a PNG file")
             c.add_argument("--explain", action="store_true",
                            help="print every term of the predicted step time with its arithmetic")
+    r = sub.add_parser("run", help="train a few steps of MODEL's sharded module on local CPU processes",
+                       description="Plan MODEL for --nproc local CPU processes (or use --plan), train --steps "
+                       "AdamW steps of the sharded module on gloo, and print the report and the loss of every "
+                       "step beside the same steps of the unsplit model on one process.")
+    r.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
+    r.add_argument("--nproc", type=int, default=2, help="number of local CPU processes (default 2)")
+    r.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    r.add_argument("--plan", metavar="PLAN.json", help="run a saved plan (autopar plan ... --json) without searching")
+    r.add_argument("--cluster", default="cpu",
+                   help="cluster preset the search prices (default cpu: this machine, --nproc devices)")
+    r.add_argument("--cost-model", default="analytic", choices=["analytic", "profiled"],
+                   help="cost model of the search (default analytic)")
+    r.add_argument("--timeout", type=float, default=600.0, help="stop the processes after this many seconds")
+    r.set_defaults(func=_cmd_run)
     s = sub.add_parser("show", help="print the report of a saved plan (autopar plan ... --json OUT)")
     s.add_argument("plan", metavar="PLAN.json")
     s.set_defaults(func=_cmd_show)

@@ -7,8 +7,8 @@ modules that deadlock); the plan travels to the other ranks as its JSON document
 the model itself (codegen needs the fx graph, and tracing is cheap) and checks that its graph has
 the plan's fingerprint, so a rank that was handed a different model fails instead of hanging.
 
-With one device and no process group there is nothing to split: ``compile`` returns a copy of
-the model with the plan attached, so the same script runs with and without torchrun.
+With one device there is nothing to split: ``compile`` returns a copy of the model with the plan
+attached, so the same script runs with and without torchrun.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
 
     with _TRACE_LOCK:
         graph = trace(model, tuple(example_inputs))
-    if devices == 1 and not dist.is_initialized():
+    if devices == 1:  # nothing to split (and no mesh to build), process group or not
         chosen = _local_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
         single = copy.deepcopy(model)
         single.plan = chosen
@@ -125,18 +125,19 @@ def _local_plan(model, inputs, graph, cluster, plan, plan_kwargs) -> Plan:
 def _shared_plan(model, inputs, graph, cluster, plan, plan_kwargs) -> Plan:
     """Rank 0's plan on every rank (an error on rank 0 is raised on every rank, not a hang)."""
     box: list = [None]
+    mine = None
     if dist.get_rank() == 0:
         try:
-            chosen = _local_plan(model, inputs, graph, cluster, plan, plan_kwargs)
-            box[0] = ("plan", chosen.to_json())
+            mine = _local_plan(model, inputs, graph, cluster, plan, plan_kwargs)
+            box[0] = ("plan", mine.to_json())
         except (AutoparError, ValueError) as e:
             box[0] = ("error", type(e).__name__, str(e))
     dist.broadcast_object_list(box, src=0)
     if box[0][0] == "error":
         _, kind, message = box[0]
         raise _rebuild(kind, message)
-    doc = box[0][1]
-    chosen = Plan.from_json(doc)
+    # rank 0 keeps its own object: it carries the cost tables its report reads
+    chosen = mine if mine is not None else Plan.from_json(box[0][1])
     _check_fingerprint(chosen, graph, f"rank 0's plan (on rank {dist.get_rank()})")
     if chosen.devices != dist.get_world_size():
         raise PlanMismatchError(f"the plan is for {chosen.devices} devices; this run has {dist.get_world_size()} "
