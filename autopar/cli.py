@@ -42,7 +42,12 @@ def _plan(args, model_arg=None, **overrides):
     if getattr(args, "memory", None):
         kwargs["memory_capacity"] = args.memory * 2**30
     kwargs.update(overrides)
-    return autopar.plan(model, inputs, _cluster(args), **kwargs)
+    cluster = _cluster(args)
+    kwargs["graph"] = autopar.trace(model, inputs)  # a status line on a terminal, silent elsewhere
+    from autopar.progress import phase
+
+    with phase(f"planning {name} on {cluster.devices} devices ({kwargs['cost_model']} model)"):
+        return autopar.plan(model, inputs, cluster, **kwargs)
 
 
 def _cmd_plan(args) -> int:

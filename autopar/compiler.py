@@ -57,7 +57,8 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
     from autopar.trace import trace
 
     with _TRACE_LOCK:
-        graph = trace(model, tuple(example_inputs))
+        rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        graph = trace(model, tuple(example_inputs), progress=None if rank0 else False)
     if devices == 1:  # nothing to split (and no mesh to build), process group or not
         chosen = _local_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
         single = copy.deepcopy(model)

@@ -53,3 +53,34 @@ def test_run_rejects_bad_input_in_one_line(args, needle):
     r = run("run", *args)
     assert r.returncode == 2
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_progress_shows_on_a_terminal_and_stays_quiet_elsewhere():
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    quiet = run("plan", MLP, "--devices", "2")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    leader, follower = pty.openpty()
+    try:
+        r = subprocess.run([sys.executable, "-m", "autopar", "plan", MLP, "--devices", "2"], stdout=subprocess.PIPE,
+                           stderr=follower, text=True, timeout=300)
+        os.close(follower)
+        follower = None
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if follower is not None:
+            os.close(follower)
+        os.close(leader)
+    assert r.returncode == 0
+    assert b"tracing MLP ..." in seen and b"planning mlp on 2 devices" in seen
