@@ -25,6 +25,7 @@ candidate order whose *remaining* work is smallest.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -138,54 +139,93 @@ class _Symbolic:
         return Step(v, inputs, out, hit, work)
 
 
-def reuse_order(p: Problem, factors: list[Factor]) -> list[int]:
+def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = None) -> list[int]:
     """Greedy on the work *left to compute*: a step whose key was seen costs nothing, and a step
     that n alive nodes share (the same node of n identical blocks, with the same factors around
     it) costs 1/n of its table, since the other n - 1 will reuse it. Table size (PaSE's dependent
     set, weighted by config counts) is the work, so without repeats this is ``min_weight``; with
     repeats it eliminates each block's interior first, everywhere at once, and leaves a chain of
     identical block-to-block messages, instead of dragging one block's message through the next
-    (which makes every block's steps different)."""
+    (which makes every block's steps different).
+
+    ``steps``: a list that receives the steps of the walk, which are those ``plan`` would give
+    this order with reuse on (same start, same eliminations), so it need not walk it again."""
     state = _Symbolic(p, factors)
     alive = set(range(p.n))
     cache: dict[int, tuple[tuple, int]] = {}
-    sharing: Counter = Counter()
+    # The alive vertices by their current step key: every vertex of a group has the same
+    # amortised score, so the step taken is the least (score, lowest vertex) over the groups,
+    # the same as a min over all alive vertices, with one score per distinct key.
+    groups: dict[tuple, list[int]] = {}  # key -> heap of vertices (stale entries skipped)
+    members: Counter = Counter()  # key -> alive vertices whose current key it is (``sharing``)
+    work_of: dict[tuple, int] = {}
 
     def refresh(v: int) -> None:
         if v in cache:
-            sharing[cache[v][0]] -= 1
+            members[cache[v][0]] -= 1
         key, _, out_scope = state.key(v)
-        cache[v] = (key, table_elements(p.sizes, out_scope) * p.sizes[v])
-        sharing[key] += 1
+        work = table_elements(p.sizes, out_scope) * p.sizes[v]
+        cache[v] = (key, work)
+        work_of[key] = work
+        members[key] += 1
+        heapq.heappush(groups.setdefault(key, []), v)
 
-    def amortised(v: int) -> tuple[float, int]:
-        key, work = cache[v]
-        return (0.0 if key in state.seen else work / sharing[key], v)
+    def lowest(key: tuple) -> int | None:
+        heap = groups[key]
+        while heap and not (heap[0] in alive and cache[heap[0]][0] == key):
+            heapq.heappop(heap)
+        return heap[0] if heap else None
 
     for v in sorted(alive):
         refresh(v)
     order = []
     while alive:
-        v = min(alive, key=amortised)
-        sharing[cache.pop(v)[0]] -= 1
+        best = None
+        for key in list(groups):
+            if members[key] <= 0:
+                del groups[key]
+                continue
+            w = lowest(key)
+            if w is None:  # cannot happen while members[key] > 0; kept for safety
+                del groups[key]
+                continue
+            score = (0.0 if key in state.seen else work_of[key] / members[key], w)
+            if best is None or score < best:
+                best = score
+        v = best[1]
+        members[cache.pop(v)[0]] -= 1
         step = state.eliminate(v, reuse=True)
         alive.remove(v)
         order.append(v)
+        if steps is not None:
+            steps.append(step)
         for w in step.out.scope:
             refresh(w)
     return order
 
 
 def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
-         reuse: bool = True) -> EliminationPlan:
-    """Walk the elimination symbolically: keys, reuse and sizes, no arithmetic on tables."""
-    state = _Symbolic(p, factors)
-    steps, constants = [], []
+         reuse: bool = True, give_up_above: int | None = None,
+         steps: list[Step] | None = None) -> EliminationPlan | None:
+    """Walk the elimination symbolically: keys, reuse and sizes, no arithmetic on tables.
+
+    ``give_up_above``: return None as soon as the computed work exceeds it (a candidate that
+    cannot be the least work). ``steps``: the walk already done (``reuse_order``'s, reuse on)."""
+    if steps is None:
+        state = _Symbolic(p, factors)
+        steps = []
+        so_far = 0
+        for v in order:
+            step = state.eliminate(v, reuse)
+            steps.append(step)
+            if not step.reused:
+                so_far += step.work
+                if give_up_above is not None and so_far > give_up_above:
+                    return None
+    constants = []
     work = total = message_elems = largest = reused_steps = 0
-    for v in order:
-        step = state.eliminate(v, reuse)
-        steps.append(step)
-        size = step.work // p.sizes[v]
+    for step in steps:
+        size = step.work // p.sizes[step.v]
         total += step.work
         largest = max(largest, size)
         if step.reused:
@@ -195,13 +235,20 @@ def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
             message_elems += size
         if not step.out.scope:
             constants.append(step.out)
+    if give_up_above is not None and work > give_up_above:
+        return None
     return EliminationPlan(order_name, list(order), steps, constants, work, total,
                            8 * message_elems, largest, reused_steps)
 
 
 def choose_plan(p: Problem, factors: list[Factor], order: str = "auto", reuse: bool = True,
                 memory_budget: float = DEFAULT_MEMORY_BUDGET) -> EliminationPlan:
-    """The plan with the least computed work among the candidate orders that fit the budget."""
+    """The plan with the least computed work among the candidate orders that fit the budget.
+
+    The "reuse" candidate is walked first (it is usually the least work on repeated blocks);
+    a later candidate's walk stops once its work exceeds the least work of a fitting plan so far,
+    since it cannot be chosen. Ties go to the earlier name of ``auto``'s list, as a full
+    comparison would."""
     known = [*ORDERS, "reuse"]
     names = known if order == "auto" else [order]
     if any(name not in known for name in names):
@@ -210,13 +257,27 @@ def choose_plan(p: Problem, factors: list[Factor], order: str = "auto", reuse: b
         names.remove("reuse")
     adj = adjacency(p.n, p.edges.keys())
 
-    def make(name: str) -> list[int]:
-        return reuse_order(p, factors) if name == "reuse" else ORDERS[name](adj, p.sizes)
+    def fits(pl: EliminationPlan) -> bool:
+        return pl.message_bytes + 8 * TILE_ELEMENTS <= memory_budget
 
-    plans = [plan(p, factors, make(name), name, reuse) for name in names]
-    fitting = [pl for pl in plans if pl.message_bytes + 8 * TILE_ELEMENTS <= memory_budget]
+    plans: dict[str, EliminationPlan] = {}
+    bound: int | None = None
+    for name in sorted(names, key=lambda n: n != "reuse"):
+        if name == "reuse":
+            walked: list[Step] = []
+            o = reuse_order(p, factors, walked)
+            pl = plan(p, factors, o, name, reuse, steps=walked if reuse else None)
+        else:
+            pl = plan(p, factors, ORDERS[name](adj, p.sizes), name, reuse, give_up_above=bound)
+        if pl is None:
+            continue
+        plans[name] = pl
+        if fits(pl) and (bound is None or pl.work < bound):
+            bound = pl.work
+    done = [plans[name] for name in names if name in plans]
+    fitting = [pl for pl in done if fits(pl)]
     if not fitting:
-        best = min(plans, key=lambda pl: pl.message_bytes)
+        best = min(done, key=lambda pl: pl.message_bytes)
         raise SearchTooLargeError(
             f"the exact DP needs {best.message_bytes / 2**30:.2f} GiB of tables (largest message "
             f"{best.largest_message} entries, order {best.order_name}), over its budget of "
