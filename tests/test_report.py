@@ -346,3 +346,23 @@ def test_profiled_report_rows_print_those_numbers(profiled):
             assert close3(value(found[0][-3]), x.compute) and close3(value(found[0][-2]), x.comm)
             checked += 1
     assert checked >= 3
+
+
+# -- pictures ------------------------------------------------------------------------------------
+
+
+def test_pictures_of_pipelined_pase_and_profiled_plans(piped, pase_plan, profiled, tmp_path):
+    from autopar.picture import draw
+
+    plan, _ = piped
+    loaded = tmp_path / "p.json"
+    plan.save(loaded)
+    for name, p in [("pipe", plan), ("pase", pase_plan), ("prof", profiled[0]),
+                    ("loaded-pipe", autopar.Plan.load(loaded))]:
+        out = draw(p, tmp_path / f"{name}.png")
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    svg = draw(plan, tmp_path / "pipe.svg").read_text()
+    assert "<svg" in svg and f"stage {len(plan.stages) - 1}" in svg  # matplotlib keeps text as comments
+    profiled[0].save(tmp_path / "flat.json")
+    with pytest.raises(ValueError, match="no graph to draw"):
+        draw(autopar.Plan.load(tmp_path / "flat.json"), tmp_path / "x.png")
