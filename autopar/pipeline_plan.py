@@ -85,14 +85,20 @@ def price_options(graph: Graph, cluster: Cluster, mode: str, optimizer, solve, m
             sync = np.zeros(n)
             static = np.zeros(n)
             acts = np.zeros(n)
+            # Nodes of one signature share one config list (build_tables' cache) and price alike,
+            # so each (config list, chosen config) is priced once.
+            seen: dict[tuple[int, int], tuple[float, float, float]] = {}
             for i, node in enumerate(g.nodes):
-                cfg = t.configs[i][choice[i]]
-                if node.params:
-                    nc = model.node_breakdown(node, cfg, sub, mode, text=False)
-                    sync[i] = sum(term.seconds for term in nc.terms if "sync" in term.label)
-                mb = node_memory(node, cfg, mesh, mode, optimizer)
-                static[i] = mb.params + mb.grads + mb.optimizer
-                acts[i] = mb.activations
+                key = (id(t.configs[i]), choice[i])
+                if key not in seen:
+                    cfg = t.configs[i][choice[i]]
+                    s = 0.0
+                    if node.params:
+                        nc = model.node_breakdown(node, cfg, sub, mode, text=False)
+                        s = sum(term.seconds for term in nc.terms if "sync" in term.label)
+                    mb = node_memory(node, cfg, mesh, mode, optimizer)
+                    seen[key] = (s, mb.params + mb.grads + mb.optimizer, mb.activations)
+                sync[i], static[i], acts[i] = seen[key]
             time -= sync  # the per-microbatch part; sync happens once per step
             cut = cut_times(g, sub, cluster, stages)
             options.append(PipelineOption(StageCosts(sub.devices, micro, time, sync, static, acts, cut),

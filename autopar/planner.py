@@ -183,9 +183,14 @@ def data_parallel_choice(graph: Graph, tables: CostTables) -> list[int]:
     """Each node's config that splits only its batch dim, over as many mesh axes as divide it."""
     batch = batch_dims(graph)
     choice = []
+    memo: dict[tuple, int] = {}  # nodes of one signature share their config list (build_tables)
     for i, node in enumerate(graph.nodes):
         b = batch.get(node.name)
         names = [d.name for d in node.dims]
+        key = (id(tables.configs[i]), b, tuple(names))
+        if key in memo:
+            choice.append(memo[key])
+            continue
         best, best_split = None, 0
         for j, c in enumerate(tables.configs[i]):
             used = [k for k, s in enumerate(c.splits) if s > 1]
@@ -197,7 +202,8 @@ def data_parallel_choice(graph: Graph, tables: CostTables) -> list[int]:
                 continue
             if split > best_split:
                 best, best_split = j, split
-        choice.append(best if best is not None else 0)
+        memo[key] = best if best is not None else 0
+        choice.append(memo[key])
     return choice
 
 
@@ -212,11 +218,15 @@ def _analytic_baselines(graph, tables, cluster, common, unsupported) -> dict[str
         mesh = cluster.mesh()
         pins = expert_pins(graph, batch_dims(graph), mesh.shape, mesh.level)
         keep = []
+        memo: dict[tuple, list[int]] = {}  # nodes of one signature share their config list
         for i, node in enumerate(graph.nodes):
-            names = [d.name for d in node.dims]
-            ok = [j for j, c in enumerate(tables.configs[i])
-                  if not c.mesh_axes or matches(pins[node.name], names, c.mesh_axes)]
-            keep.append(ok or [dp_choice[i]])
+            names = tuple(d.name for d in node.dims)
+            pin = pins[node.name]
+            key = (id(tables.configs[i]), names, tuple(sorted(pin.dims.items())), pin.dp, pin.exact)
+            if key not in memo:
+                memo[key] = [j for j, c in enumerate(tables.configs[i])
+                             if not c.mesh_axes or matches(pin, names, c.mesh_axes)]
+            keep.append(memo[key] or [dp_choice[i]])
         sub = restrict(tables, keep)
         sub.memory_capacity = math.inf  # a baseline is priced as written, fitting or not
         from autopar.search.dp import dp
