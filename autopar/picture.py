@@ -80,7 +80,8 @@ def _bars(plan, ax):
     ax.set_ylabel(f"predicted per step\n({unit})", fontsize=9)
     handles = [Patch(color=c, label=f"compute, {k}") for k, c in KINDS.items()]
     handles.append(Patch(color=COMM, alpha=0.75, label="communication"))
-    ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=8, ncol=3, frameon=False)
+    ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=8, ncol=3,
+              frameon=False)
     return len(nums)
 
 
@@ -117,8 +118,8 @@ def _timeline(plan, ax):
             ax.broken_barh([(end / scale, syncs[k] / scale)], (y - 0.4, 0.8), facecolors=KINDS["reduction"])
     ax.set_yticks(range(s_count))
     per = plan.stages[0].devices
-    ax.set_yticklabels([f"stage {k}\ndevices {k * per}-{(k + 1) * per - 1}" for k in reversed(range(s_count))],
-                       fontsize=8)
+    labels = [f"stage {k}\ndevices {k * per}-{(k + 1) * per - 1}" for k in reversed(range(s_count))]
+    ax.set_yticklabels(labels, fontsize=8)
     ax.set_xlim(0, ((m + s_count - 1) * slot + max(syncs)) / scale * 1.02)
     bubble = (s_count - 1) / (m + s_count - 1)
     ax.set_xlabel(f"time in one step ({unit}); {plan.schedule}, {m} microbatches, slot = slowest stage per "

@@ -90,7 +90,8 @@ class Progress:
         self.done = min(self.done + n, self.total) if self.total > 0 else self.done + n
         now = self._clock()
         finished = self.total > 0 and self.done >= self.total
-        if self.enabled and (finished or self._last_draw is None or now - self._last_draw >= self.min_interval):
+        due = self._last_draw is None or now - self._last_draw >= self.min_interval
+        if self.enabled and (finished or due):
             self._draw(self._bar(what, now))
             self._last_draw = now
         if finished:

@@ -3,7 +3,14 @@
 One row per node, grouped by module path; a run of identical repeated blocks ("blocks.0" ...
 "blocks.47" with the same configs and costs) prints once with "blocks.1-47: same as blocks.0".
 Costs per node are read back from the cost tables the search used (node cost + the resharding of
-its inputs), so the rows add up to the plan's total.
+its inputs), so the rows add up to the plan's total; compute is the node cost less the analytic
+sync and output terms, which the analytic and profiled models share (``node_numbers``).
+
+A pipelined plan is reported per stage (``pipeline_numbers``): its devices, per-microbatch time,
+gradient sync, memory with the schedule's in-flight microbatches, the step formula and the bubble,
+then its nodes re-priced on the stage's devices at microbatch size, as the planner priced them.
+A PaSE plan is reported over PaSE's nodes (``pase_numbers``), with PaSE's dim names and its
+FLOP-equivalent units (compute = the layer cost at r = 0, comm = the rest plus incoming edges).
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ def fmt_bytes(b: float) -> str:
     return f"{b:.0f} B"
 
 
+NODE_HEADER = ["module", "op", "split", "param placements", "output placements", "compute", "comm", "memory"]
+
+
 @dataclass
 class Row:
     module: str
@@ -75,18 +85,12 @@ def _choice(tables, assignment) -> list[int]:
     return [tables.configs[i].index(assignment[name]) for i, name in enumerate(tables.nodes)]
 
 
-def _comm_terms(graph, cluster, mode) -> "_CommTerms":
-    """Per node: what the analytic model charges for anything but compute (sync, output reduction).
-
-    Both mesh cost models share these terms (the profiled model measures only compute), so the
-    compute of a node is its table cost minus them, whichever model priced it.
-    """
-    from autopar.cost_models.analytic import AnalyticModel
-
-    return _CommTerms(AnalyticModel(), graph, cluster, mode)
-
-
 class _CommTerms:
+    """Per node: what the analytic model charges for anything but compute (weight-gradient sync,
+    graph-output reduction). Both mesh cost models share these terms (the profiled model measures
+    only compute), so a node's compute is its table cost minus them, whichever model priced it.
+    """
+
     def __init__(self, model, graph, cluster, mode):
         self.model, self.cluster, self.mode = model, cluster, mode
         self.outputs: dict[str, list[int]] = {}
@@ -110,7 +114,9 @@ def node_numbers(plan) -> list[NodeNumbers]:
     tables, graph = plan.tables, plan.graph
     choice = _choice(tables, plan.assignment)
     incoming = _incoming(tables, choice)
-    terms = _comm_terms(graph, Cluster(**plan.cluster), plan.mode)
+    from autopar.cost_models.analytic import AnalyticModel
+
+    terms = _CommTerms(AnalyticModel(), graph, Cluster(**plan.cluster), plan.mode)
     index = {name: i for i, name in enumerate(tables.nodes)}
     out = []
     for node in graph.nodes:
@@ -193,7 +199,8 @@ def _unindexed(row: Row) -> list[str]:
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
-    widths = [max(len(r[c]) for r in [header] + [r for r in rows if r[1] or c == 0]) for c in range(len(header))]
+    widths = [max(len(r[c]) for r in [header] + [r for r in rows if r[1] or c == 0])
+              for c in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
              "  ".join("-" * w for w in widths)]
     for r in rows:
@@ -343,17 +350,20 @@ def _pipeline_lines(plan, units) -> list[str]:
                      f" bubble (S - 1)/(M + S - 1) = {(s_count - 1) / slots:.1%}")
         for k, st in enumerate(plan.stages):
             lines.append(f"  stage {k}: {st.nodes[0]} .. {st.nodes[-1]} ({len(st.nodes)} nodes), "
-                         f"devices {k * st.devices}-{(k + 1) * st.devices - 1}, {units(st.cost)} per microbatch")
+                         f"devices {k * st.devices}-{(k + 1) * st.devices - 1}, "
+                         f"{units(st.cost)} per microbatch")
         return lines
     slow = max(pn.stages, key=lambda s: s.time)
     sync = max(pn.stages, key=lambda s: s.sync)
     lines.append(f"  step = (M + S - 1) x slowest stage + slowest grad sync = ({m} + {s_count} - 1) x "
                  f"{units(slow.time)} (stage {slow.index}) + {units(sync.sync)} (stage {sync.index}) = "
                  f"{units(pn.step)}")
-    lines.append(f"  bubble (fill and drain): (S - 1)/(M + S - 1) = {s_count - 1}/{pn.slots} = {pn.bubble:.1%} "
+    lines.append(f"  bubble (fill and drain): (S - 1)/(M + S - 1) = {s_count - 1}/{pn.slots} = "
+                 f"{pn.bubble:.1%} "
                  f"of the pipelined time; idle with stage imbalance: {pn.idle:.1%}")
     if not pn.consistent:
-        lines.append("  note: re-priced stage times differ from the plan's (made by another autopar version?)")
+        lines.append("  note: re-priced stage times differ from the plan's "
+                     "(made by another autopar version?)")
     header = ["stage", "nodes", "first .. last", "devices", "per microbatch", "compute", "comm", "send/recv",
               "grad sync/step", "memory/device", "holds"]
     rows = []
@@ -367,18 +377,20 @@ def _pipeline_lines(plan, units) -> list[str]:
     if pn.stages[0].memory is None:
         lines.append("  memory per stage unknown (the plan was priced with another optimizer)")
     lines.append("")
-    lines.append(f"per stage, its nodes on the stage's {pn.stage_devices} devices (mesh {pn.stage_mesh.shape}),"
+    lines.append(f"per stage, its nodes on the stage's {pn.stage_devices} devices "
+                 f"(mesh {pn.stage_mesh.shape}),"
                  f" per microbatch (1 of {m}):")
     for s in pn.stages:
         lines.append("")
         lines.append(f"stage {s.index}: nodes {s.first}-{s.last}, devices {s.devices[0]}-{s.devices[1] - 1}; "
                      f"{units(s.time)} per microbatch = compute {units(s.compute)} + comm {units(s.comm)}"
                      f" + send/recv {units(s.send_recv)}; grad sync {units(s.sync)} once per step")
-        header = ["module", "op", "split", "param placements", "output placements", "compute", "comm", "memory"]
+        header = NODE_HEADER
         graph_rows = _rows(pn.graph, s.nodes, pn.assignment, pn.stage_mesh, units)
         lines += _table(_fold(graph_rows), header)
-    lines.append("placements per axis of the stage's mesh: S(i) shard tensor axis i, R replicate, P partial sum;"
-                 " comm includes resharding the node's inputs; memory holds the stage's in-flight microbatches")
+    lines.append("placements per axis of the stage's mesh: S(i) shard tensor axis i, R replicate, "
+                 "P partial sum; comm includes resharding the node's inputs; memory holds the stage's "
+                 "in-flight microbatches")
     return lines
 
 
@@ -478,10 +490,10 @@ def _pase_lines(plan) -> list[str]:
         rows.append([nums.name, src, space, pase_split_words(node, plan.assignment[nums.name]),
                      fmt_pase(nums.compute), fmt_pase(nums.comm), fmt_pase(nums.compute + nums.comm)])
     lines = _table(rows, header)
-    lines.append(f"costs in PaSE's FLOP-equivalent units ({u}), not seconds: compute is the layer's arithmetic "
-                 "(PaSE's count, forward and backward), comm is r x the 8-byte words it moves (all-reduces, halos)"
-                 " plus the edges into it; dims as in PaSE: b batch, c_in/k reduced inputs, n outputs, r/s kernel,"
-                 " h/w spatial, d<i> other tensor axes")
+    lines.append(f"costs in PaSE's FLOP-equivalent units ({u}), not seconds: compute is the layer's "
+                 "arithmetic (PaSE's count, forward and backward), comm is r x the 8-byte words it moves "
+                 "(all-reduces, halos) plus the edges into it; dims as in PaSE: b batch, c_in/k reduced "
+                 "inputs, n outputs, r/s kernel, h/w spatial, d<i> other tensor axes")
     dropped = getattr(plan.graph, "dropped", [])
     if dropped:
         lines.append(f"folded away by PaSE's view (cost 0): {len(dropped)} traced node(s)")
@@ -499,18 +511,22 @@ def format_report(plan, explain: bool = False) -> str:
     units = _fmt_units(plan)
     pase = plan.cost_model == "pase"
     lines = [
-        f"autopar plan for {plan.model_name} on {c.get('name', '?')}: {plan.devices} devices, mesh {plan.mesh.shape}"
+        f"autopar plan for {plan.model_name} on {c.get('name', '?')}: {plan.devices} devices, "
+        f"mesh {plan.mesh.shape}"
         f" (levels {plan.mesh.level}); cost model {plan.cost_model}, space {plan.space}, mode {plan.mode}",
         f"search: {plan.search.name} in {plan.search.seconds:.3g} s, "
-        + ("proven optimal under the cost model" if plan.search.gap == 0 else f"optimality gap {plan.search.gap:.3%}"),
+        + ("proven optimal under the cost model" if plan.search.gap == 0
+           else f"optimality gap {plan.search.gap:.3%}"),
     ]
     if pase:
         r = pase_rate(plan) if plan.tables is not None and plan.graph is not None else None
-        lines.append(f"predicted cost: {units(plan.cost)} (PaSE's FLOP-equivalent units: FLOPs plus r x words moved"
+        lines.append(f"predicted cost: {units(plan.cost)} "
+                     "(PaSE's FLOP-equivalent units: FLOPs plus r x words moved"
                      + (f", r = {r:.6g} FLOP per 8-byte word" if r else "")
                      + "); memory is not modelled by PaSE's cost model")
     else:
-        lines.append(f"predicted step time: {units(plan.cost)}; memory per device: {fmt_bytes(plan.memory_per_device)}"
+        lines.append(f"predicted step time: {units(plan.cost)}; "
+                     f"memory per device: {fmt_bytes(plan.memory_per_device)}"
                      + (f" of {fmt_bytes(c['memory_capacity'])}" if c.get("memory_capacity") else ""))
     for name, b in plan.baselines.items():
         lines.append(f"  vs {name.replace('_', ' ')}: {units(b.cost)}"
@@ -528,8 +544,7 @@ def format_report(plan, explain: bool = False) -> str:
     elif not graph_ok or not plan.tables or plan.tables.nodes != [n.name for n in plan.graph.nodes]:
         lines += _generic_rows(plan)
     else:
-        header = ["module", "op", "split", "param placements", "output placements", "compute", "comm", "memory"]
-        lines += _table(_fold(_node_rows(plan)), header)
+        lines += _table(_fold(_node_rows(plan)), NODE_HEADER)
         lines.append("placements per mesh axis: S(i) shard tensor axis i, R replicate, P partial sum;"
                      " comm includes resharding the node's inputs"
                      + ("; compute measured on this machine" if plan.cost_model == "profiled" else ""))

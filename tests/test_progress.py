@@ -130,7 +130,8 @@ def test_a_closed_stream_does_not_break_the_work():
     assert bar.closed
 
 
-@pytest.mark.parametrize("s,text", [(0.04, "0.0 s"), (12.34, "12.3 s"), (185, "3 min 05 s"), (3725, "1 h 02 min")])
+@pytest.mark.parametrize("s,text", [(0.04, "0.0 s"), (12.34, "12.3 s"), (185, "3 min 05 s"),
+                                    (3725, "1 h 02 min")])
 def test_durations(s, text):
     assert fmt_duration(s) == text
 

@@ -20,7 +20,8 @@ from autopar.cost_models.analytic import AnalyticModel
 from autopar.cost_models.memory import node_memory
 from autopar.tables import Config
 
-UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30}
+UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9,
+         "B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30}
 
 
 def value(text: str) -> float:
