@@ -56,7 +56,9 @@ def build_tables(graph: Graph, cluster: Cluster, model: Any = "analytic", space:
     model = make_model(model)
     mesh = cluster.mesh()
     sig_of = getattr(model, "signature", signature)
-    sigs = [sig_of(n) for n in graph.nodes]
+    # Signatures are big tuples whose hash Python recomputes at every lookup: number them once.
+    sig_ids: dict[Any, int] = {}
+    sigs = [sig_ids.setdefault(sig_of(n), len(sig_ids)) for n in graph.nodes]
     index = {n.name: i for i, n in enumerate(graph.nodes)}
 
     cfg_cache: dict[Any, list] = {}

@@ -81,7 +81,7 @@ def _intern(tables: list[np.ndarray]) -> list[int]:
         key = (t.shape, flat[::step].tobytes())
         bucket = buckets.setdefault(key, [])
         for other, fid in bucket:
-            if np.array_equal(other, t):
+            if other is t or np.array_equal(other, t):  # cost models share one array per signature
                 ids.append(fid)
                 break
         else:

@@ -64,30 +64,45 @@ def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
     return min(microbatches, stages - stage)
 
 
-def best_cuts(c: StageCosts, stages: int, capacity: float, schedule: str) -> PipelineSolution | None:
-    """The cut into ``stages`` contiguous stages with the smallest bottleneck that fits ``capacity``."""
+def _segments(c: StageCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per segment [i, j) of positions: its time (inf unless j > i), static and activation memory."""
     n = len(c.time)
-    if stages > n:
-        return None
     pt = np.concatenate([[0.0], np.cumsum(c.time)])
     ps = np.concatenate([[0.0], np.cumsum(c.static_memory)])
     pa = np.concatenate([[0.0], np.cumsum(c.activation_memory)])
     cut = np.concatenate([[0.0], np.asarray(c.cut_time, dtype=float), [0.0]])  # cut[i]: boundary before i
     i = np.arange(n + 1)[:, None]
     j = np.arange(n + 1)[None, :]
-    valid = j > i
     # stage [i, j): its compute, plus receiving at i and sending at j (both directions are in cut_time)
-    seg_time = np.where(valid, pt[j] - pt[i] + cut[i] + cut[j], np.inf)
+    seg_time = np.where(j > i, pt[j] - pt[i] + cut[i] + cut[j], np.inf)
+    return seg_time, ps[j] - ps[i], pa[j] - pa[i]
+
+
+def best_cuts(c: StageCosts, stages: int, capacity: float, schedule: str,
+              segments: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> PipelineSolution | None:
+    """The cut into ``stages`` contiguous stages with the smallest bottleneck that fits ``capacity``.
+
+    ``segments``: ``_segments(c)``, when the caller prices several schedules of one option."""
+    n = len(c.time)
+    if stages > n:
+        return None
+    seg_time, seg_static, seg_acts = segments if segments is not None else _segments(c)
+    pt = np.concatenate([[0.0], np.cumsum(c.time)])
+    cut = np.concatenate([[0.0], np.asarray(c.cut_time, dtype=float), [0.0]])
     best = np.full((stages + 1, n + 1), np.inf)
     arg = np.zeros((stages + 1, n + 1), dtype=np.intp)
     best[0, 0] = 0.0
+    cols = np.arange(n + 1)
+    fitting: dict[int, np.ndarray] = {}  # in-flight count -> segment times that fit (or inf)
+    cand = np.empty((n + 1, n + 1))
     for s in range(1, stages + 1):
         held = in_flight(schedule, s - 1, stages, c.microbatches)
-        mem = ps[j] - ps[i] + held * (pa[j] - pa[i])
-        seg = np.where(mem <= capacity, seg_time, np.inf)
-        cand = np.maximum(best[s - 1][:, None], seg)  # [i, j]
+        if held not in fitting:
+            mem = seg_static + held * seg_acts
+            fitting[held] = np.where(mem <= capacity, seg_time, np.inf)
+        np.maximum(best[s - 1][:, None], fitting[held], out=cand)  # [i, j]
         arg[s] = np.argmin(cand, axis=0)
-        best[s] = cand[arg[s], np.arange(n + 1)]
+        best[s] = cand[arg[s], cols]
     if not np.isfinite(best[stages, n]):
         return None
     bounds = []
@@ -122,8 +137,9 @@ def search(options: list[StageCosts], total_devices: int, capacity: float = math
         stages = total_devices // c.devices
         if stages < 2:
             continue
+        segments = _segments(c) if stages <= len(c.time) else None
         for schedule in schedules:
-            sol = best_cuts(c, stages, capacity, schedule)
+            sol = best_cuts(c, stages, capacity, schedule, segments)
             if sol is None:
                 continue
             key = (sol.cost, max(sol.memory))

@@ -14,6 +14,7 @@ its dim's size and leaving at least K elements per part. Its configs have no mes
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -41,7 +42,14 @@ def mesh_configs(node: Node, mesh: Mesh) -> list[Config]:
     """The default space; ``[0]`` is always the replicated config."""
     if node.unsupported or not node.dims:
         return [replicated(node)]
-    cands = [i for i, d in enumerate(node.dims) if d.splittable and d.size > 1]
+    # A function of the dims' sizes and splittability and of the mesh only: memoised, so the
+    # many nodes (and graphs: the pipeline's microbatch sizes) of one shape enumerate it once.
+    return list(_mesh_configs(tuple((d.size, d.splittable) for d in node.dims), mesh))
+
+
+@functools.lru_cache(maxsize=4096)
+def _mesh_configs(dims: tuple[tuple[int, bool], ...], mesh: Mesh) -> tuple[Config, ...]:
+    cands = [i for i, (size, splittable) in enumerate(dims) if splittable and size > 1]
     bins = len(cands) + 1  # bin 0 = no dim (replicate), bin j > 0 = dim cands[j - 1]
     per_class = []
     for axes in axis_classes(mesh):
@@ -49,15 +57,15 @@ def mesh_configs(node: Node, mesh: Mesh) -> list[Config]:
                           for combo in itertools.combinations_with_replacement(range(bins), len(axes))])
     out: list[Config] = []
     for choice in itertools.product(*per_class):
-        assigned: list[list[int]] = [[] for _ in node.dims]
+        assigned: list[list[int]] = [[] for _ in dims]
         for axes, combo in choice:
             for a, b in zip(axes, combo):  # both ascending: the canonical representative
                 if b:
                     assigned[cands[b - 1]].append(a)
         splits = tuple(math.prod(mesh.shape[a] for a in ax) for ax in assigned)
-        if all(d.size % s == 0 for d, s in zip(node.dims, splits)):
+        if all(size % s == 0 for (size, _), s in zip(dims, splits)):
             out.append(Config(splits=splits, mesh_axes=tuple(tuple(sorted(ax)) for ax in assigned)))
-    return out
+    return tuple(out)
 
 
 def pase_configs(node: Node, devices: int, cutoff: int = 1) -> list[Config]:
