@@ -29,6 +29,7 @@ import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,8 +40,9 @@ from .order import ORDERS, adjacency
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of messages the DP may keep
 
 
-@dataclass(frozen=True)
-class Factor:
+class Factor(NamedTuple):
+    """A table by id over its variables (a tuple: hashed and ordered by (fid, scope) in C)."""
+
     fid: int
     scope: tuple[int, ...]
 
@@ -113,16 +115,19 @@ class _Symbolic:
 
     def key(self, v: int) -> tuple[tuple, tuple[Factor, ...], tuple[int, ...]]:
         """(step key, input factors in key order, message variables in label order)."""
-        inputs = tuple(sorted(self.by_var[v], key=lambda f: (f.fid, f.scope)))
+        inputs = tuple(sorted(self.by_var[v]))  # Factor tuples sort by (fid, scope)
         labels = {v: 0}
         for f in inputs:
             for w in f.scope:
-                labels.setdefault(w, len(labels))
-        key = tuple((f.fid, tuple(labels[w] for w in f.scope)) for f in inputs)
+                if w not in labels:
+                    labels[w] = len(labels)
+        get = labels.__getitem__
+        key = tuple((f.fid, tuple(map(get, f.scope))) for f in inputs)
         return key, inputs, tuple(labels)[1:]
 
-    def eliminate(self, v: int, reuse: bool) -> Step:
-        key, inputs, out_scope = self.key(v)
+    def eliminate(self, v: int, reuse: bool, known: tuple | None = None) -> Step:
+        """``known``: ``key(v)``, when the caller has it and nothing next to v changed since."""
+        key, inputs, out_scope = known if known is not None else self.key(v)
         for f in inputs:
             for w in f.scope:
                 self.by_var[w].discard(f)
@@ -153,6 +158,7 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
     state = _Symbolic(p, factors)
     alive = set(range(p.n))
     cache: dict[int, tuple[tuple, int]] = {}
+    known: dict[int, tuple] = {}  # v -> key(v), current: refreshed whenever v's factors change
     # The alive vertices by their current step key: every vertex of a group has the same
     # amortised score, so the step taken is the least (score, lowest vertex) over the groups,
     # the same as a min over all alive vertices, with one score per distinct key.
@@ -163,7 +169,8 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
     def refresh(v: int) -> None:
         if v in cache:
             members[cache[v][0]] -= 1
-        key, _, out_scope = state.key(v)
+        known[v] = full = state.key(v)
+        key, _, out_scope = full
         work = table_elements(p.sizes, out_scope) * p.sizes[v]
         cache[v] = (key, work)
         work_of[key] = work
@@ -194,7 +201,7 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
                 best = score
         v = best[1]
         members[cache.pop(v)[0]] -= 1
-        step = state.eliminate(v, reuse=True)
+        step = state.eliminate(v, reuse=True, known=known.pop(v))
         alive.remove(v)
         order.append(v)
         if steps is not None:
