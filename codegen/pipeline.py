@@ -1,0 +1,436 @@
+"""Pipeline stages: the traced graph cut into one submodule per stage, run by torch's pipelining.
+
+``pipeline_module(model, plan, example_inputs)`` returns this rank's ``PipelinedModule``. It holds
+the parameters of this rank's stage under the model's own names, and ``train_step(*inputs)`` runs
+one full-batch forward and backward through ``torch.distributed.pipelining`` (``PipelineStage``
+with ``ScheduleGPipe`` or ``Schedule1F1B``), leaves the gradients in ``p.grad`` and returns the
+loss on every rank; the caller then steps its optimizer::
+
+    mod = pipeline_module(model, plan, inputs)
+    opt = torch.optim.AdamW(mod.parameters())
+    for batch in data:
+        opt.zero_grad()
+        loss = mod.train_step(*batch)
+        opt.step()
+
+How the graph is cut (``split_stages``), and why not ``split_module`` or ``pipelining.pipeline``:
+a schedule hands stage k+1 exactly stage k's outputs, so a value that stage 0 makes and stage 2
+reads has to pass *through* stage 1; ``split_module`` wires it from 0 to 2 directly. And shape
+arithmetic (``x.shape``, ``getitem`` of a ``torch.Size``, ``w // heads``) gives Python ints, which
+a stage cannot send. So here each fx node gets a stage:
+
+* an IR node: the plan's stage (stages are contiguous runs of the IR's topological order);
+* another node whose value holds a tensor (``getitem`` of ``split``'s tuple): the earliest stage
+  where its inputs are ready, so tuples never cross a cut;
+* a node whose value holds no tensor (shape arithmetic): recomputed in every stage that reads it;
+* ``get_attr``: emitted where it is read; a parameter read by two stages (tied weights) is refused.
+
+Tensors that a later stage reads are the outputs of every stage in between (in topological order).
+The model's own inputs are not sent: the schedule passes keyword inputs to every stage, so each
+stage after the first takes ``(*carried, **model_inputs)`` and reads the ones it needs (labels for
+the loss, token ids for a mask). Stage submodules are ``fx.GraphModule``s over a copy of the model,
+so their parameters keep their qualified names.
+
+Loss and gradient scaling: the last stage's output is the model's own loss of a microbatch. With a
+mean loss (every zoo model: ``cross_entropy`` averages over its microbatch) and equal microbatches,
+the full-batch loss is the mean of the microbatch losses and its gradient the mean of theirs, so
+the schedule runs with ``scale_grads=True`` (gradients divided by the number of microbatches) and
+``train_step`` returns the mean of the microbatch losses: both equal the single-device full-batch
+values. A model whose loss is a sum would want ``scale_grads=False``; ``loss_reduction="sum"``
+asks for that (and then the returned loss is the sum).
+
+Each stage runs on its own devices. With one device per stage the stage submodule runs as it is;
+intra-stage sharding (several devices per stage, DTensor on a sub-mesh) is not done here yet and a
+plan asking for it is refused with a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+import torch.nn as nn
+from torch.func import functional_call
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass
+class StageGraph:
+    """One stage's fx graph: what it receives from the previous stage and what it passes on."""
+
+    graph: fx.Graph
+    carried_in: list[str]  # tensors received from the previous stage, in order (fx node names)
+    carried_out: list[str]  # tensors sent to the next stage (empty for the last stage)
+    nodes: list[str]  # the fx nodes it runs (recomputed shape arithmetic included)
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def check_stages(stages: Sequence[Any], node_names: Sequence[str], world_size: int | None = None
+                 ) -> list[list[str]]:
+    """The plan's stages as lists of node names, after checking that they can be run.
+
+    Each stage must be a contiguous run of the graph's nodes (in topological order), the stages in
+    order and covering every node once, each on one device for now, and (when ``world_size`` is
+    given) the stages' devices must add up to the process count. Raises a one-line ``ValueError``.
+    """
+    if not stages:
+        raise ValueError("the plan has no pipeline stages; use codegen.dtensor.shard_module")
+    names = [list(getattr(s, "nodes", s)) for s in stages]
+    devices = [int(getattr(s, "devices", 1)) for s in stages]
+    if world_size is not None and sum(devices) != world_size:
+        raise ValueError(f"the plan's {len(stages)} stages need {sum(devices)} processes "
+                         f"(devices per stage: {devices}), but the process group has {world_size}")
+    position = {n: i for i, n in enumerate(node_names)}
+    start = 0
+    for k, stage in enumerate(names):
+        unknown = [n for n in stage if n not in position]
+        if unknown:
+            raise ValueError(f"stage {k} names nodes the graph does not have: {unknown[:3]}")
+        if not stage:
+            raise ValueError(f"stage {k} has no nodes")
+        expected = list(node_names[start:start + len(stage)])
+        if sorted(stage, key=position.__getitem__) != expected:
+            wrong = next(n for n in sorted(stage, key=position.__getitem__) if n not in expected)
+            raise ValueError(f"stage {k}'s nodes are not contiguous in topological order: "
+                             f"{wrong!r} is not among nodes {start}..{start + len(stage) - 1} "
+                             f"({expected[0]!r} .. {expected[-1]!r})")
+        start += len(stage)
+    if start != len(node_names):
+        raise ValueError(f"the stages cover {start} of the graph's {len(node_names)} nodes; "
+                         f"first left out: {node_names[start]!r}")
+    many = [k for k, d in enumerate(devices) if d != 1]
+    if many:
+        raise ValueError(f"stage {many[0]} has {devices[many[0]]} devices: intra-stage sharding "
+                         f"is not supported by codegen.pipeline yet (one device per stage)")
+    return names
+
+
+# -- splitting the graph -----------------------------------------------------------------------
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_tensor(v) for v in value.values())
+    return False
+
+
+class _HoldsTensor(fx.Interpreter):
+    """Runs the graph on meta tensors and records, per node, whether its value holds a tensor."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm, garbage_collect_values=False)
+        self.tensor: dict[str, bool] = {}  # the value holds a tensor (a tensor, a tuple of them)
+        self.is_tensor: dict[str, bool] = {}  # the value is one tensor (can be sent as it is)
+
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        self.tensor[n.name] = _holds_tensor(value)
+        self.is_tensor[n.name] = isinstance(value, torch.Tensor)
+        return value
+
+    def placeholder(self, target, args, kwargs):
+        return _meta(super().placeholder(target, args, kwargs))
+
+    def get_attr(self, target, args, kwargs):
+        return _meta(super().get_attr(target, args, kwargs))
+
+    def call_module(self, target, args, kwargs):
+        m = self.fetch_attr(target)
+        state = {k: _meta(v) for k, v in [*m.named_parameters(), *m.named_buffers()]}
+        return functional_call(m, state, tuple(args), dict(kwargs), strict=False)
+
+
+def _meta(v: Any) -> Any:
+    return v.to("meta") if isinstance(v, torch.Tensor) else v
+
+
+def split_stages(gm: fx.GraphModule, stages: list[list[str]], example_inputs: Sequence[Any]
+                 ) -> list[StageGraph]:
+    """Cut ``gm``'s graph into one fx graph per stage (see the module docstring for the rules).
+
+    ``stages`` come from ``check_stages``; ``example_inputs`` are only run on meta tensors, to
+    tell tensors from shape arithmetic.
+    """
+    probe = _HoldsTensor(gm)
+    probe.run(*example_inputs)
+    last = len(stages) - 1
+    fx_nodes = list(gm.graph.nodes)
+    stage_of: dict[str, int] = {n: k for k, names in enumerate(stages) for n in names}
+    recompute: set[str] = set()  # shape arithmetic: emitted wherever it is read
+    for n in fx_nodes:
+        if n.op in ("placeholder", "get_attr", "output") or n.name in stage_of:
+            continue
+        if probe.tensor[n.name]:
+            stage_of[n.name] = max([_ready(m, stage_of, recompute) for m in n.all_input_nodes],
+                                   default=0)
+        else:
+            recompute.add(n.name)
+    # which nodes each stage emits, and the tensors it needs from earlier stages
+    emit: list[set[str]] = [set() for _ in stages]
+    needs: list[set[str]] = [set() for _ in stages]
+
+    def need(node: fx.Node, k: int) -> None:
+        for m in node.all_input_nodes:
+            if m.op == "placeholder":
+                continue
+            if m.op == "get_attr" or m.name in recompute:
+                if m.name not in emit[k]:
+                    emit[k].add(m.name)
+                    need(m, k)
+                continue
+            s = stage_of[m.name]
+            if s > k:
+                raise ValueError(f"node {node.name!r} in stage {k} reads {m.name!r} of a later "
+                                 f"stage {s}: the stages are not in topological order")
+            if s < k:
+                if not probe.is_tensor[m.name]:
+                    raise ValueError(f"stage {k} reads {m.name!r} of stage {s}, which is not one "
+                                     f"tensor (a stage can only send tensors): move the cut")
+                needs[k].add(m.name)
+
+    for n in fx_nodes:
+        if n.op == "output":
+            need(n, last)
+        elif n.name in stage_of:
+            emit[stage_of[n.name]].add(n.name)
+            need(n, stage_of[n.name])
+    # a tensor read by stage k and made in stage s < k passes through every stage in between
+    carried: list[set[str]] = [set() for _ in stages]  # carried[k]: received by stage k
+    for k, names in enumerate(needs):
+        for v in names:
+            for j in range(stage_of[v] + 1, k + 1):
+                carried[j].add(v)
+    order = {n.name: i for i, n in enumerate(fx_nodes)}
+    carried_in = [sorted(c, key=order.__getitem__) for c in carried]
+    out = []
+    for k in range(len(stages)):
+        out.append(_stage_graph(gm, fx_nodes, emit[k], carried_in[k],
+                                carried_in[k + 1] if k < last else None, first=k == 0))
+    return out
+
+
+def _ready(m: fx.Node, stage_of: dict[str, int], recompute: set[str]) -> int:
+    """The earliest stage where ``m``'s value is available (inputs and attributes: anywhere)."""
+    if m.op in ("placeholder", "get_attr"):
+        return 0
+    if m.name in recompute:
+        return max([_ready(a, stage_of, recompute) for a in m.all_input_nodes], default=0)
+    return stage_of[m.name]
+
+
+def _stage_graph(gm: fx.GraphModule, fx_nodes: list[fx.Node], emit: set[str], carried_in: list[str],
+                 carried_out: list[str] | None, first: bool) -> StageGraph:
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    by_name = {n.name: n for n in fx_nodes}
+    for name in carried_in:
+        env[by_name[name]] = g.placeholder(name)
+    for n in fx_nodes:
+        if n.op == "placeholder":
+            env[n] = g.node_copy(n, lambda a: env[a])
+    for n in fx_nodes:
+        if n.name in emit and n.op != "placeholder":
+            env[n] = g.node_copy(n, lambda a: env[a])
+    if carried_out is None:
+        output = next(n for n in fx_nodes if n.op == "output")
+        g.output(fx.map_arg(output.args[0], lambda a: env[a]))
+    else:
+        g.output(tuple(env[by_name[v]] for v in carried_out))
+    g.lint()
+    return StageGraph(g, list(carried_in), list(carried_out or []),
+                      [n.name for n in fx_nodes if n.name in emit])
+
+
+# -- the module that runs this rank's stage ----------------------------------------------------
+
+
+def _output_is_loss(output: torch.Tensor, target: Any) -> torch.Tensor:
+    """The schedule's ``loss_fn``: the last stage already computed the model's loss."""
+    return output
+
+
+class PipelinedModule(nn.Module):
+    """This rank's pipeline stage, under the model's parameter names; trains via ``train_step``.
+
+    Its children are the stage submodule's children, so ``named_parameters()`` lists exactly this
+    stage's parameters with the original model's qualified names (other stages' parameters live
+    on other ranks).
+    """
+
+    def __init__(self, stage_module: fx.GraphModule, stage_index: int, num_stages: int,
+                 input_names: list[str], microbatches: int, schedule: str, loss_rank: int,
+                 loss_meta: torch.Tensor, group: dist.ProcessGroup | None, device: torch.device,
+                 loss_reduction: str = "mean"):
+        super().__init__()
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        for name, child in stage_module.named_children():
+            self.add_module(name, child)
+        for name, p in stage_module.named_parameters(recurse=False):
+            self.register_parameter(name, p)
+        for name, b in stage_module.named_buffers(recurse=False):
+            self.register_buffer(name, b)
+        self.stage_index, self.num_stages = stage_index, num_stages
+        self.input_names = list(input_names)
+        self.microbatches, self.schedule_name = microbatches, schedule
+        self.loss_reduction = loss_reduction
+        self._loss_rank, self._group, self._device = loss_rank, group, device
+        self._loss_meta = loss_meta
+        self._stage = PipelineStage(stage_module, stage_index, num_stages, device, group=group)
+        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+        self._schedule = kind(self._stage, microbatches, loss_fn=_output_is_loss,
+                              scale_grads=loss_reduction == "mean")
+
+    @property
+    def stage_module(self) -> fx.GraphModule:
+        """The fx GraphModule this rank runs (shares its parameters with this module)."""
+        return self._stage.submod
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def train_step(self, *inputs) -> torch.Tensor:
+        """One full-batch forward and backward through the schedule; the loss, on every rank.
+
+        Every rank passes the same full batch (the model's inputs, in order). Gradients are
+        accumulated into this stage's ``p.grad`` (zero them before, as usual); then step.
+        """
+        return self._run(self._schedule.step, inputs)
+
+    def forward(self, *inputs) -> torch.Tensor:
+        """The full-batch loss, forward only (no gradients), on every rank."""
+        with torch.no_grad():
+            return self._run(self._schedule.eval, inputs)
+
+    def _run(self, run, inputs: tuple) -> torch.Tensor:
+        if len(inputs) != len(self.input_names):
+            raise TypeError(f"the pipelined model takes its {len(self.input_names)} traced inputs "
+                            f"{self.input_names} in order, got {len(inputs)}")
+        inputs = tuple(x.to(self._device) if isinstance(x, torch.Tensor) else x for x in inputs)
+        batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), None)
+        if batch is not None and batch % self.microbatches:
+            raise ValueError(f"batch {batch} does not split into {self.microbatches} equal microbatches")
+        losses: list[torch.Tensor] = []
+        # the loss is the last stage's output; the schedule still wants a target to chunk
+        target = torch.zeros(self.microbatches, device=self._device)
+        common = dict(target=target, losses=losses, return_outputs=False)
+        if self.is_first:
+            run(*inputs, **common)
+        else:  # keyword inputs reach every stage; positional ones only the first
+            run(**common, **dict(zip(self.input_names, inputs)))
+        if self.is_last:
+            loss = torch.stack([x.detach() for x in losses])
+            loss = loss.mean() if self.loss_reduction == "mean" else loss.sum()
+        else:
+            loss = torch.empty(self._loss_meta.shape, dtype=self._loss_meta.dtype, device=self._device)
+        dist.broadcast(loss, src=self._loss_rank, group=self._group)
+        return loss
+
+
+def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
+                    group: dist.ProcessGroup | None = None, schedule: str | None = None,
+                    device: torch.device | str | None = None, loss_reduction: str = "mean"
+                    ) -> PipelinedModule:
+    """This rank's stage of a pipelined plan, ready to ``train_step``.
+
+    ``plan``: an ``autopar.Plan`` with ``stages`` (one device each), ``microbatches`` and
+    ``schedule`` ("gpipe" or "1f1b"; ``schedule=`` overrides it, "" means "gpipe").
+    ``plan.graph`` (with its ``fx_graph``) is used when present, else ``model`` is traced again
+    (a plan loaded from JSON). Needs an initialized process group (``group``: default the world)
+    whose size is the plan's total device count; rank r runs stage r. ``model`` is not modified:
+    the stage runs on a copy. Raises a one-line ``ValueError`` when the plan does not fit.
+    """
+    from torch.distributed.distributed_c10d import get_global_rank
+
+    example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) \
+        else (example_inputs,)
+    schedule = (schedule if schedule is not None else plan.schedule) or "gpipe"
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
+    if loss_reduction not in ("mean", "sum"):
+        raise ValueError(f"loss_reduction must be 'mean' or 'sum', not {loss_reduction!r}")
+    microbatches = int(plan.microbatches)
+    if microbatches < 1:
+        raise ValueError(f"the plan has {microbatches} microbatches")
+    if schedule == "1f1b" and microbatches < len(plan.stages):
+        raise ValueError(f"1F1B needs at least as many microbatches as stages "
+                         f"({microbatches} < {len(plan.stages)})")
+    if not dist.is_initialized():
+        raise RuntimeError("pipeline_module needs an initialized process group (torchrun, or "
+                           "autopar.codegen.launch.launch)")
+    graph = plan.graph
+    if graph is None or getattr(graph, "fx_graph", None) is None:
+        from autopar.trace import trace
+
+        graph = trace(model, example_inputs, progress=False)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    stages = check_stages(plan.stages, [n.name for n in graph.nodes], world)
+    gm = graph.fx_graph
+    if any(n.op == "placeholder" and n.target.startswith("*") for n in gm.graph.nodes):
+        raise ValueError("pipelining needs a model with named inputs (no *args)")
+    modules = stage_modules(model, gm, stages, example_inputs)
+    if device is None:
+        device = _default_device(group)
+    device = torch.device(device)
+    mine = modules[rank].to(device)
+    loss = _loss_meta(gm, example_inputs)
+    input_names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    return PipelinedModule(mine, rank, len(stages), input_names, microbatches, schedule,
+                           get_global_rank(group or dist.group.WORLD, len(stages) - 1), loss,
+                           group, device, loss_reduction)
+
+
+def stage_modules(model: nn.Module, gm: fx.GraphModule, stages: list[list[str]],
+                  example_inputs: Sequence[Any]) -> list[fx.GraphModule]:
+    """One GraphModule per stage over a copy of ``model`` (parameters keep their names).
+
+    ``gm`` is the fx graph traced from ``model`` (its targets are looked up in ``model``).
+    Raises ``ValueError`` when a parameter would be in two stages.
+    """
+    parts = split_stages(gm, stages, example_inputs)
+    root = copy.deepcopy(model)
+    modules = [fx.GraphModule(root, p.graph, class_name=f"Stage{k}") for k, p in enumerate(parts)]
+    _check_disjoint(modules)
+    return modules
+
+
+def _check_disjoint(modules: list[fx.GraphModule]) -> None:
+    """Every parameter in one stage only: a tied weight read by two stages would diverge."""
+    owner: dict[int, tuple[int, str]] = {}
+    for k, m in enumerate(modules):
+        for name, p in m.named_parameters():
+            if id(p) in owner and owner[id(p)][0] != k:
+                j, first = owner[id(p)]
+                raise ValueError(f"parameter {first!r} is used by stages {j} and {k} (tied weights); "
+                                 f"a pipeline needs each parameter in one stage: move the cut")
+            owner.setdefault(id(p), (k, name))
+
+
+def _loss_meta(gm: fx.GraphModule, example_inputs: tuple) -> torch.Tensor:
+    """The model's output on meta tensors: the shape and dtype of the loss to broadcast."""
+    out = _HoldsTensor(gm).run(*example_inputs)
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"a pipelined model must return its loss as one tensor, not {type(out).__name__}")
+    return out
+
+
+def _default_device(group) -> torch.device:
+    if dist.get_backend(group) == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
