@@ -1,0 +1,245 @@
+"""The collectives a plan predicts, itemized: what the analytic model prices, one entry per tensor.
+
+``predicted_collectives(graph, assignment, cluster)`` lists every collective the cost model charges
+a plan for, built with the functions the model prices with (nothing is re-derived here):
+
+* every edge: ``comm.reshard_steps`` from the producer's output layout to the consumer's input
+  layout (forward) and, in training, of the gradient from the consumer's gradient layout back to
+  the producer's (backward); the layouts are ``AnalyticModel._edge_layouts``, the ones
+  ``explain_edge`` prices (``edge_cost`` prices the same on encoded layouts);
+* every node: its weight-gradient sync (backward), one all-reduce per distinct group of mesh axes
+  over which a parameter's gradient is ``Partial`` (``layout.grad_of_input``), as
+  ``AnalyticModel.node_breakdown`` builds it;
+* every graph output a node leaves ``Partial``: an all-reduce before it is returned (forward),
+  as ``AnalyticModel.output_cost``.
+
+Granularity of the weight-gradient sync. The model prices a node's parameters whose gradients
+are partial over the same mesh axes as ONE bucketed all-reduce (what DDP does), so the latency is
+paid once per bucket. The sharded module (``codegen.dtensor``) reduces each parameter's gradient
+on its own, one all-reduce per parameter tensor. The list keeps both: a ``GradSync`` item per
+bucket, priced as the model prices it, names every tensor in it, and the counts
+(``Collectives.forward`` / ``backward``) count one collective per tensor, which is what a module
+that runs the plan issues; ``Collectives.buckets`` counts the buckets as priced. Where the two
+differ (a node with several parameters reduced over the same axes), the price underestimates the
+issued collectives by ``(tensors - 1)`` latency terms per bucket.
+
+Counts are keyed by the names torch's ``CommDebugMode`` gives the functional collectives
+(``TORCH_NAMES``), so they compare directly with ``codegen.comms.measure``. On a CPU (gloo)
+process group DTensor has no all-to-all: it runs an all-gather and keeps its chunk, so
+``counts(phase, backend="gloo")`` names an all-to-all ``all_gather_into_tensor``.
+
+Nested shard order. DTensor shards a tensor axis cut by several mesh axes in mesh-axis order,
+the lowest axis major (``autopar.layout`` says the same). ``comm.reshard_steps`` prices a reshard
+axis by axis, as if each mesh axis could change its placement on its own; that holds only when no
+*higher* mesh axis shards the same tensor axis (before or after): otherwise the blocks a device
+holds are not the ones it needs (``(R, S(0)) -> (S(0), S(0))`` is no local slice: device (0, 1)
+holds rows 2..3 of 4 blocks and needs block 1), and DTensor first gathers the minor shard.
+``Collectives.nested`` lists the reshards of a plan where that happens
+(``nested_order_conflict``); there the module issues other collectives than the model prices.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from autopar.cluster import Cluster
+from autopar.ir import Graph
+from autopar.layout import (Layout, Partial, Shard, format_layout, grad_of_input, node_layouts,
+                            shard_factor, tensor_layout, to_mesh)
+from autopar.tables import Config
+
+from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, check_mode
+from autopar.cost_models.comm import Collective, collective, reshard_steps
+
+# the cost model's kind -> the op name CommDebugMode counts (c10d_functional, namespace stripped)
+TORCH_NAMES = {"all-reduce": "all_reduce", "all-gather": "all_gather_into_tensor",
+               "reduce-scatter": "reduce_scatter_tensor", "all-to-all": "all_to_all_single",
+               "broadcast": "broadcast", "send/recv": "send/recv"}
+
+
+@dataclass(frozen=True)
+class Item:
+    """One predicted collective (for a grad-sync bucket: one priced collective over ``tensors``).
+
+    ``where``: "edge" (a reshard between two nodes), "grad-sync" (a node's weight gradients) or
+    "output" (a graph output left partial). ``tensors``: the tensors it moves, e.g.
+    ``("layers_0:0 -> relu:0",)`` or ``("param:layers_0.weight", "param:layers_0.bias")``.
+    ``nbytes`` of each tensor per device, as the formula's N (for a bucket: the sum).
+    """
+
+    phase: str  # "forward" | "backward"
+    where: str
+    node: str  # the consuming node (edge), the node (grad-sync, output)
+    tensors: tuple[str, ...]
+    collective: Collective
+
+    @property
+    def kind(self) -> str:
+        return self.collective.kind
+
+    @property
+    def op(self) -> str:
+        return TORCH_NAMES[self.collective.kind]
+
+    @property
+    def issued(self) -> int:
+        """How many collectives a module running the plan issues for it (one per tensor)."""
+        return len(self.tensors)
+
+    def __str__(self) -> str:
+        return (f"{self.phase:8s} {self.where:9s} {', '.join(self.tensors)}: "
+                f"{self.collective.formula()}")
+
+
+@dataclass(frozen=True)
+class Reshard:
+    """One edge's reshard in one phase whose per-axis pricing ignores the nested shard order."""
+
+    phase: str
+    tensor: str  # "src:out -> dst:in"
+    src: Layout
+    dst: Layout
+
+    def __str__(self) -> str:
+        return f"{self.phase} {self.tensor}: {format_layout(self.src)} -> {format_layout(self.dst)}"
+
+
+@dataclass
+class Collectives:
+    """The predicted collectives of a plan; ``forward``/``backward`` count them per tensor."""
+
+    items: list[Item] = field(default_factory=list)
+    nested: list[Reshard] = field(default_factory=list)  # see "Nested shard order" above
+
+    def counts(self, phase: str, backend: str = "nccl", per_tensor: bool = True) -> Counter:
+        """CommDebugMode-style counts of ``phase``; ``backend="gloo"``: all-to-all as all-gather
+        (DTensor's fallback on CPU process groups); ``per_tensor=False``: buckets as priced."""
+        c: Counter = Counter()
+        for it in self.items:
+            if it.phase == phase:
+                op = it.op
+                if backend == "gloo" and op == "all_to_all_single":
+                    op = "all_gather_into_tensor"
+                c[op] += it.issued if per_tensor else 1
+        return c
+
+    def _count(self, phase: str, per_tensor: bool = True) -> Counter:
+        return self.counts(phase, per_tensor=per_tensor)
+
+    @property
+    def forward(self) -> Counter:
+        return self._count("forward")
+
+    @property
+    def backward(self) -> Counter:
+        return self._count("backward")
+
+    @property
+    def buckets(self) -> tuple[Counter, Counter]:
+        """(forward, backward) counts as priced: one per grad-sync bucket."""
+        return self._count("forward", False), self._count("backward", False)
+
+    @property
+    def seconds(self) -> float:
+        """What the cost model charges for all of them."""
+        return sum(it.collective.seconds for it in self.items)
+
+    def of(self, where: str | None = None, node: str | None = None) -> list[Item]:
+        return [it for it in self.items
+                if (where is None or it.where == where) and (node is None or it.node == node)]
+
+    def lines(self) -> list[str]:
+        return [str(it) for it in self.items]
+
+
+def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: Cluster,
+                          mode: str = "train", model: AnalyticModel | None = None) -> Collectives:
+    """Every collective the analytic cost model charges ``assignment`` for, in graph order.
+
+    A node missing from ``assignment`` is replicated (as codegen runs it).
+    """
+    mode = check_mode(mode)
+    model = model or AnalyticModel()
+    mesh = cluster.mesh()
+    out = Collectives()
+    nodes = {n.name for n in graph.nodes}
+
+    def cfg_of(name: str) -> Config:
+        node = graph.node(name)
+        c = assignment.get(name) or Config((1,) * len(node.dims), ((),) * len(node.dims))
+        m = to_mesh(c, mesh)
+        if m is None:
+            raise ValueError(f"node {name}: config {c} is not realizable on mesh {mesh.shape}")
+        return m
+
+    for n in graph.nodes:
+        for i, op in enumerate(n.inputs):
+            if not op.is_node:
+                continue
+            src = graph.node(op.source)
+            spec, s_lay, d_lay, d_grad, s_grad = model._edge_layouts(
+                src, op.output, n, i, [cfg_of(src.name)], [cfg_of(n.name)], mesh)
+            name = f"{src.name}:{op.output} -> {n.name}:{i}"
+            phases = [("forward", s_lay[0], d_lay[0])]
+            if mode == "train" and spec.dtype in FLOAT_DTYPES:
+                phases.append(("backward", d_grad[0], s_grad[0]))
+            for phase, a, b in phases:
+                for step in reshard_steps(spec.nbytes, a, b, mesh, cluster):
+                    out.items.append(Item(phase, "edge", n.name, (name,), step))
+                if nested_order_conflict(a, b):
+                    out.nested.append(Reshard(phase, name, a, b))
+        if mode == "train":
+            out.items += _grad_sync(n, cfg_of(n.name), mesh, cluster)
+    for name, idx in graph.outputs:
+        if name not in nodes:
+            continue
+        node = graph.node(name)
+        spec = node.outputs[idx]
+        lay = tensor_layout(node, cfg_of(name), spec, mesh, output=True)
+        axes = [a for a, x in enumerate(lay) if isinstance(x, Partial)]
+        if axes:
+            c = collective("all-reduce", spec.nbytes / shard_factor(lay, mesh), axes, mesh, cluster)
+            if c.p > 1:
+                out.items.append(Item("forward", "output", name, (f"{name}:{idx}",), c))
+    return out
+
+
+def _grad_sync(node, cfg: Config, mesh, cluster: Cluster) -> list[Item]:
+    """``AnalyticModel.node_breakdown``'s "weight-grad sync (one bucket)" terms, with their tensors."""
+    groups: dict[tuple[int, ...], list[tuple[str, float]]] = {}
+    lay = node_layouts(node, cfg, mesh)
+    for op, pl in zip(node.params, lay.params):
+        if op.spec.dtype not in FLOAT_DTYPES:
+            continue
+        g = grad_of_input(pl, node, cfg, mesh)
+        axes = tuple(a for a, x in enumerate(g) if isinstance(x, Partial))
+        if axes:
+            groups.setdefault(axes, []).append((op.source, op.spec.nbytes / shard_factor(pl, mesh)))
+    items = []
+    for axes, params in groups.items():
+        c = collective("all-reduce", sum(b for _, b in params), axes, mesh, cluster)
+        if c.p > 1:
+            items.append(Item("backward", "grad-sync", node.name, tuple(s for s, _ in params), c))
+    return items
+
+
+def _dims(pl) -> set:
+    return {pl.axis} if isinstance(pl, Shard) else set()
+
+
+def nested_order_conflict(src: Layout, dst: Layout) -> bool:
+    """Does some mesh axis change its placement of a tensor axis that a higher mesh axis also
+    shards (in ``src`` or ``dst``) and does not change the same way? Then the per-axis steps of
+    ``comm.reshard_steps`` may not be what DTensor can run (see "Nested shard order" above): a
+    superset of the reshards where the issued collectives differ. ``x -> Partial`` is free.
+    """
+    for a, (s, d) in enumerate(zip(src, dst)):
+        if s == d or isinstance(d, Partial):
+            continue
+        moved = _dims(s) | _dims(d)
+        for b in range(a + 1, len(src)):
+            # axes that change the same way run as one collective over the flattened group
+            if moved & (_dims(src[b]) | _dims(dst[b])) and (src[b], dst[b]) != (s, d):
+                return True
+    return False
