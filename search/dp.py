@@ -66,8 +66,8 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
        ilp_time_limit: float = 60.0, max_multipliers: int = 60) -> Solution:
     """The exact optimum; see the module docstring for the memory limit.
 
-    ``order``: "auto" (least work among the candidates), "pase", "min_weight", "min_fill" or
-    "reuse".
+    ``order``: "auto" (least work among the candidates), "pase", "min_weight", "min_fill",
+    "reuse" or "reuse_defer".
     ``reuse``: compute repeated identical steps once (exact; off only to test that it is).
     ``memory_budget``: bytes of DP tables allowed; above it SearchTooLargeError (a MemoryError).
     ``ilp_fallback``, ``ilp_time_limit``: under a memory limit the Lagrangian bound does not close,

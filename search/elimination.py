@@ -69,6 +69,7 @@ class EliminationPlan:
     message_bytes: int  # float64 messages kept alive until back-substitution
     largest_message: int  # elements
     reused_steps: int = 0
+    widest: int = 0  # most variables in one message (numpy arrays take at most 64 axes)
     originals: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
 
@@ -144,7 +145,8 @@ class _Symbolic:
         return Step(v, inputs, out, hit, work)
 
 
-def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = None) -> list[int]:
+def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = None,
+                defer: float = 1.0) -> list[int]:
     """Greedy on the work *left to compute*: a step whose key was seen costs nothing, and a step
     that n alive nodes share (the same node of n identical blocks, with the same factors around
     it) costs 1/n of its table, since the other n - 1 will reuse it. Table size (PaSE's dependent
@@ -154,7 +156,13 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
     (which makes every block's steps different).
 
     ``steps``: a list that receives the steps of the walk, which are those ``plan`` would give
-    this order with reuse on (same start, same eliminations), so it need not walk it again."""
+    this order with reuse on (same start, same eliminations), so it need not walk it again.
+
+    ``defer``: a step whose message reaches a node of more configs than the one eliminated
+    counts ``defer`` times its work. Greedy on work alone eliminates a cheap small node early (a
+    layer norm of 100 configs next to the residual of 400) and then carries the bigger neighbour
+    through every later step of the block (each |v| * |next| * 400 instead of * 100); deferring
+    such steps keeps the small node as the carried variable. ``choose_plan`` tries both."""
     state = _Symbolic(p, factors)
     alive = set(range(p.n))
     cache: dict[int, tuple[tuple, int]] = {}
@@ -164,7 +172,7 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
     # the same as a min over all alive vertices, with one score per distinct key.
     groups: dict[tuple, list[int]] = {}  # key -> heap of vertices (stale entries skipped)
     members: Counter = Counter()  # key -> alive vertices whose current key it is (``sharing``)
-    work_of: dict[tuple, int] = {}
+    work_of: dict[tuple, float] = {}
 
     def refresh(v: int) -> None:
         if v in cache:
@@ -173,7 +181,9 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
         key, _, out_scope = full
         work = table_elements(p.sizes, out_scope) * p.sizes[v]
         cache[v] = (key, work)
-        work_of[key] = work
+        # the step's sizes follow from its key (equal ids, equal tables), so this is per key
+        grows = defer != 1.0 and p.sizes[v] > 1 and any(p.sizes[w] > p.sizes[v] for w in out_scope)
+        work_of[key] = work * defer if grows else work
         members[key] += 1
         heapq.heappush(groups.setdefault(key, []), v)
 
@@ -211,6 +221,12 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
     return order
 
 
+MAX_AXES = 60  # a message and its eliminated variable must stay under numpy's 64 axes
+
+# reuse_order's variants by name -> their ``defer`` factor
+REUSE_ORDERS = {"reuse": 1.0, "reuse_defer": 16.0}
+
+
 def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
          reuse: bool = True, give_up_above: int | None = None,
          steps: list[Step] | None = None) -> EliminationPlan | None:
@@ -230,11 +246,12 @@ def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
                 if give_up_above is not None and so_far > give_up_above:
                     return None
     constants = []
-    work = total = message_elems = largest = reused_steps = 0
+    work = total = message_elems = largest = reused_steps = widest = 0
     for step in steps:
         size = step.work // p.sizes[step.v]
         total += step.work
         largest = max(largest, size)
+        widest = max(widest, len(step.out.scope))
         if step.reused:
             reused_steps += 1
         else:
@@ -245,34 +262,34 @@ def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
     if give_up_above is not None and work > give_up_above:
         return None
     return EliminationPlan(order_name, list(order), steps, constants, work, total,
-                           8 * message_elems, largest, reused_steps)
+                           8 * message_elems, largest, reused_steps, widest)
 
 
 def choose_plan(p: Problem, factors: list[Factor], order: str = "auto", reuse: bool = True,
                 memory_budget: float = DEFAULT_MEMORY_BUDGET) -> EliminationPlan:
     """The plan with the least computed work among the candidate orders that fit the budget.
 
-    The "reuse" candidate is walked first (it is usually the least work on repeated blocks);
+    The reuse candidates are walked first (it is usually the least work on repeated blocks);
     a later candidate's walk stops once its work exceeds the least work of a fitting plan so far,
     since it cannot be chosen. Ties go to the earlier name of ``auto``'s list, as a full
     comparison would."""
-    known = [*ORDERS, "reuse"]
+    known = [*ORDERS, *REUSE_ORDERS]
     names = known if order == "auto" else [order]
     if any(name not in known for name in names):
         raise ValueError(f"unknown elimination order {order!r}; one of auto, {', '.join(known)}")
-    if not reuse and "reuse" in names and len(names) > 1:
-        names.remove("reuse")
+    if not reuse and len(names) > 1:
+        names = [name for name in names if name not in REUSE_ORDERS]
     adj = adjacency(p.n, p.edges.keys())
 
     def fits(pl: EliminationPlan) -> bool:
-        return pl.message_bytes + 8 * TILE_ELEMENTS <= memory_budget
+        return pl.message_bytes + 8 * TILE_ELEMENTS <= memory_budget and pl.widest < MAX_AXES
 
     plans: dict[str, EliminationPlan] = {}
     bound: int | None = None
-    for name in sorted(names, key=lambda n: n != "reuse"):
-        if name == "reuse":
+    for name in sorted(names, key=lambda n: n not in REUSE_ORDERS):
+        if name in REUSE_ORDERS:
             walked: list[Step] = []
-            o = reuse_order(p, factors, walked)
+            o = reuse_order(p, factors, walked, REUSE_ORDERS[name])
             pl = plan(p, factors, o, name, reuse, steps=walked if reuse else None)
         else:
             pl = plan(p, factors, ORDERS[name](adj, p.sizes), name, reuse, give_up_above=bound)
