@@ -215,6 +215,19 @@ def _lstm(node: Node, config: Config, device) -> OpCall:
     return OpCall(lambda x: lstm(x)[0], [x], tuple(lstm.parameters()))
 
 
+def clock(device="cpu") -> Callable[[], float]:
+    """The clock a timing reads: on a CPU running torch on one thread, this thread's CPU time.
+
+    One thread means the op (forward and autograd's backward alike) runs on the calling thread,
+    so its CPU time is its work on the core, including memory stalls, but not the time the OS
+    gave the core to other processes: on a shared machine, wall time would charge each op for
+    whatever else ran at the moment it was measured. GPUs and multi-threaded CPUs use wall time.
+    """
+    if torch.device(device).type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -247,16 +260,18 @@ def time_op(call: OpCall, backward: bool = True, repeats: int = 5, warmup: int =
                 if isinstance(o, torch.Tensor) and o.requires_grad]
         grads = [torch.randn_like(o) for o in outs] if outs else None
 
+    now = clock(device)
+
     def timed(f) -> float:
         for _ in range(warmup):
             f()
         _sync(device)
         ts = []
         for _ in range(repeats):
-            t = time.perf_counter()
+            t = now()
             f()
             _sync(device)
-            ts.append(time.perf_counter() - t)
+            ts.append(now() - t)
         return statistics.median(ts)
 
     fwd = timed(lambda: _run_fb(call, None))
@@ -264,3 +279,34 @@ def time_op(call: OpCall, backward: bool = True, repeats: int = 5, warmup: int =
         return fwd, (0.0 if backward else None)
     fb = timed(lambda: _run_fb(call, grads))
     return fwd, max(fb - fwd, 0.0)
+
+
+OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
+
+
+def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats: int = 5,
+                   warmup: int = 2, device="cpu") -> float:
+    """Median seconds of one ``torch.optim`` update of parameters of these local shapes.
+
+    The optimizer is built with torch's defaults (as a training script would), gradients are set,
+    and its state is created by the warm-up steps, so only the steady-state update is timed.
+    """
+    if name not in OPTIMIZERS:
+        raise NotRunnable(f"optimizer {name!r} unknown to the runner (know {', '.join(OPTIMIZERS)})")
+    params = []
+    for shape, dtype in shapes:
+        p = torch.randn(shape, dtype=getattr(torch, dtype), device=device, requires_grad=True)
+        p.grad = torch.randn_like(p)
+        params.append(p)
+    opt = getattr(torch.optim, OPTIMIZERS[name])(params, lr=1e-3)
+    for _ in range(max(1, warmup)):
+        opt.step()
+    _sync(device)
+    now = clock(device)
+    ts = []
+    for _ in range(repeats):
+        t = now()
+        opt.step()
+        _sync(device)
+        ts.append(now() - t)
+    return statistics.median(ts)

@@ -44,7 +44,9 @@ def device_name(device: str = "cpu") -> str:
             model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
     except OSError:
         pass
-    return f"cpu:{model}:{platform.machine()}"
+    # one thread, timed on the thread's CPU clock (op_runner.clock): not comparable with the
+    # wall-clock timings earlier versions stored under the bare name
+    return f"cpu:{model}:{platform.machine()}:thread-cpu-time"
 
 
 def op_signature(node: Node, config: Config) -> str:
@@ -82,46 +84,120 @@ class Progress:
 
 @dataclass(frozen=True)
 class CommFit:
-    """All-reduce time ``t(N) = alpha_total + beta_total * N`` on ``world`` ranks, as link terms."""
+    """All-reduce time ``t(N) = alpha_total + beta_total * N`` on ``world`` ranks, as link terms.
+
+    ``via``: what was timed, ``"dtensor"`` (a DTensor ``Partial -> Replicate`` redistribute, the
+    call autopar's generated module makes for every collective, so its latency includes DTensor's
+    own per-collective overhead) or ``"process_group"`` (a bare ``dist.all_reduce``).
+    """
 
     latency: float  # per hop, s
     bandwidth: float  # bytes/s per device, one direction
     world: int
+    via: str = "process_group"
 
 
-def fit_collectives(sizes=(2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20), repeats: int = 5,
-                    device: str = "cpu") -> CommFit | None:
+def _timer(device: str):
+    import time
+
+    import torch
+
+    def sync():
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+
+    def fastest(f, repeats: int, warmup: int) -> float:
+        import torch.distributed as dist
+
+        for _ in range(warmup):
+            f()
+        sync()
+        ts = []
+        for _ in range(repeats):
+            dist.barrier()
+            t = time.perf_counter()
+            f()
+            sync()
+            ts.append(time.perf_counter() - t)
+        return min(ts)
+
+    return fastest
+
+
+def fit_line(sizes, seconds) -> tuple[float, float]:
+    """``(c0, c1)`` of ``t = c0 + c1 * N`` by least squares on *relative* error (each point
+    weighted by ``1 / t``), so that small messages, where the latency shows, count as much as
+    large ones; both clamped positive."""
+    import numpy as np
+
+    x = np.asarray(sizes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    w = 1.0 / np.maximum(t, 1e-12)
+    a = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (c0, c1), *_ = np.linalg.lstsq(a, t * w, rcond=None)
+    return max(float(c0), 1e-7), max(float(c1), 1e-13)
+
+
+def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats: int = 7,
+                    device: str = "cpu", via: str = "dtensor") -> CommFit | None:
     """Fit alpha and beta of a ring all-reduce on the live process group (None without one).
 
     Every rank must call it (it runs collectives); the fit is all-reduced with MAX so that all
     ranks price plans alike. ``t = 2(p-1) a + 2(p-1)/p N / bw`` is the ring model of ``comm``.
+    Each size is timed ``repeats`` times after a warm-up and the fastest run kept: other
+    processes on a shared machine only ever add delay (milliseconds, at random), and a fit to
+    delayed runs prices every plan's collectives by the load of the moment it was taken. The line
+    is fitted on relative error (``fit_line``).
+    ``via="dtensor"`` (default, when DTensor is available) times the all-reduce as autopar's
+    generated module issues it, a ``Partial -> Replicate`` redistribute on a 1-D mesh over all
+    ranks: its fixed cost is DTensor's dispatch plus the library's latency, both of which every
+    reshard of a plan pays. ``via="process_group"`` times a bare ``dist.all_reduce``.
     """
-    import numpy as np
     import torch
     import torch.distributed as dist
-    import time
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
+    if via not in ("dtensor", "process_group"):
+        raise ValueError(f"via must be 'dtensor' or 'process_group', not {via!r}")
     p = dist.get_world_size()
+    repeats = max(3, repeats)
+    fastest = _timer(device)
+    run = None
+    if via == "dtensor":
+        try:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import DTensor, Partial, Replicate
+
+            mesh = init_device_mesh(torch.device(device).type, (p,))
+
+            def run(buf):
+                d = DTensor.from_local(buf, mesh, [Partial()], run_check=False)
+
+                def once():
+                    out = d.redistribute(mesh, [Replicate()]).to_local()
+                    wait = getattr(out, "wait", None)  # an AsyncCollectiveTensor: finish it
+                    return wait() if callable(wait) else out
+                return once
+        except Exception:  # no DTensor in this build: the bare collective
+            via, run = "process_group", None
+    if run is None:
+        def run(buf):
+            return lambda: dist.all_reduce(buf)
+
+    warm = torch.zeros(1024, dtype=torch.float32, device=device)
+    for _ in range(5):  # connections and first-call costs, before any size is timed
+        run(warm)()
     xs, ts = [], []
     for n in sizes:
-        buf = torch.zeros(n // 4, dtype=torch.float32, device=device)
-        dist.all_reduce(buf)  # warm-up: connections, allocations
-        for _ in range(repeats):
-            dist.barrier()
-            t = time.perf_counter()
-            dist.all_reduce(buf)
-            if buf.is_cuda:
-                torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t)
-            xs.append(float(n))
-    a = np.stack([np.ones(len(xs)), np.asarray(xs)], axis=1)
-    (c0, c1), *_ = np.linalg.lstsq(a, np.asarray(ts), rcond=None)
-    fit = torch.tensor([max(c0, 1e-7), max(c1, 1e-13)], dtype=torch.float64, device=device)
+        buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=device)
+        ts.append(fastest(run(buf), repeats, 2))
+        xs.append(float(n))
+    c0, c1 = fit_line(xs, ts)
+    fit = torch.tensor([c0, c1], dtype=torch.float64, device=device)
     dist.all_reduce(fit, op=dist.ReduceOp.MAX)
     c0, c1 = float(fit[0]), float(fit[1])
-    return CommFit(latency=c0 / (2 * (p - 1)), bandwidth=2 * (p - 1) / p / c1, world=p)
+    return CommFit(latency=c0 / (2 * (p - 1)), bandwidth=2 * (p - 1) / p / c1, world=p, via=via)
 
 
 @dataclass
@@ -130,6 +206,10 @@ class ProfiledModel(AnalyticModel):
 
     ``cache_path``: SQLite file (default ``$AUTOPAR_CACHE`` or ``~/.cache/autopar/profile.sqlite``).
     ``max_estimate``: ops whose analytic forward exceeds this many seconds are not run.
+    ``optimizer`` (``adam``, ``adamw``, ``sgd`` or None): the update a training step ends with is
+    timed on each node's local parameter shards (torch's default implementation) and added as a
+    term; replicated parameters are updated whole on every device, sharded ones in part, so this
+    is what a data-parallel plan pays and a tensor-parallel one saves.
     ``measurements`` counts ops actually run (0 on a fully cached second run).
     """
 
@@ -140,6 +220,8 @@ class ProfiledModel(AnalyticModel):
     warmup: int = 2
     max_estimate: float = 2.0
     fit_comm: bool = True
+    comm_via: str = "dtensor"  # what ``fit_collectives`` times: "dtensor" or "process_group"
+    optimizer: str | None = "adam"  # whose update is measured on each node's local params; None: unpriced
     measurements: int = field(default=0, init=False)
     fallbacks: dict = field(default_factory=dict, init=False, repr=False)  # signature -> why
     cache: ProfileCache = field(init=False, repr=False)
@@ -158,7 +240,7 @@ class ProfiledModel(AnalyticModel):
     def comm_cluster(self, cluster: Cluster) -> Cluster:
         """The cluster with its links replaced by the live process group's fit, if any."""
         if not self._comm_done:
-            self.comm, self._comm_done = fit_collectives(device=self.device), True
+            self.comm, self._comm_done = fit_collectives(device=self.device, via=self.comm_via), True
         if self.comm is None or self.comm.world != cluster.devices:
             return cluster
         c = self.comm
@@ -185,6 +267,52 @@ class ProfiledModel(AnalyticModel):
         self.measurements += 1
         self.cache.put(self._device, self._torch, sig, timing)
         return timing
+
+    def _optimizer_shapes(self, node: Node, config: Config) -> list[tuple[tuple[int, ...], str]]:
+        from autopar.cost_models.op_runner import FLOAT, local_shape
+
+        if not self.optimizer:
+            return []
+        return [(local_shape(node, config, p.spec), p.spec.dtype) for p in node.params
+                if p.spec.dtype in FLOAT]
+
+    def optimizer_signature(self, node: Node, config: Config) -> str | None:
+        """The cache key of ``node``'s parameter update under ``config`` (None: nothing to update)."""
+        shapes = self._optimizer_shapes(node, config)
+        return repr(("optimizer", self.optimizer, shapes)) if shapes else None
+
+    def optimizer_timing(self, node: Node, config: Config) -> Timing | None:
+        """The cached or measured update of ``node``'s local float parameters (None: none)."""
+        sig = self.optimizer_signature(node, config)
+        if sig is None:
+            return None
+        shapes = self._optimizer_shapes(node, config)
+        hit = self.cache.get(self._device, self._torch, sig)
+        if hit is not None:
+            return hit
+        timing = self._measure_optimizer(shapes)
+        self.measurements += 1
+        self.cache.put(self._device, self._torch, sig, timing)
+        return timing
+
+    def _measure_optimizer(self, shapes) -> Timing:
+        import torch
+
+        from autopar.cost_models.op_runner import NotRunnable, time_optimizer
+
+        threads = torch.get_num_threads()
+        cpu = torch.device(self.device).type == "cpu"
+        if cpu:
+            torch.set_num_threads(1)
+        try:
+            return Timing(time_optimizer(self.optimizer, shapes, self.repeats, self.warmup, self.device), 0.0)
+        except NotRunnable as e:
+            return Timing(None, None, str(e))
+        except Exception as e:
+            return Timing(None, None, f"{type(e).__name__}: {str(e)[:120]}")
+        finally:
+            if cpu:
+                torch.set_num_threads(threads)
 
     def _measure(self, node: Node, config: Config) -> Timing:
         import torch
@@ -217,10 +345,12 @@ class ProfiledModel(AnalyticModel):
         est = next(t.seconds for t in nc.terms if t.label == "compute forward")
         t = self.timing(node, config, est)
         rest = [x for x in nc.terms if x.label not in _COMPUTE]
+        if mode == "train":
+            rest += self._optimizer_terms(node, config, text)
         if t.error:
             why = f"analytic, not measured: {t.error}"
             nc.terms = [dataclasses.replace(x, label=f"{x.label} ({why})") if x.label in _COMPUTE else x
-                        for x in nc.terms]
+                        for x in nc.terms if x.label in _COMPUTE] + rest
             return nc
         measured = [Term("compute forward (measured)", t.forward,
                          f"median of {self.repeats} on {self._device} = {t.forward:.4g} s" if text else "")]
@@ -229,6 +359,14 @@ class ProfiledModel(AnalyticModel):
                                  f"median(fwd+bwd) - median(fwd) = {t.backward:.4g} s" if text else ""))
         nc.terms = measured + rest
         return nc
+
+    def _optimizer_terms(self, node: Node, config: Config, text: bool) -> list[Term]:
+        o = self.optimizer_timing(node, config)
+        if o is None or o.error:
+            return []  # no parameters, or an update the runner cannot time: left unpriced
+        return [Term("optimizer step (measured)", o.forward,
+                     f"{self.optimizer} update of the local parameter shards, median of {self.repeats} "
+                     f"= {o.forward:.4g} s" if text else "")]
 
     # -- a whole graph up front, with a progress bar ------------------------------------------
     def profile(self, graph: Graph, cluster: Cluster, mode: str = "train", space: str = "mesh",
@@ -243,6 +381,8 @@ class ProfiledModel(AnalyticModel):
                 m = to_mesh(c, mesh)
                 if m is not None:
                     todo.setdefault(op_signature(n, m), (n, m))
+                    if mode == "train" and (o := self.optimizer_signature(n, m)) is not None:
+                        todo.setdefault(o, (n, m))
         missing = [(n, c) for s, (n, c) in todo.items()
                    if self.cache.get(self._device, self._torch, s) is None]
         before = self.measurements

@@ -102,6 +102,7 @@ def _fit_worker(rank, world, init, out):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         fit = fit_collectives(sizes=(2 ** 10, 2 ** 16, 2 ** 18), repeats=3)
+        assert fit.via == "dtensor"  # timed as the generated module issues it
         model = ProfiledModel(cache_path=f"{out}.sqlite")
         cl = model.comm_cluster(autopar.Cluster.preset("cpu", devices=world))
         with open(f"{out}.{rank}", "w") as f:
@@ -121,3 +122,75 @@ def test_alpha_beta_fitted_on_live_gloo_group(tmp_path):
     assert lat > 0 and bw > 0 and c_lat > 0 and c_bw > 0
     preset = autopar.Cluster.preset("cpu", devices=2)
     assert (c_lat, c_bw) != (preset.intra_latency, preset.intra_bandwidth)  # the model's own fit
+
+
+def _linear_node():
+    g = autopar.trace(torch.nn.Linear(64, 32), (torch.randn(16, 64),))
+    return next(n for n in g.nodes if n.op == "linear")
+
+
+def test_optimizer_update_is_measured_and_cached(tmp_path):
+    node = _linear_node()
+    full = Config(tuple(1 for _ in node.dims), tuple(() for _ in node.dims))
+    out_dim = [d.name for d in node.dims].index(node.params[0].spec.axes[0][0])
+    half = Config(tuple(2 if i == out_dim else 1 for i in range(len(node.dims))),
+                  tuple((0,) if i == out_dim else () for i in range(len(node.dims))))
+    path = str(tmp_path / "p.sqlite")
+    model = ProfiledModel(cache_path=path, optimizer="adamw")
+    terms = {t.label: t.seconds for t in model.node_breakdown(node, full, CPU2).terms}
+    assert terms["optimizer step (measured)"] > 0
+    assert model.measurements == 2  # the op and its parameters' update
+    # a column split updates half of the weight and bias: a different signature, measured anew
+    assert model.optimizer_signature(node, half) != model.optimizer_signature(node, full)
+    again = ProfiledModel(cache_path=path, optimizer="adamw")
+    t2 = {t.label: t.seconds for t in again.node_breakdown(node, full, CPU2).terms}
+    assert again.measurements == 0 and t2["optimizer step (measured)"] == terms["optimizer step (measured)"]
+    # the optimizer is part of the key: adam's update is not adamw's
+    assert ProfiledModel(cache_path=path).optimizer_signature(node, full) != again.optimizer_signature(node, full)
+    # inference has no update; optimizer=None prices none
+    assert not any("optimizer" in t.label for t in again.node_breakdown(node, full, CPU2, "inference").terms)
+    none = ProfiledModel(cache_path=path, optimizer=None)
+    assert not any("optimizer" in t.label for t in none.node_breakdown(node, full, CPU2).terms)
+
+
+def test_profile_measures_optimizer_updates_up_front(tmp_path):
+    g = _mlp_graph()
+    path = str(tmp_path / "p.sqlite")
+    first = ProfiledModel(cache_path=path)
+    assert first.profile(g, CPU2) > 0
+    second = ProfiledModel(cache_path=path)
+    assert second.profile(g, CPU2) == 0
+    build_tables(g, CPU2, second)
+    assert second.measurements == 0  # nothing, not even an update, left to measure lazily
+
+
+def test_fit_line_recovers_alpha_beta_on_relative_error():
+    from autopar.cost_models.profiled import fit_line
+
+    sizes = [2 ** 12, 2 ** 16, 2 ** 20, 2 ** 22]
+    c0, c1 = fit_line(sizes, [1e-4 + 2e-10 * n for n in sizes])
+    assert math.isclose(c0, 1e-4, rel_tol=1e-6) and math.isclose(c1, 2e-10, rel_tol=1e-6)
+    # the small messages decide the latency: one slow large message barely moves it
+    noisy = [1e-4 + 2e-10 * n for n in sizes]
+    noisy[-1] *= 1.3
+    assert 0.8e-4 < fit_line(sizes, noisy)[0] < 1.2e-4
+    assert fit_line([1, 2], [2e-3, 1e-3]) == (1e-3 * 3, 1e-13) or fit_line([1, 2], [2e-3, 1e-3])[1] == 1e-13
+
+
+def test_cpu_ops_are_timed_on_the_thread_cpu_clock():
+    import time
+
+    from autopar.cost_models.op_runner import clock
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        now = clock("cpu")
+        assert now is time.thread_time
+        t = now()
+        time.sleep(0.05)  # the core given away (to another process, here to nobody) is not charged
+        assert now() - t < 0.025
+    finally:
+        torch.set_num_threads(threads)
+    if threads > 1:
+        assert clock("cpu") is time.perf_counter
