@@ -34,3 +34,8 @@ bench-update: setup
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache
+
+# Whole-plan time and peak memory per case, each in a fresh process: writes benchmarks/plan_speed.md
+.PHONY: bench-speed
+bench-speed: setup
+	$(PY) -m benchmarks.plan_speed
