@@ -39,14 +39,20 @@ the schedule runs with ``scale_grads=True`` (gradients divided by the number of 
 values. A model whose loss is a sum would want ``scale_grads=False``; ``loss_reduction="sum"``
 asks for that (and then the returned loss is the sum).
 
-Each stage runs on its own devices. With one device per stage the stage submodule runs as it is;
-intra-stage sharding (several devices per stage, DTensor on a sub-mesh) is not done here yet and a
-plan asking for it is refused with a ``ValueError``.
+Each stage runs on its own devices. With one device per stage the stage submodule runs as it is
+and rank k runs stage k. With d devices per stage (every stage the same d, the inner axes of the
+plan's mesh; the stages take the outer ones, as ``autopar.pipeline_plan`` prices them), ranks
+k*d .. k*d+d-1 run stage k: a ``(stages, *sub-mesh)`` DeviceMesh gives each stage its sub-mesh, on
+which ``codegen.dtensor.shard_module`` shards the stage's IR (at microbatch size, the plan's configs
+shifted back onto the sub-mesh), and a "pp" group per sub-mesh position that the schedule sends
+along. A sharded stage takes and returns whole (replicated) tensors, so what crosses a cut is a
+plain tensor and its gradient arrives whole on every rank of the stage before.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -77,8 +83,9 @@ def check_stages(stages: Sequence[Any], node_names: Sequence[str], world_size: i
     """The plan's stages as lists of node names, after checking that they can be run.
 
     Each stage must be a contiguous run of the graph's nodes (in topological order), the stages in
-    order and covering every node once, each on one device for now, and (when ``world_size`` is
-    given) the stages' devices must add up to the process count. Raises a one-line ``ValueError``.
+    order and covering every node once, all on the same number of devices, and (when
+    ``world_size`` is given) the stages' devices must add up to the process count. Raises a
+    one-line ``ValueError``.
     """
     if not stages:
         raise ValueError("the plan has no pipeline stages; use codegen.dtensor.shard_module")
@@ -105,10 +112,11 @@ def check_stages(stages: Sequence[Any], node_names: Sequence[str], world_size: i
     if start != len(node_names):
         raise ValueError(f"the stages cover {start} of the graph's {len(node_names)} nodes; "
                          f"first left out: {node_names[start]!r}")
-    many = [k for k, d in enumerate(devices) if d != 1]
-    if many:
-        raise ValueError(f"stage {many[0]} has {devices[many[0]]} devices: intra-stage sharding "
-                         f"is not supported by codegen.pipeline yet (one device per stage)")
+    if len(set(devices)) > 1:
+        raise ValueError(f"stages on different device counts {devices} are not supported: every "
+                         f"stage needs the same sub-mesh")
+    if devices[0] < 1:
+        raise ValueError(f"a stage needs at least one device, not {devices[0]}")
     return names
 
 
@@ -215,8 +223,8 @@ def split_stages(gm: fx.GraphModule, stages: list[list[str]], example_inputs: Se
     carried_in = [sorted(c, key=order.__getitem__) for c in carried]
     out = []
     for k in range(len(stages)):
-        out.append(_stage_graph(gm, fx_nodes, emit[k], carried_in[k],
-                                carried_in[k + 1] if k < last else None, first=k == 0))
+        out.append(_stage_graph(fx_nodes, emit[k], carried_in[k],
+                                carried_in[k + 1] if k < last else None))
     return out
 
 
@@ -229,8 +237,10 @@ def _ready(m: fx.Node, stage_of: dict[str, int], recompute: set[str]) -> int:
     return stage_of[m.name]
 
 
-def _stage_graph(gm: fx.GraphModule, fx_nodes: list[fx.Node], emit: set[str], carried_in: list[str],
-                 carried_out: list[str] | None, first: bool) -> StageGraph:
+def _stage_graph(fx_nodes: list[fx.Node], emit: set[str], carried_in: list[str],
+                 carried_out: list[str] | None) -> StageGraph:
+    """Placeholders: the carried tensors, then the model's inputs (keywords after the first
+    stage); then the emitted nodes in their original order; out: the carried tensors or the loss."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     by_name = {n.name: n for n in fx_nodes}
@@ -271,7 +281,7 @@ class PipelinedModule(nn.Module):
     def __init__(self, stage_module: fx.GraphModule, stage_index: int, num_stages: int,
                  input_names: list[str], microbatches: int, schedule: str, loss_rank: int,
                  loss_meta: torch.Tensor, group: dist.ProcessGroup | None, device: torch.device,
-                 loss_reduction: str = "mean"):
+                 loss_reduction: str = "mean", pp_group: dist.ProcessGroup | None = None):
         super().__init__()
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -287,14 +297,18 @@ class PipelinedModule(nn.Module):
         self.loss_reduction = loss_reduction
         self._loss_rank, self._group, self._device = loss_rank, group, device
         self._loss_meta = loss_meta
-        self._stage = PipelineStage(stage_module, stage_index, num_stages, device, group=group)
+        # pp_group: the ranks at the same place of every stage (all of ``group`` with one device
+        # per stage); the loss is broadcast over all of ``group``
+        self._stage = PipelineStage(stage_module, stage_index, num_stages, device,
+                                    group=pp_group if pp_group is not None else group)
         kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
         self._schedule = kind(self._stage, microbatches, loss_fn=_output_is_loss,
                               scale_grads=loss_reduction == "mean")
 
     @property
-    def stage_module(self) -> fx.GraphModule:
-        """The fx GraphModule this rank runs (shares its parameters with this module)."""
+    def stage_module(self) -> nn.Module:
+        """The stage module this rank runs: an fx GraphModule, or with several devices per stage
+        the DTensor ``ShardedModule`` of it (shares its parameters with this module)."""
         return self._stage.submod
 
     @property
@@ -349,11 +363,12 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
                     ) -> PipelinedModule:
     """This rank's stage of a pipelined plan, ready to ``train_step``.
 
-    ``plan``: an ``autopar.Plan`` with ``stages`` (one device each), ``microbatches`` and
+    ``plan``: an ``autopar.Plan`` with ``stages`` (d devices each), ``microbatches`` and
     ``schedule`` ("gpipe" or "1f1b"; ``schedule=`` overrides it, "" means "gpipe").
     ``plan.graph`` (with its ``fx_graph``) is used when present, else ``model`` is traced again
     (a plan loaded from JSON). Needs an initialized process group (``group``: default the world)
-    whose size is the plan's total device count; rank r runs stage r. ``model`` is not modified:
+    whose size is the plan's total device count; rank r runs stage r // d (several devices per
+    stage need the default group and shard with ``plan.assignment``). ``model`` is not modified:
     the stage runs on a copy. Raises a one-line ``ValueError`` when the plan does not fit.
     """
     from torch.distributed.distributed_c10d import get_global_rank
@@ -384,16 +399,113 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     gm = graph.fx_graph
     if any(n.op == "placeholder" and n.target.startswith("*") for n in gm.graph.nodes):
         raise ValueError("pipelining needs a model with named inputs (no *args)")
-    modules = stage_modules(model, gm, stages, example_inputs)
+    parts = split_stages(gm, stages, example_inputs)
+    modules = _build(model, parts)
     if device is None:
         device = _default_device(group)
     device = torch.device(device)
-    mine = modules[rank].to(device)
+    per_stage, count = int(plan.stages[0].devices), len(stages)
+    k = rank // per_stage
     loss = _loss_meta(gm, example_inputs)
     input_names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
-    return PipelinedModule(mine, rank, len(stages), input_names, microbatches, schedule,
-                           get_global_rank(group or dist.group.WORLD, len(stages) - 1), loss,
-                           group, device, loss_reduction)
+    if per_stage == 1:
+        mine, pp_group = modules[k].to(device), group
+        loss_rank = get_global_rank(group or dist.group.WORLD, count - 1)
+    else:
+        if group is not None:
+            raise ValueError("stages of several devices need the default (world) process group")
+        mine, pp_group = _sharded_stage(modules[k].to(device), graph, plan, parts[k], stages[k],
+                                        count, per_stage, device)
+        loss_rank = (count - 1) * per_stage
+    return PipelinedModule(mine, k, count, input_names, microbatches, schedule, loss_rank, loss,
+                           group, device, loss_reduction, pp_group)
+
+
+# -- several devices per stage: each stage sharded on its own sub-mesh ---------------------------
+
+
+def stage_mesh_shape(mesh_shape: Sequence[int], devices: int) -> tuple[int, ...]:
+    """The inner axes of the plan's mesh that make one stage's sub-mesh (stages take the outer)."""
+    shape = tuple(mesh_shape)
+    for j in range(len(shape) + 1):
+        if math.prod(shape[j:]) == devices:
+            return shape[j:]
+    raise ValueError(f"a stage of {devices} devices is no set of inner axes of the plan's mesh {shape}")
+
+
+def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names: list[str],
+                   count: int, per_stage: int, device: torch.device):
+    """This rank's stage as a DTensor ``ShardedModule`` on the stage's sub-mesh, and the pipeline
+    group (the ranks at the same place of every stage's sub-mesh)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autopar.batch import scale_batch
+    from autopar.tables import Config
+
+    from .dtensor import shard_module
+
+    shape = stage_mesh_shape(plan.mesh.shape, per_stage)
+    inner = tuple(f"mesh{a}" for a in range(len(shape)))
+    mesh = init_device_mesh(device.type, (count, *shape), mesh_dim_names=("pp", *inner))
+    # the planner priced and solved each stage at microbatch size, on the stage's sub-mesh, and
+    # wrote the configs on the full mesh (stage axes first): shift them back onto the sub-mesh
+    outer = len(plan.mesh.shape) - len(shape)
+    assignment = {}
+    for name in names:
+        c = plan.assignment.get(name)
+        if c is not None:
+            assignment[name] = Config(c.splits, tuple(tuple(a - outer for a in axes)
+                                                      for axes in c.mesh_axes))
+    ir = stage_ir(scale_batch(graph, plan.microbatches), names, part, graph.fx_graph, module)
+    sharded = shard_module(module, ir, assignment, shape, device_mesh=mesh[inner])
+    return sharded, mesh.get_group("pp")
+
+
+def stage_ir(graph, names: list[str], part: StageGraph, gm: fx.GraphModule,
+             module: fx.GraphModule):
+    """The IR of one stage: its nodes, with what earlier stages made read as graph inputs.
+
+    ``graph``: the model's IR (at microbatch size); ``gm``: the fx graph it was traced from;
+    ``module``: the stage's GraphModule (``split_stages``' ``part``), which becomes its fx_graph.
+    """
+    import dataclasses
+
+    from autopar.ir import Graph, Operand, TensorSpec
+
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+    ir_names = {n.name for n in graph.nodes}
+    renamed: dict[tuple[str, int], str] = {}
+    inputs = {}
+    for v in part.carried_in:
+        source = _ir_source(fx_nodes[v], ir_names)
+        if source is None:
+            raise ValueError(f"stage input {v!r} is no IR node output: cannot shard the stage")
+        renamed[source] = f"input:{v}"
+        spec = graph.node(source[0]).outputs[source[1]]
+        inputs[v] = TensorSpec(spec.shape, spec.dtype, tuple(() for _ in spec.shape))
+    inputs.update(graph.inputs)
+    nodes = []
+    for name in names:
+        node = graph.node(name)
+        ops = tuple(Operand(renamed[(o.source, o.output)], 0, o.spec)
+                    if (o.source, o.output) in renamed else o for o in node.inputs)
+        nodes.append(dataclasses.replace(node, inputs=ops))
+    outputs = []
+    for v in part.carried_out:
+        source = _ir_source(fx_nodes[v], ir_names)
+        outputs.append((renamed.get(source, source[0]), 0 if source in renamed else source[1]))
+    return Graph(nodes, inputs, outputs or list(graph.outputs), graph.model_name, module)
+
+
+def _ir_source(n: fx.Node, ir_names: set[str]) -> tuple[str, int] | None:
+    """The IR (node, output) an fx value is: the node itself or ``getitem`` of its tuple."""
+    if n.name in ir_names:
+        return (n.name, 0)
+    if n.op == "call_function" and getattr(n.target, "__name__", "") == "getitem":
+        src, idx = n.args
+        if isinstance(src, fx.Node) and src.name in ir_names and isinstance(idx, int):
+            return (src.name, idx)
+    return None
 
 
 def stage_modules(model: nn.Module, gm: fx.GraphModule, stages: list[list[str]],
@@ -403,7 +515,10 @@ def stage_modules(model: nn.Module, gm: fx.GraphModule, stages: list[list[str]],
     ``gm`` is the fx graph traced from ``model`` (its targets are looked up in ``model``).
     Raises ``ValueError`` when a parameter would be in two stages.
     """
-    parts = split_stages(gm, stages, example_inputs)
+    return _build(model, split_stages(gm, stages, example_inputs))
+
+
+def _build(model: nn.Module, parts: list[StageGraph]) -> list[fx.GraphModule]:
     root = copy.deepcopy(model)
     modules = [fx.GraphModule(root, p.graph, class_name=f"Stage{k}") for k, p in enumerate(parts)]
     _check_disjoint(modules)

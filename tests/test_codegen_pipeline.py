@@ -7,7 +7,8 @@ arithmetic are right), and plans that cannot run are refused with one-line error
 On 2 gloo processes (one launch for every case, process start-up being the slow part): 2 stages x
 1 device, GPipe and 1F1B with 2 and 4 microbatches, against the single-device run of
 ``test_codegen_numerics``: the loss of each of 3 AdamW steps (on every rank), every parameter's
-gradient after the first backward, every parameter after the last step.
+gradient after the first backward, every parameter after the last step. On 4 gloo processes the
+same check for 2 stages x 2 devices, each stage Megatron-split (DTensor) on its own sub-mesh.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import copy
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 import autopar
 from autopar.plan import Plan, SearchInfo, Stage
-from autopar.tables import Mesh
+from autopar.tables import Config, Mesh
 from codegen.pipeline import check_stages, pipeline_module, split_stages, stage_modules
 from tests.dist_utils import run_gloo
+from tests.test_codegen_mlp import plans
 from tests.test_codegen_numerics import ATOL, EPS, LR, PARAM_ATOL, RTOL, STEPS, reference_run
 
 SIZES = {
@@ -35,13 +38,28 @@ CASES = [
     ("gpt-gpipe-2", "gpt", "gpipe", 2, False),
     ("gpt-1f1b-4", "gpt", "1f1b", 4, True),
 ]
+# 2 stages x 2 devices on 4 processes, each stage Megatron-split on its own 2-device sub-mesh
+WIDE_CASES = [
+    ("mlp-megatron-gpipe-2", "mlp", "gpipe", 2, False),
+    ("gpt-expert-1f1b-2", "gpt", "1f1b", 2, True),
+]
 
 
-def two_stage_plan(graph, microbatches: int, schedule: str, cut: int | None = None) -> Plan:
+def two_stage_plan(graph, microbatches: int, schedule: str, cut: int | None = None,
+                   devices: int = 1, assignment: dict | None = None) -> Plan:
+    """Cut in the middle of the node list (inside GPT's second block: stage 1 starts at its qkv).
+
+    ``assignment``: configs on the stage's sub-mesh; the plan holds them on the full mesh (the
+    stage axis first), as ``autopar.plan`` writes them.
+    """
     names = [n.name for n in graph.nodes]
     cut = len(names) // 2 if cut is None else cut
-    return Plan("hand", "", {}, Mesh((2,)), "analytic", "mesh", "training", {}, 0.0, "s", 0.0,
-                SearchInfo("by hand", 0.0), stages=[Stage(names[:cut], 1), Stage(names[cut:], 1)],
+    mesh = Mesh((2,) if devices == 1 else (2, devices))
+    full = {k: Config(c.splits, tuple(tuple(a + 1 for a in axes) for axes in c.mesh_axes))
+            for k, c in (assignment or {}).items()}
+    return Plan("hand", "", {}, mesh, "analytic", "mesh", "training", full, 0.0, "s", 0.0,
+                SearchInfo("by hand", 0.0),
+                stages=[Stage(names[:cut], devices), Stage(names[cut:], devices)],
                 microbatches=microbatches, schedule=schedule, graph=graph)
 
 
@@ -110,7 +128,7 @@ def test_shape_arithmetic_is_recomputed_not_sent():
     ("gap", 2, "not contiguous"),
     ("short", 2, "cover"),
     ("unknown", 2, "does not have"),
-    ("wide", 3, "intra-stage sharding"),
+    ("wide", 3, "different device counts"),
     ("none", 2, "no pipeline stages"),
 ])
 def test_unrunnable_stages_are_refused_in_one_line(stages, world, message):
@@ -158,12 +176,17 @@ def test_a_tied_weight_across_stages_is_refused():
 # -- two gloo processes ------------------------------------------------------------------------
 
 
-def train_cases(rank, world, cases):
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def train_cases(rank, world, cases, devices=1, assignments=None):
     """Every case on this rank: losses per step, first gradients and final parameters."""
     out = {}
     for case, name, schedule, micro, from_json in cases:
         model, inputs = autopar.zoo.get(name, **SIZES[name])
-        plan = two_stage_plan(autopar.trace(model, inputs), micro, schedule)
+        plan = two_stage_plan(autopar.trace(model, inputs), micro, schedule, devices=devices,
+                              assignment=(assignments or {}).get(case))
         if from_json:
             plan = Plan.from_json(plan.to_json())
             assert plan.graph is None and len(plan.stages) == 2
@@ -176,17 +199,18 @@ def train_cases(rank, world, cases):
             assert type(loss) is torch.Tensor and not loss.requires_grad
             result["losses"].append(loss)
             if step == 0:
-                result["grads"] = {n: p.grad.clone() for n, p in mod.named_parameters()}
+                result["grads"] = {n: _full(p.grad).clone() for n, p in mod.named_parameters()}
             opt.step()
-        result["params"] = {n: p.detach().clone() for n, p in mod.named_parameters()}
+        result["params"] = {n: _full(p.detach()).clone() for n, p in mod.named_parameters()}
         out[case] = _plain(result)
-    bad = copy.deepcopy(plan)
-    bad.stages.append(Stage([], 1))
-    try:
-        pipeline_module(model, bad, inputs)
-        out["three_stages_on_two"] = "built"
-    except ValueError as e:
-        out["three_stages_on_two"] = str(e)
+    if devices == 1:
+        bad = copy.deepcopy(plan)
+        bad.stages.append(Stage([], 1))
+        try:
+            pipeline_module(model, bad, inputs)
+            out["three_stages_on_two"] = "built"
+        except ValueError as e:
+            out["three_stages_on_two"] = str(e)
     return out
 
 
@@ -209,25 +233,39 @@ def _tensors(value):
     return torch.from_numpy(value) if hasattr(value, "dtype") else value
 
 
+def _references():
+    return {name: reference_run(*autopar.zoo.get(name, **sizes)) for name, sizes in SIZES.items()}
+
+
+@pytest.fixture(scope="module")
+def refs():
+    return _references()
+
+
 @pytest.fixture(scope="module")
 def trained():
-    per_rank = _tensors(run_gloo(train_cases, 2, CASES))
-    refs = {}
-    for name, sizes in SIZES.items():
-        refs[name] = reference_run(*autopar.zoo.get(name, **sizes))
-    return per_rank, refs
+    return _tensors(run_gloo(train_cases, 2, CASES))
 
 
-@pytest.mark.dist
-@pytest.mark.parametrize("case,name", [(c[0], c[1]) for c in CASES])
-def test_pipeline_matches_single_device(trained, case, name):
-    per_rank, refs = trained
-    ref = refs[name]
+@pytest.fixture(scope="module")
+def trained_wide():
+    """Stage configs: Megatron for the MLP (``test_codegen_mlp``), the planner's expert
+    (Megatron) baseline for the GPT, planned at microbatch size on a stage's 2 devices."""
+    gpt_micro = autopar.zoo.get("gpt", **{**SIZES["gpt"], "batch": SIZES["gpt"]["batch"] // 2})
+    expert = autopar.plan(*gpt_micro, autopar.Cluster(devices=2)).baselines["expert"]
+    assert any(s > 1 for c in expert.assignment.values() for s in c.splits)
+    assignments = {"mlp-megatron-gpipe-2": plans(2)["megatron"],
+                   "gpt-expert-1f1b-2": expert.assignment}
+    return _tensors(run_gloo(train_cases, 4, WIDE_CASES, 2, assignments))
+
+
+def check_case(per_rank, ref, case, devices):
     ranks = [r[case] for r in per_rank]
     owned = [list(r["grads"]) for r in ranks]
-    # each parameter on exactly one rank, under its own name; stage 0's come first
-    assert owned[0] + owned[1] == list(ref.params), owned
-    assert owned[0] and owned[1]
+    # each parameter in exactly one stage, under its own name; stage 0's come first
+    assert owned[0] + owned[-1] == list(ref.params), owned
+    assert owned[0] and owned[-1]
+    assert all(o == owned[r // devices * devices] for r, o in enumerate(owned))
     for rank, r in enumerate(ranks):
         torch.testing.assert_close(r["eval"], ref.losses[0], rtol=RTOL, atol=ATOL,
                                    msg=lambda m: f"rank {rank} forward-only loss: {m}")
@@ -243,8 +281,20 @@ def test_pipeline_matches_single_device(trained, case, name):
 
 
 @pytest.mark.dist
+@pytest.mark.parametrize("case,name", [(c[0], c[1]) for c in CASES])
+def test_pipeline_matches_single_device(trained, refs, case, name):
+    check_case(trained, refs[name], case, 1)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("case,name", [(c[0], c[1]) for c in WIDE_CASES])
+def test_sharded_stages_match_single_device(trained_wide, refs, case, name):
+    check_case(trained_wide, refs[name], case, 2)
+
+
+@pytest.mark.dist
 def test_stages_that_do_not_fit_the_processes_are_refused(trained):
-    per_rank, _ = trained
+    per_rank = trained
     for r in per_rank:
         msg = r["three_stages_on_two"]
         assert "need 3 processes" in msg and "has 2" in msg and "\n" not in msg, msg
