@@ -165,7 +165,7 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
     such steps keeps the small node as the carried variable. ``choose_plan`` tries both."""
     state = _Symbolic(p, factors)
     alive = set(range(p.n))
-    cache: dict[int, tuple[tuple, int]] = {}
+    cache: dict[int, tuple] = {}  # v -> its current step key
     known: dict[int, tuple] = {}  # v -> key(v), current: refreshed whenever v's factors change
     # The alive vertices by their current step key: every vertex of a group has the same
     # amortised score, so the step taken is the least (score, lowest vertex) over the groups,
@@ -176,20 +176,21 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
 
     def refresh(v: int) -> None:
         if v in cache:
-            members[cache[v][0]] -= 1
+            members[cache[v]] -= 1
         known[v] = full = state.key(v)
         key, _, out_scope = full
-        work = table_elements(p.sizes, out_scope) * p.sizes[v]
-        cache[v] = (key, work)
-        # the step's sizes follow from its key (equal ids, equal tables), so this is per key
-        grows = defer != 1.0 and p.sizes[v] > 1 and any(p.sizes[w] > p.sizes[v] for w in out_scope)
-        work_of[key] = work * defer if grows else work
+        cache[v] = key
+        if key not in work_of:
+            # the step's sizes follow from its key (equal ids, equal tables), so this is per key
+            work = table_elements(p.sizes, out_scope) * p.sizes[v]
+            grows = defer != 1.0 and p.sizes[v] > 1 and any(p.sizes[w] > p.sizes[v] for w in out_scope)
+            work_of[key] = work * defer if grows else work
         members[key] += 1
         heapq.heappush(groups.setdefault(key, []), v)
 
     def lowest(key: tuple) -> int | None:
         heap = groups[key]
-        while heap and not (heap[0] in alive and cache[heap[0]][0] == key):
+        while heap and not (heap[0] in alive and cache[heap[0]] == key):
             heapq.heappop(heap)
         return heap[0] if heap else None
 
@@ -210,7 +211,7 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
             if best is None or score < best:
                 best = score
         v = best[1]
-        members[cache.pop(v)[0]] -= 1
+        members[cache.pop(v)] -= 1
         step = state.eliminate(v, reuse=True, known=known.pop(v))
         alive.remove(v)
         order.append(v)
