@@ -49,22 +49,35 @@ def mesh_configs(node: Node, mesh: Mesh) -> list[Config]:
 
 @functools.lru_cache(maxsize=4096)
 def _mesh_configs(dims: tuple[tuple[int, bool], ...], mesh: Mesh) -> tuple[Config, ...]:
+    n = len(dims)
     cands = [i for i, (size, splittable) in enumerate(dims) if splittable and size > 1]
     bins = len(cands) + 1  # bin 0 = no dim (replicate), bin j > 0 = dim cands[j - 1]
+
+    def divides(splits) -> bool:
+        return all(size % s == 0 for (size, _), s in zip(dims, splits))
+
+    # Each class's assignments, as (axes per dim, split per dim); one whose partial splits do not
+    # divide a dim cannot be completed by the other classes (splits only multiply), so it is
+    # dropped before the product: the same configs in the same order, fewer combinations.
     per_class = []
     for axes in axis_classes(mesh):
-        per_class.append([(axes, combo)
-                          for combo in itertools.combinations_with_replacement(range(bins), len(axes))])
-    out: list[Config] = []
-    for choice in itertools.product(*per_class):
-        assigned: list[list[int]] = [[] for _ in dims]
-        for axes, combo in choice:
+        options = []
+        for combo in itertools.combinations_with_replacement(range(bins), len(axes)):
+            assigned: list[list[int]] = [[] for _ in dims]
             for a, b in zip(axes, combo):  # both ascending: the canonical representative
                 if b:
                     assigned[cands[b - 1]].append(a)
-        splits = tuple(math.prod(mesh.shape[a] for a in ax) for ax in assigned)
-        if all(size % s == 0 for (size, _), s in zip(dims, splits)):
-            out.append(Config(splits=splits, mesh_axes=tuple(tuple(sorted(ax)) for ax in assigned)))
+            splits = tuple(math.prod(mesh.shape[a] for a in ax) for ax in assigned)
+            if divides(splits):
+                options.append((tuple(map(tuple, assigned)), splits))
+        per_class.append(options)
+    out: list[Config] = []
+    for choice in itertools.product(*per_class):
+        splits = tuple(math.prod(c[1][i] for c in choice) for i in range(n))
+        if divides(splits):
+            mesh_axes = tuple(tuple(sorted(itertools.chain.from_iterable(c[0][i] for c in choice)))
+                              for i in range(n))
+            out.append(Config(splits=splits, mesh_axes=mesh_axes))
     return tuple(out)
 
 

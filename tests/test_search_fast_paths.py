@@ -238,3 +238,43 @@ def test_many_single_config_nodes_never_make_a_message_over_numpy_axes():
     assert dp_plan(t).widest < 60
     best = min(t.total([0] * 90 + [a, b]) for a in range(3) for b in range(4))
     assert math.isclose(dp(t).cost, best, rel_tol=1e-12)
+
+
+# --- the mesh space, enumerated per class then combined --------------------------------------
+
+def _mesh_configs_ref(dims, mesh):
+    import itertools
+
+    from autopar.search.space import axis_classes
+    cands = [i for i, (size, ok) in enumerate(dims) if ok and size > 1]
+    bins = len(cands) + 1
+    per_class = [[(axes, combo) for combo in itertools.combinations_with_replacement(range(bins), len(axes))]
+                 for axes in axis_classes(mesh)]
+    out = []
+    for choice in itertools.product(*per_class):
+        assigned = [[] for _ in dims]
+        for axes, combo in choice:
+            for a, b in zip(axes, combo):
+                if b:
+                    assigned[cands[b - 1]].append(a)
+        splits = tuple(math.prod(mesh.shape[a] for a in ax) for ax in assigned)
+        if all(size % s == 0 for (size, _), s in zip(dims, splits)):
+            out.append(Config(splits=splits, mesh_axes=tuple(tuple(sorted(ax)) for ax in assigned)))
+    return out
+
+
+@pytest.mark.parametrize("dims", [
+    ((64, True), (1024, True), (16, True), (128, True)),
+    ((8, True), (6, True), (3, False), (12, True)),
+    ((2, True), (1, True), (5, True)),
+    ((4, True), (6, True), (9, True), (2, False), (32, True)),
+])
+@pytest.mark.parametrize("mesh", [
+    ((2,) * 6, (1, 1, 1, 0, 0, 0)), ((2, 2, 2), ()), ((2, 3), (1, 0)), ((3, 2, 2), (1, 0, 0)),
+    ((2, 2, 2, 2), (1, 0, 1, 0)),
+])
+def test_mesh_configs_equal_the_plain_enumeration(dims, mesh):
+    from autopar.search.space import _mesh_configs
+    from autopar.tables import Mesh
+    m = Mesh(*mesh)
+    assert list(_mesh_configs.__wrapped__(dims, m)) == _mesh_configs_ref(dims, m)
