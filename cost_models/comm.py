@@ -186,10 +186,9 @@ def reshard_matrix_codes(nbytes: float, src: np.ndarray, dst: np.ndarray, mesh: 
     """``reshard_matrix`` on layouts already encoded (``encode_layouts``, one codebook)."""
     if not len(src) or not len(dst):
         return np.zeros((len(src), len(dst)))
-    s_codes, s_inv = np.unique(src, axis=0, return_inverse=True)
-    d_codes, d_inv = np.unique(dst, axis=0, return_inverse=True)
-    cost = _reshard_codes(nbytes, s_codes, d_codes, mesh, cluster)
-    return cost[np.ravel(s_inv)][:, np.ravel(d_inv)]
+    # every entry is a function of its two rows alone, so repeated rows need no dedup first: the
+    # per-half keys inside are built from the distinct sub-rows already
+    return _reshard_codes(nbytes, src, dst, mesh, cluster)
 
 
 # Per mesh axis, what a (src, dst) placement pair asks for. The order is the phase order.
@@ -273,6 +272,12 @@ def _reshard_codes(nbytes: float, s_codes: np.ndarray, d_codes: np.ndarray, mesh
     if inverse is None:  # gather straight from key-indexed tables
         slope_of, intercept_of = np.zeros(6 ** n_axes), np.zeros(6 ** n_axes)
         slope_of[present], intercept_of[present] = slope, intercept
+        # Sources take few distinct local sizes (one per shard factor): price every key at each
+        # of them (the same product and sum per entry), then one gather builds the matrix.
+        sizes_of, row = np.unique(local, return_inverse=True)
+        if len(sizes_of) * 6 ** n_axes <= key.size:
+            priced = (sizes_of[:, None] * slope_of[None, :] + intercept_of[None, :]).ravel()
+            return np.take(priced, key + (np.ravel(row) * 6 ** n_axes)[:, None])
         return local[:, None] * np.take(slope_of, key) + np.take(intercept_of, key)
     idx = inverse.reshape(key.shape)
     return local[:, None] * np.take(slope, idx) + np.take(intercept, idx)
