@@ -98,8 +98,12 @@ def best_cuts(c: StageCosts, stages: int, capacity: float, schedule: str,
     for s in range(1, stages + 1):
         held = in_flight(schedule, s - 1, stages, c.microbatches)
         if held not in fitting:
-            mem = seg_static + held * seg_acts
-            fitting[held] = np.where(mem <= capacity, seg_time, np.inf)
+            # memory only adds up, so the widest segment holds the most: when it fits, all do
+            if seg_static[0, n] + held * seg_acts[0, n] <= capacity:
+                fitting[held] = seg_time
+            else:
+                mem = seg_static + held * seg_acts
+                fitting[held] = np.where(mem <= capacity, seg_time, np.inf)
         np.maximum(best[s - 1][:, None], fitting[held], out=cand)  # [i, j]
         arg[s] = np.argmin(cand, axis=0)
         best[s] = cand[arg[s], cols]
