@@ -82,9 +82,17 @@ def run_stages(gm, parts, inputs):
 # -- one process -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["mlp", "gpt"])
+OTHER_SIZES = {
+    "cnn": dict(batch=4, channels=4, image=8, blocks=1, classes=4),
+    "rnnlm": dict(batch=4, seq=4, vocab=16, units=8, layers=2),
+    "transformer": dict(batch=4, seq=8, vocab=32, width=16, heads=2, hidden=32, layers=1),
+}
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "cnn", "rnnlm", "transformer"])
 def test_every_cut_composes_to_the_model(name):
-    model, inputs = autopar.zoo.get(name, **SIZES[name])
+    model, inputs = autopar.zoo.get(name, **{**SIZES, **OTHER_SIZES}[name])
+    model.eval()  # batch norm: the same statistics in every run
     graph = autopar.trace(model, inputs)
     names = [n.name for n in graph.nodes]
     expected = model(*inputs)
