@@ -47,6 +47,10 @@ which ``codegen.dtensor.shard_module`` shards the stage's IR (at microbatch size
 shifted back onto the sub-mesh), and a "pp" group per sub-mesh position that the schedule sends
 along. A sharded stage takes and returns whole (replicated) tensors, so what crosses a cut is a
 plain tensor and its gradient arrives whole on every rank of the stage before.
+
+Not equal to the single-device run, by the nature of microbatches: a training-mode batch norm
+normalizes each microbatch by its own statistics (and updates its running statistics once per
+microbatch). Models must take their inputs with the batch as dim 0 (the schedule chunks dim 0).
 """
 
 from __future__ import annotations
@@ -395,6 +399,8 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
 
         graph = trace(model, example_inputs, progress=False)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("this process is not in the process group the pipeline is to run on")
     stages = check_stages(plan.stages, [n.name for n in graph.nodes], world)
     gm = graph.fx_graph
     if any(n.op == "placeholder" and n.target.startswith("*") for n in gm.graph.nodes):
