@@ -19,6 +19,8 @@ import itertools
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from autopar.ir import Node
 from autopar.tables import Config, Mesh
 
@@ -71,13 +73,23 @@ def _mesh_configs(dims: tuple[tuple[int, bool], ...], mesh: Mesh) -> tuple[Confi
             if divides(splits):
                 options.append((tuple(map(tuple, assigned)), splits))
         per_class.append(options)
+    # The product over classes in numpy (row-major: the last class varies fastest, as in
+    # itertools.product), then Configs only for the combinations whose splits divide every dim.
+    if not per_class:  # a mesh of one device: the one assignment of no axes
+        return (Config(splits=(1,) * n, mesh_axes=((),) * n),)
+    counts = tuple(len(options) for options in per_class)
+    total = np.ones((1, n), dtype=np.int64)
+    for options in per_class:
+        part = np.array([o[1] for o in options], dtype=np.int64).reshape(len(options), n)
+        total = (total[:, None, :] * part[None, :, :]).reshape(-1, n)
+    sizes = np.array([size for size, _ in dims], dtype=np.int64)
+    ok = np.flatnonzero(np.all(sizes % total == 0, axis=1))
     out: list[Config] = []
-    for choice in itertools.product(*per_class):
-        splits = tuple(math.prod(c[1][i] for c in choice) for i in range(n))
-        if divides(splits):
-            mesh_axes = tuple(tuple(sorted(itertools.chain.from_iterable(c[0][i] for c in choice)))
-                              for i in range(n))
-            out.append(Config(splits=splits, mesh_axes=mesh_axes))
+    for flat, combo in zip(ok.tolist(), zip(*np.unravel_index(ok, counts))):
+        choice = [per_class[c][k][0] for c, k in enumerate(combo)]
+        mesh_axes = tuple(tuple(sorted(itertools.chain.from_iterable(ch[i] for ch in choice)))
+                          for i in range(n))
+        out.append(Config(splits=tuple(int(x) for x in total[flat]), mesh_axes=mesh_axes))
     return tuple(out)
 
 

@@ -270,7 +270,7 @@ def _mesh_configs_ref(dims, mesh):
     ((4, True), (6, True), (9, True), (2, False), (32, True)),
 ])
 @pytest.mark.parametrize("mesh", [
-    ((2,) * 6, (1, 1, 1, 0, 0, 0)), ((2, 2, 2), ()), ((2, 3), (1, 0)), ((3, 2, 2), (1, 0, 0)),
+    ((2,) * 6, (1, 1, 1, 0, 0, 0)), ((2, 2, 2), ()), ((2, 3), (1, 0)), ((), ()), ((5,), ()), ((3, 2, 2), (1, 0, 0)),
     ((2, 2, 2, 2), (1, 0, 1, 0)),
 ])
 def test_mesh_configs_equal_the_plain_enumeration(dims, mesh):
