@@ -44,7 +44,10 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
 
     The module keeps the model's parameter names (each parameter a DTensor: ``p.full_tensor()``
     is its whole value), returns ordinary replicated tensors, and trains with any torch optimizer
-    and ``loss.backward()``. ``module.plan`` is the plan it runs.
+    and ``loss.backward()``. ``module.plan`` is the plan it runs. A plan with pipeline stages
+    gives a ``codegen.pipeline.PipelinedModule`` instead: it holds this rank's stage's parameters
+    (same names) and trains with ``loss = module.train_step(*inputs)`` (forward and backward of
+    every microbatch through the schedule) followed by ``optimizer.step()``.
     """
     if example_inputs is None:
         raise ValueError("autopar.compile needs example_inputs: a tuple of the model's forward arguments")
@@ -177,7 +180,8 @@ def _build(model: nn.Module, graph, plan: Plan, inputs) -> nn.Module:
     if plan.stages:
         from autopar.codegen import pipeline
 
-        module = pipeline.pipeline_module(model, plan, tuple(inputs), graph=graph)
+        plan.graph = graph
+        module = pipeline.pipeline_module(model, plan, tuple(inputs))
     else:
         from autopar.codegen.dtensor import shard_module
 

@@ -21,13 +21,19 @@ RTOL = 1e-4  # per-step losses of the two runs agree to float32 rounding, accumu
 
 
 def train_steps(module: nn.Module, inputs, steps: int = 3, lr: float = 1e-3) -> list[float]:
-    """``steps`` AdamW steps of a module whose forward returns the loss; the loss of each step."""
+    """``steps`` AdamW steps of a module whose forward returns the loss; the loss of each step.
+
+    A pipelined module (``train_step``) runs forward and backward in its schedule.
+    """
     opt = torch.optim.AdamW(module.parameters(), lr=lr, eps=ADAM_EPS)
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        loss = module(*inputs)
-        loss.backward()
+        if hasattr(module, "train_step"):
+            loss = module.train_step(*inputs)
+        else:
+            loss = module(*inputs)
+            loss.backward()
         opt.step()
         losses.append(loss.detach().item())
     return losses

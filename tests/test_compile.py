@@ -128,3 +128,31 @@ def test_compile_on_real_gloo_processes():
     for loss, fp in results:
         assert loss == pytest.approx(expected, rel=1e-5)
     assert results[0][1] == results[1][1]
+
+
+def _pipelined_losses(rank, world, plan_path):
+    from autopar.training import train_steps
+
+    model, inputs = _gpt()
+    module = autopar.compile(model, world, inputs, plan=plan_path)
+    names = [n for n, _ in module.named_parameters()]
+    return train_steps(module, inputs, 3), names, len(module.plan.stages)
+
+
+def test_compile_runs_a_pipelined_plan_through_torch_pipelining(tmp_path):
+    from autopar.fingerprint import fingerprint
+    from autopar.training import single_process_losses
+    from tests.test_codegen_pipeline import two_stage_plan
+
+    model, inputs = _gpt()
+    graph = autopar.trace(model, inputs)
+    plan = two_stage_plan(graph, microbatches=2, schedule="1f1b")
+    plan.fingerprint = fingerprint(graph)
+    plan.save(tmp_path / "piped.json")
+    results = run_gloo(_pipelined_losses, 2, str(tmp_path / "piped.json"))
+    expected = single_process_losses(model, inputs, 3)
+    all_names = [n for n, _ in model.named_parameters()]
+    for losses, names, stages in results:
+        assert stages == 2
+        assert losses == pytest.approx(expected, rel=1e-5)
+    assert sorted(results[0][1] + results[1][1]) == sorted(all_names)  # each parameter on one stage
