@@ -35,7 +35,7 @@ import numpy as np
 
 from .common import Problem, SearchTooLargeError
 from .minplus import TILE_ELEMENTS, best_config, eliminate, table_elements
-from .order import ORDERS, adjacency
+from .order import ORDERS, adjacency, order_iter
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of messages the DP may keep
 
@@ -239,13 +239,16 @@ def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
         state = _Symbolic(p, factors)
         steps = []
         so_far = 0
+        taken = []  # ``order`` may be an iterator (computed as it is walked): stopping stops it
         for v in order:
+            taken.append(v)
             step = state.eliminate(v, reuse)
             steps.append(step)
             if not step.reused:
                 so_far += step.work
                 if give_up_above is not None and so_far > give_up_above:
                     return None
+        order = taken
     constants = []
     work = total = message_elems = largest = reused_steps = widest = 0
     for step in steps:
@@ -293,7 +296,7 @@ def choose_plan(p: Problem, factors: list[Factor], order: str = "auto", reuse: b
             o = reuse_order(p, factors, walked, REUSE_ORDERS[name])
             pl = plan(p, factors, o, name, reuse, steps=walked if reuse else None)
         else:
-            pl = plan(p, factors, ORDERS[name](adj, p.sizes), name, reuse, give_up_above=bound)
+            pl = plan(p, factors, order_iter(name, adj, p.sizes), name, reuse, give_up_above=bound)
         if pl is None:
             continue
         plans[name] = pl

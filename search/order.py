@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 
 def adjacency(n: int, edges: Iterable[tuple[int, int]]) -> list[set[int]]:
@@ -32,8 +32,9 @@ def adjacency(n: int, edges: Iterable[tuple[int, int]]) -> list[set[int]]:
     return adj
 
 
-def _greedy(adj: list[set[int]], score: Callable[[int, list[set[int]]], tuple]) -> list[int]:
-    """Eliminate the unsequenced vertex with the smallest ``(score, index)`` until none is left.
+def _greedy_iter(adj: list[set[int]], score: Callable[[int, list[set[int]]], tuple]) -> Iterator[int]:
+    """Eliminate the unsequenced vertex with the smallest ``(score, index)`` until none is left,
+    yielding each as it is chosen (a caller that stops early skips the rest of the work).
 
     A heap of (score, vertex) entries, stale ones skipped when popped: the same order as taking
     ``min`` over all alive vertices at every step (scores only change for the vertices next to
@@ -41,7 +42,6 @@ def _greedy(adj: list[set[int]], score: Callable[[int, list[set[int]]], tuple]) 
     """
     d = [set(s) for s in adj]
     alive = set(range(len(adj)))
-    order = []
     scores = {v: score(v, d) for v in alive}
     heap = [(s, v) for v, s in scores.items()]
     heapq.heapify(heap)
@@ -49,7 +49,7 @@ def _greedy(adj: list[set[int]], score: Callable[[int, list[set[int]]], tuple]) 
         s, v = heapq.heappop(heap)
         if v not in alive or scores[v] != s:
             continue  # eliminated already, or rescored since this entry was pushed
-        order.append(v)
+        yield v
         alive.remove(v)
         nbrs = d[v]
         touched = set(nbrs)
@@ -66,19 +66,17 @@ def _greedy(adj: list[set[int]], score: Callable[[int, list[set[int]]], tuple]) 
                 scores[w] = new
                 heapq.heappush(heap, (new, w))
         d[v] = set()
-    return order
 
 
-def pase_order(adj: list[set[int]], sizes: tuple[int, ...] | None = None) -> list[int]:
-    """GENERATESEQ: repeatedly the vertex with the smallest dependent set, merging sets."""
-    return _greedy(adj, lambda v, d: (len(d[v]),))
+def _pase_score(sizes):
+    return lambda v, d: (len(d[v]),)
 
 
-def min_weight_order(adj: list[set[int]], sizes: tuple[int, ...]) -> list[int]:
-    return _greedy(adj, lambda v, d: (sizes[v] * math.prod(sizes[w] for w in d[v]),))
+def _weight_score(sizes):
+    return lambda v, d: (sizes[v] * math.prod(sizes[w] for w in d[v]),)
 
 
-def min_fill_order(adj: list[set[int]], sizes: tuple[int, ...]) -> list[int]:
+def _fill_score(sizes):
     def score(v: int, d: list[set[int]]) -> tuple:
         nb = d[v]
         # pairs of neighbours not yet adjacent; adjacency stays symmetric, so each missing pair
@@ -87,8 +85,28 @@ def min_fill_order(adj: list[set[int]], sizes: tuple[int, ...]) -> list[int]:
         fill = sum(k - 1 - len(d[a] & nb) for a in nb) // 2
         return (fill, sizes[v] * math.prod(sizes[w] for w in nb))
 
-    return _greedy(adj, score)
+    return score
 
+
+def pase_order(adj: list[set[int]], sizes: tuple[int, ...] | None = None) -> list[int]:
+    """GENERATESEQ: repeatedly the vertex with the smallest dependent set, merging sets."""
+    return list(_greedy_iter(adj, _pase_score(sizes)))
+
+
+def min_weight_order(adj: list[set[int]], sizes: tuple[int, ...]) -> list[int]:
+    return list(_greedy_iter(adj, _weight_score(sizes)))
+
+
+def min_fill_order(adj: list[set[int]], sizes: tuple[int, ...]) -> list[int]:
+    return list(_greedy_iter(adj, _fill_score(sizes)))
+
+
+def order_iter(name: str, adj: list[set[int]], sizes: tuple[int, ...]) -> Iterator[int]:
+    """``ORDERS[name](adj, sizes)`` one vertex at a time."""
+    return _greedy_iter(adj, _SCORES[name](sizes))
+
+
+_SCORES = {"pase": _pase_score, "min_weight": _weight_score, "min_fill": _fill_score}
 
 ORDERS: dict[str, Callable[[list[set[int]], tuple[int, ...]], list[int]]] = {
     "pase": pase_order,
