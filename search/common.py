@@ -85,7 +85,13 @@ def problem_of(tables: CostTables) -> Problem:
         memory = tuple(memory)
         # A config that needs infinite memory never fits: price it out, so no multiplier
         # (including 0) ever picks it and lam * inf never meets a finite cost.
-        node_cost = [np.where(np.isfinite(m), c, np.inf) for c, m in zip(node_cost, memory)]
+        # (nodes sharing their cost and memory arrays keep sharing the result: the DP's
+        # interning of equal tables then needs no comparison)
+        masked: dict[tuple[int, int], np.ndarray] = {}
+        for c, m in zip(node_cost, memory):
+            if (id(c), id(m)) not in masked:
+                masked[(id(c), id(m))] = np.where(np.isfinite(m), c, np.inf)
+        node_cost = [masked[(id(c), id(m))] for c, m in zip(node_cost, memory)]
     return Problem(sizes, tuple(node_cost), edges, memory, capacity)
 
 

@@ -76,21 +76,25 @@ class EliminationPlan:
 def _intern(tables: list[np.ndarray]) -> list[int]:
     """An id per table; equal ids exactly for equal tables (bucketed by a sample, then compared)."""
     buckets: dict[tuple, list[tuple[np.ndarray, int]]] = {}
+    by_object: dict[int, int] = {}  # id(array) -> fid: cost models share one array per signature
     ids: list[int] = []
     count = 0
     for t in tables:
+        if id(t) in by_object:  # ``tables`` keeps every array alive, so ids are not reused
+            ids.append(by_object[id(t)])
+            continue
         flat = t.reshape(-1)
         step = max(1, flat.size // 256)
         key = (t.shape, flat[::step].tobytes())
         bucket = buckets.setdefault(key, [])
         for other, fid in bucket:
-            if other is t or np.array_equal(other, t):  # cost models share one array per signature
-                ids.append(fid)
+            if np.array_equal(other, t):
                 break
         else:
             fid, count = count, count + 1
             bucket.append((t, fid))
-            ids.append(fid)
+        by_object[id(t)] = fid
+        ids.append(fid)
     return ids
 
 
