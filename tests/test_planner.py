@@ -164,3 +164,23 @@ def test_microbatch_graph_scales_flops_and_batch_axes(gpt8):
     b = batch_dims(graph)
     qkv = next(n for n in graph.nodes if n.module.endswith("attn.qkv"))
     assert small.node(qkv.name).dim(b[qkv.name]).size * 4 == qkv.dim(b[qkv.name]).size
+
+
+def test_repeated_gpt_blocks_dp_fast_paths_keep_the_ilp_optimum():
+    # The traced layers of a GPT are identical: the DP reuses their steps and picks among its
+    # candidate orders (search/elimination.py). Whatever it picks, the optimum is the ILP's,
+    # and the plain path (no reuse, a fixed greedy order) gives the same cost.
+    from autopar.search.dp import dp, dp_plan
+    from autopar.search.ilp import ilp
+
+    model, inputs = autopar.zoo.get("gpt", layers=3, batch=8, seq=64, width=128, heads=4)
+    plan = autopar.plan(model, inputs, "8xA100", pipeline=False)
+    t = plan.tables
+    chosen = dp_plan(t)
+    assert chosen.reused_steps > 0 and chosen.work < chosen.work_without_reuse
+    plain = dp(t, order="min_weight", reuse=False)
+    assert plan.cost == pytest.approx(plain.cost, rel=1e-12)
+    assert plan.cost == pytest.approx(ilp(t).cost, rel=1e-6)
+    # the expert baseline is the same exact search over restricted tables
+    expert = plan.baselines["expert"]
+    assert expert.cost >= plan.cost * (1 - 1e-12)
