@@ -15,6 +15,7 @@ estimate exceeds ``max_estimate`` seconds, keeps the analytic terms and says so 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import platform
 import sys
@@ -166,10 +167,11 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats
     run = None
     if via == "dtensor":
         try:
-            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.device_mesh import DeviceMesh
             from torch.distributed.tensor import DTensor, Partial, Replicate
 
-            mesh = init_device_mesh(torch.device(device).type, (p,))
+            # the default group itself as a 1-D mesh: no new process group to create or tear down
+            mesh = DeviceMesh.from_group(dist.group.WORLD, torch.device(device).type)
 
             def run(buf):
                 d = DTensor.from_local(buf, mesh, [Partial()], run_check=False)
@@ -193,6 +195,8 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats
         buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=device)
         ts.append(fastest(run(buf), repeats, 2))
         xs.append(float(n))
+    del run, warm, buf
+    gc.collect()  # DTensors and the mesh go now, not at an exit after the group is destroyed
     c0, c1 = fit_line(xs, ts)
     fit = torch.tensor([c0, c1], dtype=torch.float64, device=device)
     dist.all_reduce(fit, op=dist.ReduceOp.MAX)
