@@ -3,13 +3,20 @@
 ``AnalyticModel`` guesses a node's compute from datasheet peaks; here each node's *local* work
 under a config (operands cut by the splits, see ``op_runner.local_shape``) is run on the real
 device, forward and backward, and the median of ``repeats`` runs replaces the two roofline terms.
+On a CPU the op runs on one thread and is timed on that thread's CPU clock (``op_runner.clock``),
+so other processes on a shared machine do not leak into the cached numbers. In training, the
+optimizer's update of the node's local parameter shards is measured too (``optimizer``).
 Everything else (weight-gradient syncs, edge reshards, graph outputs) is the analytic model's,
 priced on the cluster's links, or on links fitted to the live process group when there is one
-(``fit_collectives``: all-reduce timed at a few sizes, least squares for alpha and beta).
+(``fit_collectives``: an all-reduce timed at a few sizes through DTensor's redistribute, as the
+generated module issues it; a line fitted for alpha and beta). The gradient sync adds one
+latency per parameter beyond the first in a group (``per_parameter_sync``): the generated module
+reduces each parameter's gradient on its own, where the analytic model prices one bucket.
 
 Timings are cached in SQLite (``profile_cache``) by device, torch version and op signature, so
 a second plan of the same model measures nothing. An op the runner cannot rebuild, or one whose
 estimate exceeds ``max_estimate`` seconds, keeps the analytic terms and says so in its label.
+``benchmarks/cost_vs_measured.py`` checks the predictions against measured gloo step times.
 """
 
 from __future__ import annotations
