@@ -117,6 +117,8 @@ PaSE's tool (its paper, this kind of machine): about 100 s and 2.7 GB for Incept
 188 s and 9.7 GB for the Transformer at p=16, over 17 GB (did not finish) for it at p=32.
 `gpt48-8x8xh100`: GPT, 48 layers, width 2048, 16 heads, sequence 1024, vocabulary 32000, batch 64,
 on the 8x8xH100 preset (64 GPUs, 8 nodes), analytic model, default space, pipeline search on.
+Before the search and table speed-ups of issue 4 (commit 33a9473) the GPT case took about 18 s wall
+(one run, same machine); PaSE's models were already well inside the targets.
 Whole run: {len(rows)} cases in {wall:.0f} s wall.
 
 {table(rows)}
