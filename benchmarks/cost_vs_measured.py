@@ -271,10 +271,24 @@ def table(name: str, rows: list[dict]) -> list[str]:
     return lines
 
 
+def summarize(per_rank: list[dict], repeats: int) -> list[dict]:
+    """One model's rows with the measured statistics, from every rank's raw times."""
+    rows = [dict(r) for r in per_rank[0]["rows"]]
+    for k, row in enumerate(rows):
+        rounds = [max(r["rows"][k]["times"][j] for r in per_rank) for j in range(repeats)]
+        row["measured"] = statistics.median(rounds)
+        row["min"] = min(rounds)
+        row["cpu"] = statistics.median(max(r["rows"][k]["cpu"][j] for r in per_rank) for j in range(repeats))
+        q = sorted(rounds)
+        row["spread"] = q[-2] - q[1] if len(q) > 3 else q[-1] - q[0]
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=21, help="timed rounds (median), at least 5")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=1, help="repeat the whole measurement (repeatability)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run, not a benchmark)")
     ap.add_argument("--models", default="mlp,gpt")
     ap.add_argument("--cache", default=None, help="profile cache (default: $AUTOPAR_CACHE or ~/.cache)")
@@ -296,8 +310,10 @@ def main(argv=None) -> int:
         cm = ProfiledModel(cache_path=args.cache, optimizer=OPTIMIZER)
         n = cm.profile(autopar.trace(model, inputs), cluster)
         print(f"{name}: profiled {n} new op signatures", file=sys.stderr)
-    res = launch(_rank, WORLD, sizes, repeats, args.warmup, args.cache, threads=1, timeout=1800)
+    runs = [launch(_rank, WORLD, sizes, repeats, args.warmup, args.cache, threads=1, timeout=1800)
+            for _ in range(max(1, args.runs))]
     elapsed = time.perf_counter() - start
+    res = runs[0]
 
     lines = ["# Profiled cost model vs measured step time (2 gloo CPU processes)", "",
              f"Command: `.venv/bin/python -m benchmarks.cost_vs_measured{' ' + ' '.join(argv or sys.argv[1:]) if (argv or sys.argv[1:]) else ''}`  ",
@@ -308,14 +324,7 @@ def main(argv=None) -> int:
     allp, allm, allb = [], [], []
     for name, kw in sizes.items():
         per_rank = [r[name] for r in res]
-        rows = per_rank[0]["rows"]
-        for k, row in enumerate(rows):
-            rounds = [max(r["rows"][k]["times"][j] for r in per_rank) for j in range(repeats)]
-            row["measured"] = statistics.median(rounds)
-            row["min"] = min(rounds)
-            row["cpu"] = statistics.median(max(r["rows"][k]["cpu"][j] for r in per_rank) for j in range(repeats))
-            q = sorted(rounds)
-            row["spread"] = q[-2] - q[1] if len(q) > 3 else q[-1] - q[0]
+        rows = summarize(per_rank, repeats)
         comm = per_rank[0]["comm"]
         lines.append(f"## {name} {kw}")
         lines.append("")
@@ -330,7 +339,22 @@ def main(argv=None) -> int:
         allb += [r["before"] for r in rows]
     rho = spearman(allp, allm)
     lines += [f"## All {len(allp)} strategies together", "",
-              f"Spearman rank correlation: **{rho:.3f}** (before: {spearman(allb, allm):.3f})", "",
+              f"Spearman rank correlation: **{rho:.3f}** (before: {spearman(allb, allm):.3f})", ""]
+    if len(runs) > 1:  # the whole measurement again, each with its own fit: how much the figure moves
+        lines += ["## Repeatability", "",
+                  f"The same benchmark run {len(runs)} times in a row (run 1 is the one tabled above); "
+                  "Spearman of predicted vs measured (median wall time), `before` in brackets:", "",
+                  "| run | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
+        for i, run in enumerate(runs, 1):
+            cells = []
+            for name in sizes:
+                rows = summarize([r[name] for r in run], repeats)
+                m = [r["measured"] for r in rows]
+                cells.append(f"{spearman([r['predicted'] for r in rows], m):.3f} "
+                             f"({spearman([r['before'] for r in rows], m):.3f})")
+            lines.append(f"| {i} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [
               "Columns: `predicted` is the profiled model's `tables.total(choice)`; `measured` the median "
               "over rounds of the slower rank's wall time; `spread` the second-largest minus the "
               "second-smallest round; `min` the fastest round; `CPU` the median of the slower rank's "

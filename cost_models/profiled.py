@@ -25,6 +25,7 @@ import dataclasses
 import gc
 import math
 import platform
+import statistics
 import sys
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -114,7 +115,7 @@ def _timer(device: str):
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
 
-    def fastest(f, repeats: int, warmup: int) -> float:
+    def median(f, repeats: int, warmup: int) -> float:
         import torch.distributed as dist
 
         for _ in range(warmup):
@@ -127,9 +128,9 @@ def _timer(device: str):
             f()
             sync()
             ts.append(time.perf_counter() - t)
-        return min(ts)
+        return statistics.median(ts)
 
-    return fastest
+    return median
 
 
 def fit_line(sizes, seconds) -> tuple[float, float]:
@@ -152,10 +153,9 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats
 
     Every rank must call it (it runs collectives); the fit is all-reduced with MAX so that all
     ranks price plans alike. ``t = 2(p-1) a + 2(p-1)/p N / bw`` is the ring model of ``comm``.
-    Each size is timed ``repeats`` times after a warm-up and the fastest run kept: other
-    processes on a shared machine only ever add delay (milliseconds, at random), and a fit to
-    delayed runs prices every plan's collectives by the load of the moment it was taken. The line
-    is fitted on relative error (``fit_line``).
+    Each size is timed ``repeats`` times after a warm-up and the median kept, as for compute: a
+    collective inside a step pays its typical cost, and the median ignores the few runs a shared
+    machine delays by milliseconds. The line is fitted on relative error (``fit_line``).
     ``via="dtensor"`` (default, when DTensor is available) times the all-reduce as autopar's
     generated module issues it, a ``Partial -> Replicate`` redistribute on a 1-D mesh over all
     ranks: its fixed cost is DTensor's dispatch plus the library's latency, both of which every
@@ -170,7 +170,7 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats
         raise ValueError(f"via must be 'dtensor' or 'process_group', not {via!r}")
     p = dist.get_world_size()
     repeats = max(3, repeats)
-    fastest = _timer(device)
+    median = _timer(device)
     run = None
     if via == "dtensor":
         try:
@@ -200,7 +200,7 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats
     xs, ts = [], []
     for n in sizes:
         buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=device)
-        ts.append(fastest(run(buf), repeats, 2))
+        ts.append(median(run(buf), repeats, 2))
         xs.append(float(n))
     del run, warm, buf
     gc.collect()  # DTensors and the mesh go now, not at an exit after the group is destroyed
