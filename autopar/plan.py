@@ -33,7 +33,9 @@ class Stage:
 
     nodes: list[str]
     devices: int
-    cost: float = 0.0
+    cost: float = 0.0  # predicted time of one microbatch through the stage
+    sync: float = 0.0  # its gradient sync, once per step
+    memory: float | None = None  # peak bytes per device (None: not recorded, older plan files)
 
 
 @dataclass

@@ -156,7 +156,9 @@ def _with_pipeline(graph, cluster, mode, optimizer, tables, single, search, time
         return None
     sol, option = found
     names = [n.name for n in graph.nodes]
-    stages = [Stage(names[a:b], sol.devices, t) for (a, b), t in zip(sol.stages, sol.stage_time)]
+    syncs = sol.sync or [0.0] * len(sol.stages)
+    stages = [Stage(names[a:b], sol.devices, t, y, m)
+              for (a, b), t, y, m in zip(sol.stages, sol.stage_time, syncs, sol.memory)]
     gap = single.search.gap if single is not None else 0.0
     return Plan(**common, assignment=stage_assignment(option, graph), cost=sol.cost, units=tables.units,
                 memory_per_device=max(sol.memory), search=SearchInfo("dp + pipeline", time.perf_counter() - start, gap),

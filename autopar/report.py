@@ -328,6 +328,10 @@ def pipeline_numbers(plan) -> PipelineNumbers | None:
         stages.append(StageNumbers(k, a, b - 1, (k * per, (k + 1) * per), time, compute, comm,
                                    float(cut[a] + cut[b]), math.fsum(x.sync for x in mine),
                                    math.fsum(x.memory for x in mine), held, mine))
+    recorded = [st.memory for st in plan.stages]
+    if all(m is not None for m in recorded):  # the planner's own figures (its optimizer) win
+        for s, m in zip(stages, recorded):
+            s.memory = m
     peak = max(s.memory for s in stages)
     if not math.isclose(peak, plan.memory_per_device, rel_tol=1e-6):
         for s in stages:  # priced with another optimizer than the planner's: do not guess
@@ -351,7 +355,8 @@ def _pipeline_lines(plan, units) -> list[str]:
         for k, st in enumerate(plan.stages):
             lines.append(f"  stage {k}: {st.nodes[0]} .. {st.nodes[-1]} ({len(st.nodes)} nodes), "
                          f"devices {k * st.devices}-{(k + 1) * st.devices - 1}, "
-                         f"{units(st.cost)} per microbatch")
+                         f"{units(st.cost)} per microbatch, grad sync {units(st.sync)} per step"
+                         + (f", {fmt_bytes(st.memory)}/device" if st.memory is not None else ""))
         return lines
     slow = max(pn.stages, key=lambda s: s.time)
     sync = max(pn.stages, key=lambda s: s.sync)

@@ -23,7 +23,7 @@ vectorized over the first stage boundary with numpy.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,6 +50,7 @@ class PipelineSolution:
     cost: float  # predicted step time
     stage_time: list[float]  # per-microbatch time of each stage
     memory: list[float]  # peak bytes per device of each stage
+    sync: list[float] = field(default_factory=list)  # each stage's gradient sync, once per step
 
 
 def step_time(stage_time: list[float], sync: list[float], microbatches: int) -> float:
@@ -124,7 +125,7 @@ def best_cuts(c: StageCosts, stages: int, capacity: float, schedule: str,
         for k, (a, b) in enumerate(bounds)
     ]
     return PipelineSolution(bounds, c.devices, c.microbatches, schedule,
-                            step_time(times, syncs, c.microbatches), times, mems)
+                            step_time(times, syncs, c.microbatches), times, mems, syncs)
 
 
 def search(options: list[StageCosts], total_devices: int, capacity: float = math.inf,

@@ -367,3 +367,18 @@ def test_pictures_of_pipelined_pase_and_profiled_plans(piped, pase_plan, profile
     profiled[0].save(tmp_path / "flat.json")
     with pytest.raises(ValueError, match="no graph to draw"):
         draw(autopar.Plan.load(tmp_path / "flat.json"), tmp_path / "x.png")
+
+
+def test_a_saved_pipelined_plan_keeps_each_stages_sync_and_memory(piped, tmp_path):
+    plan, _ = piped
+    plan.save(tmp_path / "piped.json")
+    loaded = autopar.Plan.load(tmp_path / "piped.json")
+    m, s = loaded.microbatches, len(loaded.stages)
+    # the schedule's step formula from the file's own fields gives back the plan's cost
+    step = (m + s - 1) * max(st.cost for st in loaded.stages) + max(st.sync for st in loaded.stages)
+    assert step == pytest.approx(loaded.cost, rel=1e-9)
+    assert max(st.sync for st in loaded.stages) > 0
+    assert max(st.memory for st in loaded.stages) == pytest.approx(loaded.memory_per_device, rel=1e-9)
+    # without its graph the report still lists every stage's sync and memory
+    text = loaded.report()
+    assert text.count("grad sync") >= s and text.count("/device") >= s
