@@ -32,7 +32,7 @@ _TRACE_LOCK = threading.Lock()
 
 
 def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *, plan=None,
-            cluster=None, **plan_kwargs) -> nn.Module:
+            cluster=None, outputs: str = "replicate", **plan_kwargs) -> nn.Module:
     """This rank's module for training ``model`` on ``devices`` devices.
 
     ``devices``: the device count (default: the process group's size, or 1 without one).
@@ -40,7 +40,8 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
     ``plan``: None (search, on rank 0), an ``autopar.Plan``, or the path of a saved plan
     (``plan.save``), which is used as it is, without searching. ``cluster``: what the search
     prices (an ``autopar.Cluster`` or a preset name; default: this machine, ``"cpu"``).
-    Other keywords go to ``autopar.plan`` (``cost_model=``, ``search=``, ``memory_capacity=``...).
+    ``outputs``: "replicate" (plain whole tensors) or "dtensor" (DTensors as the plan leaves
+    them, not gathered). Other keywords go to ``autopar.plan`` (``cost_model=``, ``search=``, ``memory_capacity=``...).
 
     The module keeps the model's parameter names (each parameter a DTensor: ``p.full_tensor()``
     is its whole value), returns ordinary replicated tensors, and trains with any torch optimizer
@@ -67,8 +68,10 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
         single = copy.deepcopy(model)
         single.plan = chosen
         return single
+    if outputs not in ("replicate", "dtensor"):
+        raise ValueError(f"outputs must be 'replicate' or 'dtensor', not {outputs!r}")
     chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
-    return _build(model, graph, chosen, example_inputs)
+    return _build(model, graph, chosen, example_inputs, outputs)
 
 
 # -- devices and the process group ------------------------------------------------------------
@@ -176,7 +179,7 @@ def _rebuild(kind: str, message: str) -> Exception:
 
 # -- codegen -------------------------------------------------------------------------------------
 
-def _build(model: nn.Module, graph, plan: Plan, inputs) -> nn.Module:
+def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str) -> nn.Module:
     if plan.stages:
         from autopar.codegen import pipeline
 
@@ -185,7 +188,7 @@ def _build(model: nn.Module, graph, plan: Plan, inputs) -> nn.Module:
     else:
         from autopar.codegen.dtensor import shard_module
 
-        module = shard_module(model, graph, plan.assignment, tuple(plan.mesh.shape))
+        module = shard_module(model, graph, plan.assignment, tuple(plan.mesh.shape), outputs=outputs)
     module.plan = plan
     return module
 

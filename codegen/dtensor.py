@@ -70,6 +70,7 @@ class Program:
     layouts: dict[str, NodeLayout]  # one per IR node, by name (= fx node name)
     param_placements: dict[str, Placements]  # qualified name -> placements it is stored with
     scales: dict[str, float] = field(default_factory=dict)  # node -> 1/parts of averaged dims
+    outputs: str = "replicate"  # "replicate": plain whole tensors; "dtensor": as the plan leaves them
 
     @property
     def fx_graph(self) -> fx.GraphModule:
@@ -111,13 +112,19 @@ class ShardedModule(nn.Module):
 
 
 def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config],
-                 mesh_shape: tuple[int, ...], device_mesh: DeviceMesh | None = None) -> ShardedModule:
+                 mesh_shape: tuple[int, ...], device_mesh: DeviceMesh | None = None,
+                 outputs: str = "replicate") -> ShardedModule:
     """This rank's sharded copy of ``model`` (the model itself is left as it is).
 
     ``graph`` is the IR traced from ``model`` (``graph.fx_graph`` its fx GraphModule, IR node
     names = fx node names); ``assignment`` maps node names to configs (missing: replicated).
     Needs an initialized default process group whose size is the product of ``mesh_shape``.
+    ``outputs``: "replicate" (default) returns plain whole tensors, the same on every rank;
+    "dtensor" returns the graph's outputs as DTensors in the layout the plan leaves them (no
+    gather: for a caller that keeps working on shards).
     """
+    if outputs not in ("replicate", "dtensor"):
+        raise ValueError(f"outputs must be 'replicate' or 'dtensor', not {outputs!r}")
     mesh_shape = tuple(mesh_shape)
     if graph.fx_graph is None:
         raise LayoutError("shard_module needs graph.fx_graph, the fx GraphModule the IR came from")
@@ -130,7 +137,7 @@ def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config],
     stored = _stored_placements(graph, layouts)
     model = copy.deepcopy(model)
     _distribute_state(model, mesh, stored)
-    program = Program(graph, dict(assignment), mesh, layouts, stored)
+    program = Program(graph, dict(assignment), mesh, layouts, stored, outputs=outputs)
     fx_nodes = {n.name: n for n in graph.fx_graph.graph.nodes}
     for node in graph.nodes:
         if node.name in fx_nodes:
@@ -218,6 +225,8 @@ class _Runner(fx.Interpreter):
         return self._replicated(value)
 
     def output(self, target, args, kwargs):
+        if self.program.outputs == "dtensor":
+            return args[0]
         return pytree.tree_map(lambda v: v.full_tensor() if isinstance(v, DTensor) else v, args[0])
 
     def _replicated(self, value):

@@ -156,3 +156,19 @@ def test_compile_runs_a_pipelined_plan_through_torch_pipelining(tmp_path):
         assert stages == 2
         assert losses == pytest.approx(expected, rel=1e-5)
     assert sorted(results[0][1] + results[1][1]) == sorted(all_names)  # each parameter on one stage
+
+
+def _dtensor_outputs(rank, world, model, inputs, expected):
+    from torch.distributed.tensor import DTensor
+
+    module = autopar.compile(model, world, inputs, outputs="dtensor")
+    loss = module(*inputs)
+    assert isinstance(loss, DTensor), type(loss)
+    torch.testing.assert_close(loss.full_tensor(), expected)
+    return tuple(str(p) for p in loss.placements)
+
+
+def test_outputs_can_stay_dtensors_in_the_plans_layout(gpt):
+    model, inputs, _ = gpt
+    placements = run_threaded(_dtensor_outputs, 2, model, inputs, model(*inputs).detach())
+    assert all(p == placements[0] for p in placements)
