@@ -24,6 +24,10 @@ where the consumer's work differs but it used the whole tensor) to the producer'
 
 Graph outputs left Partial are all-reduced (forward only).
 
+A training batch norm whose batch dim is split runs with global statistics
+(``codegen/batchnorm.py``): two forward all-reduces of its ``C`` (local) channel statistics over
+the mesh axes that cut the batch (``bn_stats``); their backward is free.
+
 ``explain`` prints every term with its arithmetic, so a reader can redo the sum by hand.
 """
 
@@ -41,8 +45,8 @@ from autopar.layout import (Layout, NodeLayouts, Partial, Shard, dim_placements,
                             shard_factor, shard_factors, shard_mask, tensor_layout,
                             tensor_layouts, to_mesh)
 from autopar.tables import Config, Mesh
-from autopar.cost_models.comm import (collective, collective_time, reshard_matrix_codes,
-                                      reshard_steps)
+from autopar.cost_models.comm import (Collective, collective, collective_time,
+                                      reshard_matrix_codes, reshard_steps)
 
 FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "complex64"}
 MODES = ("train", "inference")
@@ -148,6 +152,14 @@ class AnalyticModel:
             return out
         out.terms.append(Term("compute backward", self.backward_factor * fwd,
                               f"{self.backward_factor:g} * {fwd:.4g} s = {self.backward_factor * fwd:.4g} s" if text else ""))
+        stats = bn_stats(node, cfg, mesh, cluster)
+        if stats is not None:
+            f = ""
+            if text:
+                c_local = stats.nbytes / node.inputs[0].spec.itemsize
+                f = (f"2 * (N = {c_local:g} channels * {node.inputs[0].spec.itemsize} B; "
+                     f"{stats.formula()}) = {2 * stats.seconds:.4g} s")
+            out.terms.append(Term("batch-norm statistics (2 all-reduces)", 2 * stats.seconds, f))
         groups: dict[tuple[int, ...], list[tuple[str, int, int]]] = {}
         for op, pl in zip(node.params, lay.params):
             if op.spec.dtype not in FLOAT_DTYPES:
@@ -194,7 +206,8 @@ class AnalyticModel:
         t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
         cost = np.maximum(t_flops, t_mem)
         if mode == "train":
-            cost = cost * (1.0 + self.backward_factor) + self._grad_sync(node, own, mesh, cluster)
+            cost = (cost * (1.0 + self.backward_factor) + self._grad_sync(node, own, mesh, cluster)
+                    + _bn_stats_many(node, own, mesh, cluster))
         return np.where(ok, cost, math.inf)
 
     def _grad_sync(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
@@ -320,6 +333,43 @@ class AnalyticModel:
             lines.append("  layouts agree: no communication")
         lines.append(f"  edge total = {total:.4g} s")
         return lines, total
+
+
+def bn_stats(node: Node, cfg: Config, mesh: Mesh, cluster: Cluster) -> Collective | None:
+    """One of the two forward all-reduces of a training batch norm whose batch dim is split.
+
+    ``codegen/batchnorm.py`` makes the statistics global: the per-channel mean and then the mean
+    of squared deviations, each a ``Partial -> Replicate`` of ``C / channel splits`` numbers over
+    the mesh axes that cut the batch dim (``dims[0]``; channels are ``dims[1]``). Their backward
+    is ``Replicate -> Partial``: free. ``None`` when the node is no batch norm or its batch is
+    whole. ``cfg`` is mapped onto the mesh; the caller prices it twice, in training only.
+    """
+    if node.op != "batch_norm" or not node.inputs or len(node.dims) < 2 or not cfg.mesh_axes:
+        return None
+    batch = cfg.mesh_axes[0]
+    if not batch:
+        return None
+    spec = node.inputs[0].spec
+    channel_split = math.prod(mesh.shape[a] for a in cfg.mesh_axes[1])
+    c = collective("all-reduce", spec.shape[1] * spec.itemsize / channel_split, batch, mesh,
+                   cluster)
+    return c if c.p > 1 else None
+
+
+def _bn_stats_many(node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
+    """``2 * bn_stats(...).seconds`` for every config (rows of the owner matrix) at once."""
+    if node.op != "batch_norm" or not node.inputs or len(node.dims) < 2 or not len(mesh.shape):
+        return np.zeros(len(own))
+    spec = node.inputs[0].spec
+    sizes = np.asarray(mesh.shape, dtype=float)
+    level = np.asarray(mesh.level or (0,) * len(mesh.shape)) > 0
+    batch = own == 0
+    p = np.prod(np.where(batch, sizes, 1.0), axis=1)
+    nbytes = spec.shape[1] * spec.itemsize / np.prod(np.where(own == 1, sizes, 1.0), axis=1)
+    cross = (batch & level).any(axis=1)
+    bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
+    lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
+    return 2.0 * collective_time("all-reduce", nbytes, p, bw, lat)
 
 
 def _codes(node: Node, spec, output: bool, configs: list[Config], mesh: Mesh, book: dict,

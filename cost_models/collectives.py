@@ -10,6 +10,8 @@ a plan for, built with the functions the model prices with (nothing is re-derive
 * every node: its weight-gradient sync (backward), one all-reduce per distinct group of mesh axes
   over which a parameter's gradient is ``Partial`` (``layout.grad_of_input``), as
   ``AnalyticModel.node_breakdown`` builds it;
+* every training batch norm whose batch dim is split: the two all-reduces of its global
+  statistics (mean, variance; forward), ``analytic.bn_stats``, as ``node_breakdown`` prices them;
 * every graph output a node leaves ``Partial``: an all-reduce before it is returned (forward),
   as ``AnalyticModel.output_cost``.
 
@@ -49,7 +51,7 @@ from autopar.layout import (Layout, Partial, Shard, format_layout, grad_of_input
                             shard_factor, tensor_layout, to_mesh)
 from autopar.tables import Config
 
-from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, check_mode
+from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, bn_stats, check_mode
 from autopar.cost_models.comm import Collective, collective, reshard_steps
 
 # the cost model's kind -> the op name CommDebugMode counts (c10d_functional, namespace stripped)
@@ -62,8 +64,8 @@ TORCH_NAMES = {"all-reduce": "all_reduce", "all-gather": "all_gather_into_tensor
 class Item:
     """One predicted collective (for a grad-sync bucket: one priced collective over ``tensors``).
 
-    ``where``: "edge" (a reshard between two nodes), "grad-sync" (a node's weight gradients) or
-    "output" (a graph output left partial). ``tensors``: the tensors it moves, e.g.
+    ``where``: "edge" (a reshard between two nodes), "grad-sync" (a node's weight gradients),
+    "bn-stats" (a batch norm's global statistics) or "output" (a graph output left partial). ``tensors``: the tensors it moves, e.g.
     ``("layers_0:0 -> relu:0",)`` or ``("param:layers_0.weight", "param:layers_0.bias")``.
     ``nbytes`` of each tensor per device, as the formula's N (for a bucket: the sum).
     """
@@ -190,6 +192,11 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
                 if nested_order_conflict(a, b):
                     out.nested.append(Reshard(phase, name, a, b))
         if mode == "train":
+            stats = bn_stats(n, cfg_of(n.name), mesh, cluster)
+            if stats is not None:  # AnalyticModel.node_breakdown's "batch-norm statistics"
+                for stat in ("mean", "var"):
+                    out.items.append(Item("forward", "bn-stats", n.name, (f"{n.name}:{stat}",),
+                                          stats))
             out.items += _grad_sync(n, cfg_of(n.name), mesh, cluster)
     for name, idx in graph.outputs:
         if name not in nodes:

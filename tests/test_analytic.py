@@ -308,3 +308,36 @@ def test_view_ops_move_nothing_and_subclasses_keep_their_breakdown():
     lin = linear("fc", "input:x")
     c = cfg(lin, b=(0, 1, 2))
     assert Doubled().node_cost(lin, [c], C8)[0] == pytest.approx(2 * MODEL.node_cost(lin, [c], C8)[0])
+
+
+def batch_norm(name, src, b=B, c=N, h=4, w=4):
+    x = Operand(src, 0, spec((b, c, h, w), "bchw"))
+    wt = Operand(f"param:{name}.weight", 0, spec((c,), "c"))
+    bias = Operand(f"param:{name}.bias", 0, spec((c,), "c"))
+    return Node(name, "batch_norm", "torch.nn.BatchNorm2d", name,
+                (Dim("b", b), Dim("c", c), Dim("h", h), Dim("w", w)),
+                (x,), (wt, bias), (spec((b, c, h, w), "bchw"),))
+
+
+def test_batch_norm_with_split_batch_pays_two_statistics_all_reduces():
+    """codegen/batchnorm.py all-reduces the mean and the variance (C floats each, the local
+    channels) over the mesh axes that cut the batch, in the forward of training only."""
+    from autopar.search.space import mesh_configs
+
+    bn = batch_norm("bn", "input:x")
+    dp = MODEL.node_breakdown(bn, cfg(bn, b=(0, 1, 2)), C8)
+    (stats,) = term(dp, "batch-norm statistics")
+    assert stats.seconds == pytest.approx(2 * ring_ar(N * 4))
+    # channels split over axis 2, batch over axes 0, 1: C/2 floats over a group of 4
+    mixed = MODEL.node_breakdown(bn, cfg(bn, b=(0, 1), c=(2,)), C8)
+    (stats,) = term(mixed, "batch-norm statistics")
+    assert stats.seconds == pytest.approx(2 * ring_ar(N * 4 / 2, p=4))
+    assert not term(MODEL.node_breakdown(bn, cfg(bn, c=(0, 1, 2)), C8), "batch-norm")
+    assert not term(MODEL.node_breakdown(bn, cfg(bn, b=(0, 1, 2)), C8, mode="inference"),
+                    "batch-norm")
+    for cluster in (C8, Cluster.preset("2x8xH100")):
+        cfgs = mesh_configs(bn, cluster.mesh())
+        for mode in ("train", "inference"):
+            vec = MODEL.node_cost(bn, cfgs, cluster, mode)
+            ref = [MODEL.node_breakdown(bn, c, cluster, mode, text=False).seconds for c in cfgs]
+            assert np.allclose(vec, ref, rtol=1e-12, atol=0), mode

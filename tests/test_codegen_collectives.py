@@ -4,7 +4,7 @@ For each plan, ``cost_models.collectives.predicted_collectives`` lists what the 
 prices (edge reshards forward and backward, weight-gradient syncs, partial graph outputs), and
 ``codegen.comms.measure`` counts what ``codegen.dtensor.shard_module`` really runs under torch's
 ``CommDebugMode``, forward and backward apart. The counts by kind must be equal, up to the
-differences listed in ``KNOWN`` and ``batch_norm_stats``, each explained where it is defined.
+differences listed in ``KNOWN``, each explained where it is defined.
 
 Measured on real gloo processes: CommDebugMode's module tracker uses global module hooks, which
 the ranks of the threaded process group trip over ("The Module hierarchy tracking is wrong").
@@ -145,9 +145,9 @@ KNOWN = {
 
 def batch_norm_stats(case) -> int:
     """Training batch norms with their batch split run with global statistics
-    (``codegen/batchnorm.py``): two all-reduces (mean, variance) per node in the forward, which
-    the cost model does not price (their backward is free: Replicate -> Partial). Small (C
-    numbers each), but a real difference: analytic.py's node_breakdown could price them."""
+    (``codegen/batchnorm.py``): two all-reduces (mean, variance) per node in the forward, priced
+    by ``analytic.bn_stats`` (their backward is free: Replicate -> Partial). Counted here from the
+    graph alone, to check the prediction lists them."""
     n = 0
     for node in case["graph"].nodes:
         cfg = case["assignment"].get(node.name)
@@ -157,11 +157,10 @@ def batch_norm_stats(case) -> int:
 
 
 def expected(case, world, name, phase) -> dict:
-    """The predicted counts of ``phase`` on gloo, plus the known, explained differences."""
+    """The predicted counts of ``phase`` on gloo (batch-norm statistics included), plus the
+    known, explained differences."""
     pred = predicted(case)
     want = Counter(pred.counts(phase, backend="gloo"))
-    if phase == "forward":
-        want["all_reduce"] += batch_norm_stats(case)
     for ph, edge, delta in KNOWN.get((world, name), []):
         if ph == phase:
             for op, d in delta.items():
@@ -194,7 +193,7 @@ def test_known_differences_are_nested_shard_reshards(cases, key):
 
 
 def test_cases_without_nested_reshards_need_no_exception(cases):
-    """Only plans with a flagged reshard may differ (besides batch-norm statistics)."""
+    """Only plans with a flagged reshard may differ."""
     for world, by_name in cases.items():
         for name, case in by_name.items():
             if not predicted(case).nested:
@@ -212,6 +211,9 @@ def test_the_comparison_covers_every_kind(cases):
     assert set(kinds) == {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
                           "all_to_all_single"}
     assert batch_norm_stats(cases[2]["cnn/data_parallel"]) == 6
+    for world in (2, 4):
+        pred = predicted(cases[world]["cnn/data_parallel"])
+        assert len(pred.of("bn-stats")) == batch_norm_stats(cases[world]["cnn/data_parallel"])
 
 
 def test_the_list_is_what_the_model_prices(cases):
@@ -238,6 +240,10 @@ def test_the_list_is_what_the_model_prices(cases):
                 sync = [t.seconds for t in terms if t.label.startswith("weight-grad sync")]
                 mine = [it.collective.seconds for it in pred.of("grad-sync", n.name)]
                 assert mine == pytest.approx(sync), (name, n.name)
+                stats = [t.seconds for t in terms if t.label.startswith("batch-norm statistics")]
+                mine = sum(it.collective.seconds for it in pred.of("bn-stats", n.name))
+                assert mine == pytest.approx(sum(stats)), (name, n.name)
+                assert bool(stats) == bool(pred.of("bn-stats", n.name)), (name, n.name)
             for node_name, idx in graph.outputs:
                 out = float(model.output_cost(graph.node(node_name), idx, [cfg[node_name]],
                                               cluster)[0])
