@@ -133,6 +133,10 @@ def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
         if isinstance(pl, Shard):
             sf *= mesh.shape[a]
     local = nbytes / sf
+    book: dict = {}
+    s_codes, d_codes = (tuple(int(c) for c in encode_layouts([x], book)[0]) for x in (src, dst))
+    if misaligned(s_codes, d_codes):
+        return _dtensor_steps(local, s_codes, d_codes, mesh, cluster)
     steps: list[Collective] = []
     sliced = [a for a in range(len(src)) if isinstance(src[a], Replicate) and isinstance(dst[a], Shard)]
     local /= group_of(sliced, mesh)[0]
@@ -151,6 +155,88 @@ def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
     if ag:
         steps.append(collective("all-gather", local * group_of(ag, mesh)[0], ag, mesh, cluster))
     return [s for s in steps if s.p > 1]
+
+
+# --- nested shard order: what DTensor runs --------------------------------------------------------
+#
+# A tensor axis cut by several mesh axes is sharded in mesh-axis order, the lowest axis major. The
+# per-axis phases above hold while every mesh axis that changes its placement of a tensor axis
+# sees the same sharding of that axis on the lower mesh axes before and after. When it does not
+# (``misaligned``), DTensor 2.13's ``generate_greedy_transform_infos`` first walks the mesh axes
+# from the last to the first and turns every such axis's placement into Replicate (the nested
+# shard is gathered, or a partial all-reduced, before anything else), doing the aligned
+# transitions on the way, then walks them from the first to the last to reach the target
+# (slicing again). ``_dtensor_steps`` prices that sequence, step by step on the local bytes;
+# consecutive steps of one kind with the same placements are priced as one collective over
+# their group (DTensor merges them over a flattened mesh; an all-to-all never merges).
+# Layouts are codes here (``encode_layouts``: 0 R, 1 P, >= 2 one code per Shard).
+
+
+def misaligned(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+    """Does DTensor's greedy redistribute replicate some mesh axis first (nested shard order)?
+
+    True when the source shards something and some mesh axis ``m`` wants a shard whose tensor
+    axis the mesh axes below ``m`` shard differently in ``src`` and ``dst``."""
+    if not any(c >= 2 for c in src):
+        return False
+    for m in range(len(dst)):
+        t = dst[m]
+        if t >= 2 and any((src[i] == t) != (dst[i] == t) for i in range(m)):
+            return True
+    return False
+
+
+def dtensor_transitions(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(mesh axis, from code, to code) in the order DTensor's greedy redistribute runs them."""
+    cur, out = list(src), []
+    if any(c >= 2 for c in src):
+        for m in reversed(range(len(cur))):
+            t = dst[m]
+            if t >= 2 and any((src[i] == t) != (dst[i] == t) for i in range(m)):
+                t = 0  # clear the nested shard: replicate this axis first
+            if cur[m] != t:
+                out.append((m, cur[m], t))
+                cur[m] = t
+    for m in range(len(cur)):
+        if cur[m] != dst[m]:
+            out.append((m, cur[m], dst[m]))
+            cur[m] = dst[m]
+    return out
+
+
+def _kind(s: int, d: int) -> str | None:
+    if d == 1 or s == 0:
+        return None  # -> Partial, R -> S: local
+    if s == 1:
+        return "reduce-scatter" if d >= 2 else "all-reduce"
+    return "all-to-all" if d >= 2 else "all-gather"
+
+
+def _dtensor_steps(local: float, src: tuple[int, ...], dst: tuple[int, ...], mesh: Mesh,
+                   cluster: Cluster) -> list[Collective]:
+    """Price ``dtensor_transitions(src, dst)`` from ``local`` bytes per device."""
+    groups: list[tuple[tuple[int, int], list[int]]] = []
+    for m, s, d in dtensor_transitions(src, dst):
+        k = _kind(s, d)
+        if groups and groups[-1][0] == (s, d) and k in ("all-reduce", "all-gather",
+                                                        "reduce-scatter"):
+            groups[-1][1].append(m)
+        else:
+            groups.append(((s, d), [m]))
+    steps = []
+    for (s, d), axes in groups:
+        k = _kind(s, d)
+        p = group_of(axes, mesh)[0]
+        if k is None:
+            if d >= 2:
+                local /= p
+            continue
+        if k == "all-gather":
+            local *= p
+        steps.append(collective(k, local, axes, mesh, cluster))
+        if k == "reduce-scatter":
+            local /= p
+    return [c for c in steps if c.p > 1]
 
 
 def reshard_cost(nbytes: float, src: Layout, dst: Layout, mesh: Mesh, cluster: Cluster) -> float:
@@ -269,6 +355,45 @@ def _reshard_codes(nbytes: float, s_codes: np.ndarray, d_codes: np.ndarray, mesh
             scale = scale / p
     src_factor = np.prod(np.where(s_codes >= 2, sizes, 1.0), axis=1)
     local = nbytes / src_factor
+    out = _priced(key, inverse, present, slope, intercept, local, n_axes)
+    _reprice_misaligned(out, nbytes, s_codes, d_codes, mesh, cluster)
+    return out
+
+
+def _reprice_misaligned(out: np.ndarray, nbytes: float, s_codes: np.ndarray, d_codes: np.ndarray,
+                        mesh: Mesh, cluster: Cluster) -> None:
+    """Overwrite the pairs DTensor runs another way (``misaligned``) with ``_dtensor_steps``."""
+    n_axes = len(mesh.shape)
+    if n_axes < 2:
+        return
+    s_sub, s_id = np.unique(s_codes, axis=0, return_inverse=True)
+    d_sub, d_id = np.unique(d_codes, axis=0, return_inverse=True)
+    s_id, d_id = np.ravel(s_id), np.ravel(d_id)
+    mis = np.zeros((len(s_sub), len(d_sub)), dtype=bool)
+    for m in range(1, n_axes):
+        t = d_sub[:, m]
+        for i in range(m):
+            mis |= (t >= 2)[None, :] & ((s_sub[:, i][:, None] == t[None, :])
+                                        != (d_sub[:, i] == t)[None, :])
+    mis &= (s_sub >= 2).any(axis=1)[:, None]
+    if not mis.any():
+        return
+    # a source row's local bytes depend on its codes alone: price each pair as the scalar does
+    src_local = nbytes / np.prod(np.where(s_sub >= 2, np.asarray(mesh.shape, dtype=float), 1.0),
+                                 axis=1)
+    price = np.zeros(mis.shape)
+    for i, j in zip(*np.nonzero(mis)):
+        a, b = tuple(int(c) for c in s_sub[i]), tuple(int(c) for c in d_sub[j])
+        price[i, j] = sum(x.seconds for x in _dtensor_steps(float(src_local[i]), a, b, mesh,
+                                                             cluster))
+    rows = np.flatnonzero(mis.any(axis=1)[s_id])
+    cols = np.flatnonzero(mis.any(axis=0)[d_id])
+    sub = np.ix_(rows, cols)
+    si, di = s_id[rows][:, None], d_id[cols][None, :]
+    out[sub] = np.where(mis[si, di], price[si, di], out[sub])
+
+
+def _priced(key, inverse, present, slope, intercept, local, n_axes):
     if inverse is None:  # gather straight from key-indexed tables
         slope_of, intercept_of = np.zeros(6 ** n_axes), np.zeros(6 ** n_axes)
         slope_of[present], intercept_of[present] = slope, intercept

@@ -97,3 +97,32 @@ def test_reshard_rejects_wrong_arity():
 def test_empty_matrix():
     assert reshard_matrix(MB, [], [(R, R, R)], FLAT.mesh(), FLAT).shape == (0, 1)
     assert np.all(reshard_matrix(MB, [(R, R, R)], [(R, R, R)], FLAT.mesh(), FLAT) == 0)
+
+
+def test_nested_shard_order_is_priced_as_dtensor_runs_it():
+    """A tensor axis cut by two mesh axes: DTensor 2.13's greedy redistribute replicates the
+    misaligned (minor) mesh axis first; checked against CommDebugMode on a (2, 2) gloo mesh by
+    tests/test_codegen_collectives.py."""
+    from autopar.cost_models.comm import misaligned
+
+    c = Cluster.preset("cpu", devices=4)
+    m, n = c.mesh(), 8 * MB
+
+    def steps(a, b):
+        return [(s.kind, s.axes, s.nbytes) for s in reshard_steps(n, a, b, m, c)]
+
+    # device (0, 1) holds rows 2/4..3/4 and needs 1/4..2/4: gather over axis 1, then slice twice
+    assert steps((R, Shard(0)), (Shard(0), Shard(0))) == [("all-gather", (1,), n)]
+    # its gradient: gather the minor shard, then the major one (one collective over both)
+    assert steps((Shard(0), Shard(0)), (R, Shard(0))) == [("all-gather", (0, 1), n)]
+    # partial on the minor axis of a to-be-nested shard: all-reduce first, no reduce-scatter
+    assert steps((Shard(0), P), (Shard(1), Shard(0))) == [("all-reduce", (1,), n / 2),
+                                                          ("all-to-all", (0,), n / 2)]
+    assert steps((Shard(1), P), (R, Shard(1))) == [("all-reduce", (1,), n / 2),
+                                                   ("all-gather", (0,), n)]
+    # aligned nested shards keep the per-axis phases
+    assert not misaligned((2, 2), (2, 0)) and not misaligned((0, 0), (2, 2))
+    assert steps((P, P), (Shard(0), Shard(0))) == [("reduce-scatter", (0, 1), n)]
+    for a, b in [((R, Shard(0)), (Shard(0), Shard(0))), ((Shard(0), P), (Shard(1), Shard(0)))]:
+        assert reshard_matrix(n, [a], [b], m, c)[0, 0] == pytest.approx(
+            reshard_cost(n, a, b, m, c), rel=1e-12)
