@@ -31,13 +31,12 @@ process group DTensor has no all-to-all: it runs an all-gather and keeps its chu
 ``counts(phase, backend="gloo")`` names an all-to-all ``all_gather_into_tensor``.
 
 Nested shard order. DTensor shards a tensor axis cut by several mesh axes in mesh-axis order,
-the lowest axis major (``autopar.layout`` says the same). ``comm.reshard_steps`` prices a reshard
-axis by axis, as if each mesh axis could change its placement on its own; that holds only when no
-*higher* mesh axis shards the same tensor axis (before or after): otherwise the blocks a device
-holds are not the ones it needs (``(R, S(0)) -> (S(0), S(0))`` is no local slice: device (0, 1)
-holds rows 2..3 of 4 blocks and needs block 1), and DTensor first gathers the minor shard.
-``Collectives.nested`` lists the reshards of a plan where that happens
-(``nested_order_conflict``); there the module issues other collectives than the model prices.
+the lowest axis major (``autopar.layout`` says the same). Per-axis phases hold only when no
+*higher* mesh axis shards the same tensor axis differently (``(R, S(0)) -> (S(0), S(0))`` is no
+local slice: device (0, 1) holds rows 2..3 of 4 blocks and needs block 1); there DTensor first
+gathers the minor shard, and ``comm.reshard_steps`` prices what DTensor's greedy redistribute runs
+(``comm.misaligned``). ``Collectives.nested`` lists the reshards of a plan under such an order
+(``nested_order_conflict``, a superset), so a test can check they are covered.
 """
 
 from __future__ import annotations
@@ -237,9 +236,9 @@ def _dims(pl) -> set:
 
 def nested_order_conflict(src: Layout, dst: Layout) -> bool:
     """Does some mesh axis change its placement of a tensor axis that a higher mesh axis also
-    shards (in ``src`` or ``dst``) and does not change the same way? Then the per-axis steps of
-    ``comm.reshard_steps`` may not be what DTensor can run (see "Nested shard order" above): a
-    superset of the reshards where the issued collectives differ. ``x -> Partial`` is free.
+    shards (in ``src`` or ``dst``) and does not change the same way? Then per-axis steps may not
+    be what DTensor can run (see "Nested shard order" above): a superset of the reshards that
+    ``comm.reshard_steps`` prices by DTensor's sequence. ``x -> Partial`` is free.
     """
     for a, (s, d) in enumerate(zip(src, dst)):
         if s == d or isinstance(d, Partial):
