@@ -114,7 +114,7 @@ def _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, tim
     if common["cost_model"] == "profiled":  # same tables and baselines, compute measured here
         from autopar.cost_models.profiled import profiled_model
 
-        model = profiled_model(graph, cluster, mode)
+        model = profiled_model(graph, cluster, mode, optimizer=optimizer)  # its update is measured too
     tables = build_tables(graph, cluster, model, space="mesh", mode=mode, optimizer=optimizer)
     if memory_capacity is not None:
         tables.memory_capacity = float(memory_capacity)

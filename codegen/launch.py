@@ -56,6 +56,8 @@ def _worker(rank: int, job: _Job, results) -> None:
     try:
         out = job.fn(rank, job.world_size, *job.args)
         results.put((rank, "ok", out))
+        # no rank tears gloo down while another still has a collective in flight (that aborts it)
+        dist.barrier()
     except BaseException:
         # the text travels: exception objects themselves may not pickle
         results.put((rank, "error", traceback.format_exc()))
