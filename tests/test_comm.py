@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from autopar.cluster import Cluster
+from autopar.tables import Mesh
 from autopar.layout import Partial, Replicate, Shard
 from autopar.cost_models.comm import collective, reshard_cost, reshard_matrix, reshard_steps
 
@@ -126,3 +127,27 @@ def test_nested_shard_order_is_priced_as_dtensor_runs_it():
     for a, b in [((R, Shard(0)), (Shard(0), Shard(0))), ((Shard(0), P), (Shard(1), Shard(0)))]:
         assert reshard_matrix(n, [a], [b], m, c)[0, 0] == pytest.approx(
             reshard_cost(n, a, b, m, c), rel=1e-12)
+
+
+@pytest.mark.parametrize("preset, shape, level", [("8x8xH100", (2,) * 6, (1, 1, 1, 0, 0, 0)),
+                                                  ("2x8xH100", (2,) * 4, (1, 0, 0, 0))])
+def test_misaligned_pairs_priced_in_bulk_as_the_scalar_walk_prices_each(preset, shape, level):
+    """The bulk path groups pairs by walk shape; every pair must still get its own walk's price."""
+    from autopar.cost_models import comm
+
+    cluster, mesh = Cluster.preset(preset), Mesh(shape, level)
+    rng = np.random.default_rng(1)
+    src, dst = rng.integers(0, 6, size=(120, len(shape))), rng.integers(0, 6, size=(90, len(shape)))
+    bulk = np.zeros((120, 90))
+    comm._reprice_misaligned(bulk, 3e6, src, dst, mesh, cluster)
+    checked = 0
+    for i, a in enumerate(map(tuple, src.tolist())):
+        local = 3e6 / np.prod([mesh.shape[k] for k in range(len(shape)) if a[k] >= 2])
+        for j, b in enumerate(map(tuple, dst.tolist())):
+            if comm.misaligned(a, b):
+                expected = sum(c.seconds for c in comm._dtensor_steps(float(local), a, b, mesh, cluster))
+                assert bulk[i, j] == expected
+                checked += 1
+            else:
+                assert bulk[i, j] == 0.0
+    assert checked > 1000
