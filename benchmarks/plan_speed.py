@@ -118,7 +118,10 @@ PaSE's tool (its paper, this kind of machine): about 100 s and 2.7 GB for Incept
 `gpt48-8x8xh100`: GPT, 48 layers, width 2048, 16 heads, sequence 1024, vocabulary 32000, batch 64,
 on the 8x8xH100 preset (64 GPUs, 8 nodes), analytic model, default space, pipeline search on.
 Before the search and table speed-ups of issue 4 (commit 33a9473) the GPT case took about 18 s wall
-(one run, same machine); PaSE's models were already well inside the targets.
+(one run, same machine); PaSE's models were already well inside the targets. The speed-ups brought
+it to 7.0 s; pricing reshards under DTensor's nested shard order exactly (what the generated module
+really issues, commit 4e21c1b and its bulk form) brought it back to about 15 s: on a 6-axis mesh
+most layout pairs are misaligned and are re-walked per edge (767 edge tables, ~9 s). Not yet met.
 Whole run: {len(rows)} cases in {wall:.0f} s wall.
 
 {table(rows)}
