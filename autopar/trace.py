@@ -321,13 +321,15 @@ class _Tracer(fx.Tracer):
         return has_module_rule(m)
 
 
-def _meta(v: Any) -> Any:
+def to_meta(v: Any) -> Any:
     """A meta tensor with ``v``'s metadata: allocates nothing and never reads ``v``'s data."""
     return v.to("meta") if isinstance(v, torch.Tensor) else v
 
 
-class _MetaProp(fx.Interpreter):
-    """Runs the traced graph on meta tensors; each leaf module on meta copies of its own state."""
+class MetaProp(fx.Interpreter):
+    """Runs the traced graph on meta tensors; each leaf module on meta copies of its own state.
+
+    Inputs must already be meta (``to_meta``); ``values`` holds every node's meta value."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
         super().__init__(gm, garbage_collect_values=False)
@@ -339,11 +341,11 @@ class _MetaProp(fx.Interpreter):
         return result
 
     def get_attr(self, target, args, kwargs):
-        return _meta(super().get_attr(target, args, kwargs))
+        return to_meta(super().get_attr(target, args, kwargs))
 
     def call_module(self, target, args, kwargs):
         m = self.fetch_attr(target)
-        state = {k: _meta(v) for k, v in [*m.named_parameters(), *m.named_buffers()]}
+        state = {k: to_meta(v) for k, v in [*m.named_parameters(), *m.named_buffers()]}
         return functional_call(m, state, tuple(args), dict(kwargs), strict=False)
 
 
@@ -387,8 +389,8 @@ class _FxFrontend(_Builder):
         return fx.GraphModule(tracer.root, graph, type(self.model).__name__)
 
     def _propagate(self, gm: fx.GraphModule) -> None:
-        interp = _MetaProp(gm)
-        args = [_meta(x) for x in self.inputs_given]
+        interp = MetaProp(gm)
+        args = [to_meta(x) for x in self.inputs_given]
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         args += [None] * (len(placeholders) - len(args))  # concrete (default) args fx kept as placeholders
         try:
@@ -423,7 +425,7 @@ class _FxFrontend(_Builder):
         return _bind(site, args, kwargs, node) if site is not None else None
 
 
-def _failing_node(e: BaseException, interp: _MetaProp) -> fx.Node | None:
+def _failing_node(e: BaseException, interp: MetaProp) -> fx.Node | None:
     """fx.Interpreter runs nodes in order, so the failing node is the first without a value."""
     for n in interp.graph.nodes:
         if n not in interp.values:

@@ -64,7 +64,8 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
-from torch.func import functional_call
+
+from autopar.trace import MetaProp, to_meta
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -137,11 +138,11 @@ def _holds_tensor(value: Any) -> bool:
     return False
 
 
-class _HoldsTensor(fx.Interpreter):
+class _HoldsTensor(MetaProp):
     """Runs the graph on meta tensors and records, per node, whether its value holds a tensor."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
-        super().__init__(gm, garbage_collect_values=False)
+        super().__init__(gm)
         self.tensor: dict[str, bool] = {}  # the value holds a tensor (a tensor, a tuple of them)
         self.is_tensor: dict[str, bool] = {}  # the value is one tensor (can be sent as it is)
 
@@ -152,19 +153,7 @@ class _HoldsTensor(fx.Interpreter):
         return value
 
     def placeholder(self, target, args, kwargs):
-        return _meta(super().placeholder(target, args, kwargs))
-
-    def get_attr(self, target, args, kwargs):
-        return _meta(super().get_attr(target, args, kwargs))
-
-    def call_module(self, target, args, kwargs):
-        m = self.fetch_attr(target)
-        state = {k: _meta(v) for k, v in [*m.named_parameters(), *m.named_buffers()]}
-        return functional_call(m, state, tuple(args), dict(kwargs), strict=False)
-
-
-def _meta(v: Any) -> Any:
-    return v.to("meta") if isinstance(v, torch.Tensor) else v
+        return to_meta(super().placeholder(target, args, kwargs))
 
 
 def split_stages(gm: fx.GraphModule, stages: list[list[str]], example_inputs: Sequence[Any]
