@@ -122,10 +122,12 @@ def _local_plan(model, inputs, graph, cluster, plan, plan_kwargs) -> Plan:
 
         return search(model, tuple(inputs), cluster, graph=graph, **plan_kwargs)
     if isinstance(plan, (str, os.PathLike)):
-        return Plan.load(plan, graph=graph)
-    if not isinstance(plan, Plan):
+        what, plan = str(plan), Plan.load(plan)
+    elif isinstance(plan, Plan):
+        what = "the given plan"
+    else:
         raise ValueError(f"plan must be None, an autopar.Plan or a plan file's path, not {type(plan).__name__}")
-    _check_fingerprint(plan, graph, "the given plan")
+    _check_fingerprint(plan, graph, what)
     return plan
 
 

@@ -172,3 +172,11 @@ def test_outputs_can_stay_dtensors_in_the_plans_layout(gpt):
     model, inputs, _ = gpt
     placements = run_threaded(_dtensor_outputs, 2, model, inputs, model(*inputs).detach())
     assert all(p == placements[0] for p in placements)
+
+
+def test_a_pase_plan_file_is_refused_not_run_replicated(tmp_path):
+    model, inputs = autopar.zoo.get("mlp")
+    pase = autopar.plan(model, inputs, autopar.Cluster(devices=2), cost_model="pase", space="pase:1")
+    pase.save(tmp_path / "pase.json")
+    with pytest.raises(ValueError, match="cost_model='pase'"):
+        autopar.compile(model, 1, inputs, plan=str(tmp_path / "pase.json"))
