@@ -169,6 +169,7 @@ def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
 # (slicing again). ``_dtensor_steps`` prices that sequence, step by step on the local bytes;
 # consecutive steps of one kind with the same placements are priced as one collective over
 # their group (DTensor merges them over a flattened mesh; an all-to-all never merges).
+# ``nested_order.reprice_misaligned`` gives the same prices to a whole edge table at once.
 # Layouts are codes here (``encode_layouts``: 0 R, 1 P, >= 2 one code per Shard).
 
 
@@ -356,136 +357,10 @@ def _reshard_codes(nbytes: float, s_codes: np.ndarray, d_codes: np.ndarray, mesh
     src_factor = np.prod(np.where(s_codes >= 2, sizes, 1.0), axis=1)
     local = nbytes / src_factor
     out = _priced(key, inverse, present, slope, intercept, local, n_axes)
-    _reprice_misaligned(out, nbytes, s_codes, d_codes, mesh, cluster)
+    from autopar.cost_models.nested_order import reprice_misaligned
+
+    reprice_misaligned(out, nbytes, s_codes, d_codes, mesh, cluster)
     return out
-
-
-def _reprice_misaligned(out: np.ndarray, nbytes: float, s_codes: np.ndarray, d_codes: np.ndarray,
-                        mesh: Mesh, cluster: Cluster) -> None:
-    """Overwrite the pairs DTensor runs another way (``misaligned``) with ``_dtensor_steps``."""
-    n_axes = len(mesh.shape)
-    if n_axes < 2:
-        return
-    s_sub, s_id = np.unique(s_codes, axis=0, return_inverse=True)
-    d_sub, d_id = np.unique(d_codes, axis=0, return_inverse=True)
-    s_id, d_id = np.ravel(s_id), np.ravel(d_id)
-    # A pair's price is fixed by the shape of its walk: per mesh axis, the kind of step DTensor
-    # takes first (none, slice, to-partial, reduce-scatter, all-reduce, all-to-all, all-gather)
-    # and whether it joins the previous step's group (same codes); phase two only slices. Pairs
-    # with one walk shape and one local size share it. The same pass finds the misaligned pairs
-    # (a shard some axis must clear first).
-    S, D = s_sub.astype(np.int16), d_sub.astype(np.int16)
-    shape = (len(S), len(D))
-    mis = np.zeros(shape, dtype=bool)
-    key = np.zeros(shape, dtype=np.int64)
-    last_s = np.full(shape, -1, dtype=np.int16)
-    last_t = np.full(shape, -1, dtype=np.int16)
-    for m in reversed(range(n_axes)):
-        t = D[:, m][None, :]
-        moved = np.zeros(shape, dtype=bool)
-        for i in range(m):
-            moved |= (S[:, i][:, None] == t) != (D[:, i][None, :] == t)
-        clear = moved & (t >= 2)
-        mis |= clear
-        t = np.where(clear, np.int16(0), t)
-        src = S[:, m][:, None]
-        kind = np.select([src == t, t == 1, src == 0, (src == 1) & (t >= 2), src == 1, t >= 2],
-                         [0, 1, 2, 3, 4, 5], 6)
-        active = kind > 0
-        joins = active & (src == last_s) & (t == last_t)
-        key = key * 14 + kind * 2 + joins
-        last_s = np.where(active, src, last_s)
-        last_t = np.where(active, t, last_t)
-    mis &= (s_sub >= 2).any(axis=1)[:, None]
-    if not mis.any():
-        return
-    # a source row's local bytes depend on its codes alone: price each pair as the scalar does
-    src_local = nbytes / np.prod(np.where(s_sub >= 2, np.asarray(mesh.shape, dtype=float), 1.0),
-                                 axis=1)
-    price = np.zeros(mis.shape)
-    ii, jj = np.nonzero(mis)
-    # sources have few distinct local sizes (one per shard factor): walk each (shape, size) once,
-    # on the very bytes the scalar path uses, so both give the same floating-point sums
-    sizes_of, size_id = np.unique(src_local, return_inverse=True)
-    size_id = np.ravel(size_id)
-    key = key[ii, jj] * len(sizes_of) + size_id[ii]
-    _, rep, which = np.unique(key, return_index=True, return_inverse=True)
-    walked = _dtensor_prices(sizes_of[size_id[ii[rep]]], s_sub[ii[rep]], d_sub[jj[rep]], mesh, cluster)
-    price[ii, jj] = walked[np.ravel(which)]
-    _overwrite(out, mis, price, s_id, d_id)
-
-
-def _overwrite(out, mis, price, s_id, d_id) -> None:
-    rows = np.flatnonzero(mis.any(axis=1)[s_id])
-    cols = np.flatnonzero(mis.any(axis=0)[d_id])
-    sub = np.ix_(rows, cols)
-    si, di = s_id[rows][:, None], d_id[cols][None, :]
-    out[sub] = np.where(mis[si, di], price[si, di], out[sub])
-
-
-def _dtensor_prices(local: np.ndarray, src: np.ndarray, dst: np.ndarray, mesh: Mesh,
-                    cluster: Cluster) -> np.ndarray:
-    """``_dtensor_steps`` summed, for many (src, dst) code rows at once (numpy over the rows).
-
-    The same walk: the mesh axes last to first (clearing misaligned shards), then first to last;
-    consecutive transitions with the same (from, to) codes of a mergeable kind form one group;
-    a group is priced when the next one starts, on the local bytes at that point.
-    """
-    rows, n = src.shape
-    sizes = np.asarray(mesh.shape, dtype=float)
-    level = np.asarray(mesh.level or (0,) * n) > 0
-    cur = src.copy()
-    local = np.asarray(local, dtype=float).copy()
-    total = np.zeros(rows)
-    pend_s, pend_d = np.full(rows, -1), np.full(rows, -1)
-    pend_axes = np.zeros((rows, n), dtype=bool)
-
-    def flush(ending: np.ndarray) -> None:
-        ending = ending & (pend_s >= 0)
-        if not ending.any():
-            return
-        s_, d_ = pend_s, pend_d
-        p = np.prod(np.where(pend_axes, sizes, 1.0), axis=1)
-        cross = (pend_axes & level).any(axis=1)
-        bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
-        lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
-        local_kind = (d_ == 1) | (s_ == 0)
-        sliced = ending & local_kind & (d_ >= 2)
-        local[sliced] /= p[sliced]
-        ag = ending & ~local_kind & (s_ >= 2) & (d_ == 0)
-        local[ag] *= p[ag]
-        for mask, kind in ((ag, "all-gather"),
-                           (ending & (s_ == 1) & (d_ == 0), "all-reduce"),
-                           (ending & (s_ == 1) & (d_ >= 2), "reduce-scatter"),
-                           (ending & (s_ >= 2) & (d_ >= 2), "all-to-all")):
-            if mask.any():
-                total[mask] += collective_time(kind, local[mask], p[mask], bw[mask], lat[mask])
-        rs = ending & (s_ == 1) & (d_ >= 2)
-        local[rs] /= p[rs]
-        pend_s[ending] = -1
-
-    def transition(m: int, target: np.ndarray, active: np.ndarray) -> None:
-        s_ = cur[:, m]
-        mergeable = ((s_ == 1) & (target != 1)) | ((s_ >= 2) & (target == 0))  # AR, RS, AG
-        same = active & (pend_s == s_) & (pend_d == target) & mergeable
-        new = active & ~same
-        flush(new)
-        pend_s[new], pend_d[new] = s_[new], target[new]
-        pend_axes[new] = False
-        pend_axes[active, m] = True
-        cur[active, m] = target[active]
-
-    sharded = (src >= 2).any(axis=1)
-    for m in reversed(range(n)):
-        t = dst[:, m].copy()
-        if m:
-            moved = ((src[:, :m] == t[:, None]) != (dst[:, :m] == t[:, None])).any(axis=1)
-            t = np.where((t >= 2) & moved, 0, t)
-        transition(m, t, sharded & (cur[:, m] != t))
-    for m in range(n):
-        transition(m, dst[:, m].copy(), cur[:, m] != dst[:, m])
-    flush(np.ones(rows, dtype=bool))
-    return total
 
 
 def _priced(key, inverse, present, slope, intercept, local, n_axes):
