@@ -45,6 +45,7 @@ from autopar.layout import (Layout, NodeLayouts, Partial, Shard, dim_placements,
                             shard_factor, shard_factors, shard_mask, tensor_layout,
                             tensor_layouts, to_mesh)
 from autopar.tables import Config, Mesh
+from autopar.cost_models.reshard_table import StructureCache
 from autopar.cost_models.comm import (Collective, collective, collective_time,
                                       reshard_matrix_codes, reshard_steps)
 
@@ -112,6 +113,9 @@ class AnalyticModel:
     compute_dtype: str | None = None  # e.g. "bfloat16" to price an fp32 graph as if under AMP
     name: str = "analytic"
     units: str = "s"
+    # Edge tables with the same layouts share their reshard structure (reshard_table): the
+    # microbatch sizes of pipeline options, forward and backward of equal layouts. Bounded.
+    reshard_cache: StructureCache = field(default_factory=StructureCache, repr=False, compare=False)
 
     # -- per node -------------------------------------------------------------------------
     def node_breakdown(self, node: Node, config: Config, cluster: Cluster, mode: str = "train",
@@ -268,11 +272,12 @@ class AnalyticModel:
         # a shard of one shape is no shard of another: give the consumer's shards their own codes
         tag = "" if spec.shape == d_spec.shape else "dst"
         d_codes, d_own = _codes(dst, d_spec, False, dst_configs, mesh, book, tag)
-        m = reshard_matrix_codes(spec.nbytes, s_codes, d_codes, mesh, cluster)
+        m = reshard_matrix_codes(spec.nbytes, s_codes, d_codes, mesh, cluster, self.reshard_cache)
         if mode == "train" and spec.dtype in FLOAT_DTYPES:
             d_grad = np.where((d_codes == 0) & (d_own >= 0), 1, d_codes)  # grad_of_input
             s_grad = np.where(s_codes == 1, 0, s_codes)  # grad_of_output
-            m = m + reshard_matrix_codes(spec.nbytes, d_grad, s_grad, mesh, cluster).T
+            m = m + reshard_matrix_codes(spec.nbytes, d_grad, s_grad, mesh, cluster,
+                                         self.reshard_cache).T
         return np.ascontiguousarray(m)
 
     def output_cost(self, node: Node, output: int, configs: list[Config], cluster: Cluster,

@@ -169,7 +169,7 @@ def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
 # (slicing again). ``_dtensor_steps`` prices that sequence, step by step on the local bytes;
 # consecutive steps of one kind with the same placements are priced as one collective over
 # their group (DTensor merges them over a flattened mesh; an all-to-all never merges).
-# ``nested_order.reprice_misaligned`` gives the same prices to a whole edge table at once.
+# ``reshard_table`` gives the same prices to a whole edge table at once.
 # Layouts are codes here (``encode_layouts``: 0 R, 1 P, >= 2 one code per Shard).
 
 
@@ -269,110 +269,11 @@ def reshard_matrix(nbytes: float, src: list[Layout], dst: list[Layout], mesh: Me
 
 
 def reshard_matrix_codes(nbytes: float, src: np.ndarray, dst: np.ndarray, mesh: Mesh,
-                         cluster: Cluster) -> np.ndarray:
-    """``reshard_matrix`` on layouts already encoded (``encode_layouts``, one codebook)."""
-    if not len(src) or not len(dst):
-        return np.zeros((len(src), len(dst)))
-    # every entry is a function of its two rows alone, so repeated rows need no dedup first: the
-    # per-half keys inside are built from the distinct sub-rows already
-    return _reshard_codes(nbytes, src, dst, mesh, cluster)
+                         cluster: Cluster, cache=None) -> np.ndarray:
+    """``reshard_matrix`` on layouts already encoded (``encode_layouts``, one codebook).
 
+    Computed in bulk by ``reshard_table`` (the same prices as ``reshard_cost`` per pair);
+    ``cache``: a ``reshard_table.StructureCache`` shared by the edges of one plan."""
+    from autopar.cost_models.reshard_table import reshard_table
 
-# Per mesh axis, what a (src, dst) placement pair asks for. The order is the phase order.
-NONE, SLICE, RS, AR, A2A, AG = range(6)
-_PHASES = ((RS, "reduce-scatter"), (AR, "all-reduce"), (A2A, "all-to-all"), (AG, "all-gather"))
-_DIRECT_INDEX_LIMIT = 2_000_000  # 6**8: beyond, present transition keys are found by sorting
-
-
-def _transition_table(n_codes: int) -> np.ndarray:
-    """T[s, d]: the per-axis transition from placement code s to d (0 R, 1 P, >= 2 shards)."""
-    t = np.zeros((n_codes, n_codes), dtype=np.int64)
-    for s in range(n_codes):
-        for d in range(n_codes):
-            if s == d or d == 1:
-                t[s, d] = NONE  # equal, or anything -> Partial: free
-            elif s == 0:
-                t[s, d] = SLICE if d >= 2 else NONE
-            elif s == 1:
-                t[s, d] = RS if d >= 2 else AR
-            else:
-                t[s, d] = A2A if d >= 2 else AG
-    return t
-
-
-def _reshard_codes(nbytes: float, s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh,
-                   cluster: Cluster) -> np.ndarray:
-    """The phases of ``reshard_steps`` on every (src, dst) pair at once.
-
-    Every term of the cost is linear in the source's local bytes ``nbytes / src_shard_factor``
-    with a slope and an intercept that depend only on the per-axis transitions (which axis does a
-    slice, a reduce-scatter, ...). So each pair gets one integer key (its transitions in base 6),
-    slope and intercept are computed once per key that occurs, and the matrix is
-    ``local[src] * slope[key] + intercept[key]``.
-    """
-    n_axes = len(mesh.shape)
-    if n_axes == 0:  # one device: nothing ever moves
-        return np.zeros((len(s_codes), len(d_codes)))
-    level = np.asarray(mesh.level or (0,) * n_axes) > 0
-    sizes = np.asarray(mesh.shape, dtype=float)
-    table = _transition_table(int(max(s_codes.max(initial=1), d_codes.max(initial=1))) + 1)
-    # the key is a sum over axes; over each half of the axes the distinct (src, dst) sub-rows are
-    # few, so each half's partial key is a small matrix and the full one takes two gathers
-    key = None
-    for half in (range(0, n_axes // 2), range(n_axes // 2, n_axes)):
-        if not len(half):
-            continue
-        s_sub, s_id = np.unique(s_codes[:, list(half)], axis=0, return_inverse=True)
-        d_sub, d_id = np.unique(d_codes[:, list(half)], axis=0, return_inverse=True)
-        part = np.zeros((len(s_sub), len(d_sub)), dtype=np.int64 if n_axes > 11 else np.int32)
-        for j, a in enumerate(half):
-            part += table[s_sub[:, j][:, None], d_sub[:, j][None, :]] * 6 ** a
-        full = np.take(np.take(part, np.ravel(s_id), axis=0), np.ravel(d_id), axis=1)
-        key = full if key is None else key + full
-    if 6 ** n_axes <= _DIRECT_INDEX_LIMIT:
-        present = np.flatnonzero(np.bincount(key.ravel(), minlength=6 ** n_axes))
-        inverse = None
-    else:
-        present, inverse = np.unique(key, return_inverse=True)
-    types = (present[:, None] // 6 ** np.arange(n_axes)[None, :]) % 6  # (keys, axes)
-
-    def group(kind):
-        mask = types == kind
-        p = np.prod(np.where(mask, sizes, 1.0), axis=1)
-        cross = (mask & level).any(axis=1)
-        bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
-        lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
-        return p, bw, lat
-
-    scale = 1.0 / group(SLICE)[0]  # local bytes after slicing, per byte of the source's local
-    slope = np.zeros(len(present))
-    intercept = np.zeros(len(present))
-    for kind, name in _PHASES:
-        p, bw, lat = group(kind)
-        n = scale * (p if kind == AG else 1.0)
-        slope += np.where(p > 1, _BW[name](np.maximum(p, 1)) * n / bw, 0.0)
-        intercept += np.where(p > 1, _LAT[name](np.maximum(p, 1)) * lat, 0.0)
-        if kind == RS:
-            scale = scale / p
-    src_factor = np.prod(np.where(s_codes >= 2, sizes, 1.0), axis=1)
-    local = nbytes / src_factor
-    out = _priced(key, inverse, present, slope, intercept, local, n_axes)
-    from autopar.cost_models.nested_order import reprice_misaligned
-
-    reprice_misaligned(out, nbytes, s_codes, d_codes, mesh, cluster)
-    return out
-
-
-def _priced(key, inverse, present, slope, intercept, local, n_axes):
-    if inverse is None:  # gather straight from key-indexed tables
-        slope_of, intercept_of = np.zeros(6 ** n_axes), np.zeros(6 ** n_axes)
-        slope_of[present], intercept_of[present] = slope, intercept
-        # Sources take few distinct local sizes (one per shard factor): price every key at each
-        # of them (the same product and sum per entry), then one gather builds the matrix.
-        sizes_of, row = np.unique(local, return_inverse=True)
-        if len(sizes_of) * 6 ** n_axes <= key.size:
-            priced = (sizes_of[:, None] * slope_of[None, :] + intercept_of[None, :]).ravel()
-            return np.take(priced, key + (np.ravel(row) * 6 ** n_axes)[:, None])
-        return local[:, None] * np.take(slope_of, key) + np.take(intercept_of, key)
-    idx = inverse.reshape(key.shape)
-    return local[:, None] * np.take(slope, idx) + np.take(intercept, idx)
+    return reshard_table(nbytes, src, dst, mesh, cluster, cache)

@@ -129,31 +129,58 @@ def test_nested_shard_order_is_priced_as_dtensor_runs_it():
             reshard_cost(n, a, b, m, c), rel=1e-12)
 
 
+def _layout(codes):
+    return tuple(R if c == 0 else P if c == 1 else Shard(int(c) - 2) for c in codes)
+
+
 @pytest.mark.parametrize("preset, shape, level", [("8x8xH100", (2,) * 6, (1, 1, 1, 0, 0, 0)),
                                                   ("2x8xH100", (2,) * 4, (1, 0, 0, 0)),
                                                   ("2x8xH100", (3, 2, 2, 5, 2), (1, 1, 0, 0, 0)),
                                                   ("2x8xH100", (2, 3), (1, 0)),
-                                                  ("8xA100", (2, 2, 2), (0, 0, 0))])
-def test_misaligned_pairs_priced_in_bulk_as_the_scalar_walk_prices_each(preset, shape, level):
-    """The bulk path splits the walk into two halves of the mesh and prices each distinct walk
-    once; every pair must still get exactly its own walk's price (odd axis counts, unequal axis
-    sizes, repeated rows included)."""
-    from autopar.cost_models import comm, nested_order
+                                                  ("8xA100", (2, 2, 2), (0, 0, 0)),
+                                                  ("8xA100", (4,), (0,))])
+def test_bulk_table_prices_every_pair_as_the_scalar_path(preset, shape, level):
+    """reshard_table splits the mesh into two halves and prices each distinct half-walk once;
+    every pair must still get exactly its own price: misaligned pairs bit for bit DTensor's walk
+    (``_dtensor_steps``), the others the per-axis phases (odd axis counts, unequal axis sizes,
+    repeated rows included)."""
+    from autopar.cost_models import comm
 
     cluster, mesh = Cluster.preset(preset), Mesh(shape, level)
     rng = np.random.default_rng(1)
     src, dst = rng.integers(0, 6, size=(120, len(shape))), rng.integers(0, 6, size=(90, len(shape)))
     src[7], dst[11] = src[3], dst[5]
-    bulk = np.zeros((120, 90))
-    nested_order.reprice_misaligned(bulk, 3e6, src, dst, mesh, cluster)
+    bulk = comm.reshard_matrix_codes(3e6, src, dst, mesh, cluster)
     checked = 0
     for i, a in enumerate(map(tuple, src.tolist())):
-        local = 3e6 / np.prod([mesh.shape[k] for k in range(len(shape)) if a[k] >= 2])
         for j, b in enumerate(map(tuple, dst.tolist())):
+            expected = reshard_cost(3e6, _layout(a), _layout(b), mesh, cluster)
             if comm.misaligned(a, b):
-                expected = sum(c.seconds for c in comm._dtensor_steps(float(local), a, b, mesh, cluster))
-                assert bulk[i, j] == expected
+                assert bulk[i, j] == expected, (a, b)
                 checked += 1
             else:
-                assert bulk[i, j] == 0.0
-    assert checked > 100 * len(shape)
+                assert bulk[i, j] == pytest.approx(expected, rel=1e-12, abs=1e-18), (a, b)
+    assert checked > 100 * (len(shape) - 1) or len(shape) == 1
+
+
+def test_reshard_structures_are_shared_and_repriced_exactly():
+    """A cached structure prices other bytes exactly as a fresh one; the cache stays in its bound."""
+    from autopar.cost_models.reshard_table import StructureCache, reshard_table
+
+    cluster = Cluster.preset("8x8xH100")
+    mesh = cluster.mesh()
+    rng = np.random.default_rng(2)
+    src, dst = rng.integers(0, 5, size=(200, 6)), rng.integers(0, 5, size=(150, 6))
+    cache = StructureCache()
+    first = reshard_table(1e6, src, dst, mesh, cluster, cache)
+    again = reshard_table(3e7, src, dst, mesh, cluster, cache)
+    assert (cache.hits, cache.misses) == (1, 1)
+    assert np.array_equal(first, reshard_table(1e6, src, dst, mesh, cluster))
+    assert np.array_equal(again, reshard_table(3e7, src, dst, mesh, cluster))
+    assert not np.allclose(first, again)
+    reshard_table(1e6, dst, src, mesh, cluster, cache)  # other layouts: another structure
+    assert cache.misses == 2
+    tiny = StructureCache(max_bytes=1)
+    for _ in range(2):
+        reshard_table(1e6, src, dst, mesh, cluster, tiny)
+    assert tiny.hits == 0 and tiny.misses == 2  # too big to keep: recomputed, never stale
