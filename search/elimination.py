@@ -119,16 +119,24 @@ class _Symbolic:
         self.seen: dict[tuple, int] = {}
 
     def key(self, v: int) -> tuple[tuple, tuple[Factor, ...], tuple[int, ...]]:
-        """(step key, input factors in key order, message variables in label order)."""
+        """(step key, input factors in key order, message variables in label order).
+
+        The key is one flat tuple of ints, per input factor its id, its number of variables and
+        their labels: an injective encoding of [(id, labelled scope), ...] that is built in one
+        pass and allocates one tuple instead of two per factor (``reuse_order`` builds a key for
+        every neighbour of every eliminated node)."""
         inputs = tuple(sorted(self.by_var[v]))  # Factor tuples sort by (fid, scope)
         labels = {v: 0}
-        for f in inputs:
-            for w in f.scope:
-                if w not in labels:
-                    labels[w] = len(labels)
-        get = labels.__getitem__
-        key = tuple((f.fid, tuple(map(get, f.scope))) for f in inputs)
-        return key, inputs, tuple(labels)[1:]
+        flat: list[int] = []
+        for fid, scope in inputs:
+            flat.append(fid)
+            flat.append(len(scope))
+            for w in scope:
+                label = labels.get(w)
+                if label is None:
+                    label = labels[w] = len(labels)
+                flat.append(label)
+        return tuple(flat), inputs, tuple(labels)[1:]
 
     def eliminate(self, v: int, reuse: bool, known: tuple | None = None) -> Step:
         """``known``: ``key(v)``, when the caller has it and nothing next to v changed since."""
