@@ -158,7 +158,8 @@ class _Symbolic:
 
 
 def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = None,
-                defer: float = 1.0, ratio: float = 2.0) -> list[int]:
+                defer: float = 1.0, ratio: float = 2.0, give_up_above: int | None = None
+                ) -> list[int] | None:
     """Greedy on the work *left to compute*: a step whose key was seen costs nothing, and a step
     that n alive nodes share (the same node of n identical blocks, with the same factors around
     it) costs 1/n of its table, since the other n - 1 will reuse it. Table size (PaSE's dependent
@@ -175,7 +176,10 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
     small node early (a layer norm of 100 configs next to the residual of 400) and then carries
     the bigger neighbour through every later step of the block (each |v| * |next| * 400 instead
     of * 100); deferring such steps keeps the small node as the carried variable (on a 48-layer
-    GPT over 64 devices: 1.6e9 terms instead of 3.9e9). ``choose_plan`` tries both."""
+    GPT over 64 devices: 1.6e9 terms instead of 3.9e9). ``choose_plan`` tries both.
+
+    ``give_up_above``: return None as soon as the work computed (steps not reused) exceeds it,
+    as ``plan`` does: ``choose_plan`` passes the least work found so far."""
     state = _Symbolic(p, factors)
     alive = set(range(p.n))
     cache: dict[int, tuple] = {}  # v -> its current step key
@@ -211,6 +215,7 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
     for v in sorted(alive):
         refresh(v)
     order = []
+    so_far = 0
     while alive:
         best = None
         for key in list(groups):
@@ -231,6 +236,10 @@ def reuse_order(p: Problem, factors: list[Factor], steps: list[Step] | None = No
         order.append(v)
         if steps is not None:
             steps.append(step)
+        if not step.reused:
+            so_far += step.work
+            if give_up_above is not None and so_far > give_up_above:
+                return None
         for w in step.out.scope:
             refresh(w)
     return order
@@ -283,14 +292,23 @@ def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
                            8 * message_elems, largest, reused_steps, widest)
 
 
+def _walk_rank(name: str) -> tuple[bool, int]:
+    """The order ``choose_plan`` walks the candidates in: the reuse orders, reverse listed
+    (``reuse_defer`` first), then the graph-only ones in their listed order."""
+    if name in REUSE_ORDERS:
+        return False, -list(REUSE_ORDERS).index(name)
+    return True, 0
+
+
 def choose_plan(p: Problem, factors: list[Factor], order: str = "auto", reuse: bool = True,
                 memory_budget: float = DEFAULT_MEMORY_BUDGET) -> EliminationPlan:
     """The plan with the least computed work among the candidate orders that fit the budget.
 
-    The reuse candidates are walked first (it is usually the least work on repeated blocks);
-    a later candidate's walk stops once its work exceeds the least work of a fitting plan so far,
-    since it cannot be chosen. Ties go to the earlier name of ``auto``'s list, as a full
-    comparison would."""
+    The reuse candidates are walked first (it is usually the least work on repeated blocks), the
+    deferring one before the plain one (on deep Transformers it is the least, 1.6e9 terms
+    against 3.9e9 on a 48-layer GPT, so the plain walk stops early); a later candidate's walk
+    stops once its work exceeds the least work of a fitting plan so far, since it cannot be
+    chosen. Ties go to the earlier name of ``auto``'s list, as a full comparison would."""
     known = [*ORDERS, *REUSE_ORDERS]
     names = known if order == "auto" else [order]
     if any(name not in known for name in names):
@@ -304,11 +322,14 @@ def choose_plan(p: Problem, factors: list[Factor], order: str = "auto", reuse: b
 
     plans: dict[str, EliminationPlan] = {}
     bound: int | None = None
-    for name in sorted(names, key=lambda n: n not in REUSE_ORDERS):
+    for name in sorted(names, key=_walk_rank):
         if name in REUSE_ORDERS:
             walked: list[Step] = []
-            o = reuse_order(p, factors, walked, *REUSE_ORDERS[name])
-            pl = plan(p, factors, o, name, reuse, steps=walked if reuse else None)
+            # the walk counts work with reuse on, at most the plan's work: a safe early stop
+            o = reuse_order(p, factors, walked, *REUSE_ORDERS[name],
+                            give_up_above=bound if reuse else None)
+            pl = None if o is None else plan(p, factors, o, name, reuse,
+                                             steps=walked if reuse else None)
         else:
             pl = plan(p, factors, order_iter(name, adj, p.sizes), name, reuse, give_up_above=bound)
         if pl is None:

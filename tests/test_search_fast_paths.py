@@ -216,6 +216,25 @@ def test_a_walk_gives_up_only_above_its_bound():
     assert plan(p, factors, order, "pase", give_up_above=full.work - 1) is None
 
 
+@pytest.mark.parametrize("defer", [1.0, 16.0])
+def test_a_reuse_walk_gives_up_only_above_its_bound(defer):
+    t = repeated_blocks(blocks=5, k=6)
+    p = problem_of(t)
+    factors, _ = original_factors(p, p.node_cost)
+    order = reuse_order(p, factors, None, defer)
+    work = plan(p, factors, order, "reuse").work
+    assert work > 0
+    walked: list = []
+    assert reuse_order(p, factors, walked, defer, give_up_above=work) == order
+    assert len(walked) == p.n
+    assert reuse_order(p, factors, [], defer, give_up_above=work - 1) is None
+    walked = []
+    assert reuse_order(p, factors, walked, defer, give_up_above=work // 2) is None
+    assert len(walked) < p.n  # it stopped as soon as the bound was passed, not at the end
+    assert sum(s.work for s in walked if not s.reused) > work // 2
+    assert sum(s.work for s in walked[:-1] if not s.reused) <= work // 2
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_dp_optimum_is_the_same_with_every_order(seed):
     t = random_tables(seed, n=14, k=4)
