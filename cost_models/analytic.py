@@ -113,8 +113,8 @@ class AnalyticModel:
     compute_dtype: str | None = None  # e.g. "bfloat16" to price an fp32 graph as if under AMP
     name: str = "analytic"
     units: str = "s"
-    # Edge tables with the same layouts share their reshard structure (reshard_table): the
-    # microbatch sizes of pipeline options, forward and backward of equal layouts. Bounded.
+    # Edge tables with equal layouts share their reshard structure (reshard_table.StructureCache,
+    # bounded, per instance: build_tables makes one per call, pipeline pricing one for all options).
     reshard_cache: StructureCache = field(default_factory=StructureCache, repr=False, compare=False)
 
     # -- per node -------------------------------------------------------------------------

@@ -19,12 +19,12 @@ edges per plan. Neither path can run per pair; both are fixed by a few small fac
   (src sub-row, dst sub-row[, mask]) combination and numbered; a pair's whole reshard is the pair of
   those numbers plus the source's shard factor (its local bytes are ``nbytes / factor``).
 
-``ReshardStructure`` holds that numbering for one (src rows, dst rows, mesh): a composite id per
-pair, and what each id that occurs means. Pricing an id needs the bytes and the links, nothing
-else, so a structure serves every edge with the same layouts (the microbatch sizes of pipeline
-options, forward and backward passes of equal layouts): ``matrix(nbytes, cluster)`` prices the few
-distinct ids and gathers. Both paths use the float operations of the scalar ones, so every entry
-equals the scalar price (bit for bit on misaligned pairs; tests/test_comm.py).
+``ReshardStructure`` holds that numbering for one (src rows, dst rows, mesh), reduced to what a
+price depends on: a price class per pair (phase key or whole walk, and source class). Pricing a
+class needs the bytes and the links, nothing else, so a structure serves every edge with the same
+layouts (forward and backward passes of equal layouts, other tensors of one layout family):
+``matrix(nbytes, cluster)`` prices the few classes and gathers. Both paths use the float
+operations of the scalar ones, so every entry equals the scalar price (bit for bit on misaligned pairs; tests/test_comm.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ W_NONE, W_TO_PARTIAL, W_SLICE, W_RS, W_AR, W_A2A, W_AG = range(7)
 _MERGEABLE = (W_RS, W_AR, W_AG)  # DTensor flattens consecutive equal steps of these into one collective
 _COLLECTIVE = {W_RS: "reduce-scatter", W_AR: "all-reduce", W_A2A: "all-to-all", W_AG: "all-gather"}
 
-_BINCOUNT_LIMIT = 1 << 24  # composite id space beyond which the ids that occur are found by sorting
+_DENSE_LIMIT = 1 << 24  # composite id space beyond which the ids that occur are found by sorting
 
 
 def _transition_table(n_codes: int) -> np.ndarray:
@@ -142,24 +142,20 @@ def _half(S: np.ndarray, D: np.ndarray, outside: np.ndarray, axes: range, n_code
 class ReshardStructure:
     """The reshard prices of an edge table, short of bytes and links (see the module docstring).
 
-    ``pair``: (sources, consumers) composite id per pair; ``ids``: the ids that occur. An id is
-    priced either by phases (``phase_keys[phase_of[k]]``, base 6, one digit per mesh axis, on the
-    local bytes of its source class) or, when misaligned, by DTensor's walk
-    (``walks[walk_of[k]]``: kinds and same-codes flags per step, and a source class). Classes:
-    ``factor[c]``, the shard factor (local bytes = nbytes / factor). Distinct keys are few, so
-    pricing costs little next to the grid.
+    ``pair``: (sources, consumers) -> index of the pair's *price class*. The first
+    ``len(phase_keys)`` classes are priced by phases (``phase_keys``: base 6, one digit per mesh
+    axis; ``phase_cls``: the source class), the others by DTensor's walk (``walk_kinds``,
+    ``walk_joins``: per step, walk order; ``walk_cls``). Source classes: ``factor[c]``, the shard
+    factor (local bytes = nbytes / factor). Price classes are few (thousands), so pricing them
+    costs little next to the one gather that builds the matrix.
     """
 
     pair: np.ndarray
-    ids: np.ndarray
-    aligned: np.ndarray  # per id: priced by phases
-    cls: np.ndarray  # per aligned id: its source class
     phase_keys: np.ndarray
-    phase_of: np.ndarray  # per aligned id
-    walk_kinds: np.ndarray  # per distinct (walk, class) of the misaligned ids
+    phase_cls: np.ndarray
+    walk_kinds: np.ndarray
     walk_joins: np.ndarray
     walk_cls: np.ndarray
-    walk_of: np.ndarray  # per misaligned id
     factor: np.ndarray
     mesh: Mesh
 
@@ -168,22 +164,19 @@ class ReshardStructure:
         return sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray))
 
     def prices(self, nbytes: float, cluster: Cluster) -> np.ndarray:
-        """Seconds per id that occurs (``ids`` order) for a tensor of ``nbytes`` (global)."""
+        """Seconds per price class for a tensor of ``nbytes`` (global)."""
         local = nbytes / self.factor
-        out = np.empty(len(self.ids))
         slope, intercept = _phase_prices(self.phase_keys, self.mesh, cluster)
-        out[self.aligned] = local[self.cls] * slope[self.phase_of] + intercept[self.phase_of]
-        if len(self.walk_of):
-            n = len(self.mesh.shape)
-            priced = _walk_prices(self.walk_kinds, self.walk_joins, local[self.walk_cls],
-                                  list(reversed(range(n))), self.mesh, cluster)
-            out[~self.aligned] = priced[self.walk_of]
-        return out
+        aligned = local[self.phase_cls] * slope + intercept
+        if not len(self.walk_cls):
+            return aligned
+        n = len(self.mesh.shape)
+        walked = _walk_prices(self.walk_kinds, self.walk_joins, local[self.walk_cls],
+                              list(reversed(range(n))), self.mesh, cluster)
+        return np.concatenate([aligned, walked])
 
     def matrix(self, nbytes: float, cluster: Cluster) -> np.ndarray:
-        lut = np.zeros(int(self.ids[-1]) + 1 if len(self.ids) else 1)
-        lut[self.ids] = self.prices(nbytes, cluster)
-        return np.take(lut, self.pair)
+        return np.take(self.prices(nbytes, cluster), self.pair)
 
 
 def structure(s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh) -> ReshardStructure:
@@ -226,19 +219,20 @@ def structure(s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh) -> ReshardSt
     pair = hid[sH_id[:, None], dH_id[None, :], mask_id[sL_id[:, None], dL_id[None, :]]]
     pair += lid[sL_id[:, None], dL_id[None, :]]
     pair += cls.astype(idx)[:, None]
-    if space <= max(_BINCOUNT_LIMIT, 4 * pair.size):
-        values = ids = np.flatnonzero(np.bincount(pair.ravel(), minlength=space))
-    else:  # renumber densely: the table then indexes by position
+    if space <= max(_DENSE_LIMIT, 4 * pair.size):
+        seen = np.zeros(space, dtype=bool)
+        seen[pair.ravel()] = True
+        values = np.flatnonzero(seen)
+        del seen
+    else:
         values, inv = np.unique(pair, return_inverse=True)
-        pair, ids = inv.reshape(R, C).astype(idx), np.arange(len(values))
-    ph, rest = np.divmod(values, n_low * n_cls)
-    pl, pc = np.divmod(rest, n_cls)
-    row = cls_rep[pc]  # a source row of each id's class
     if 14 ** n * n_cls >= 2**62:
         raise ValueError(f"a mesh of {n} axes is beyond the bulk reshard pricing (at most 14 axes)")
+    ph, rest = np.divmod(values, n_low * n_cls)
+    pl, pc = np.divmod(rest, n_cls)
 
     # misaligned: some axis clears a nested shard, and the source shards something
-    mis = (high.cleared[ph] | low.cleared[pl]) & sharded[row]
+    mis = (high.cleared[ph] | low.cleared[pl]) & sharded[cls_rep[pc]]
     # the whole walk: the low half's first step joins the high half's last one when codes agree
     joined = (low.s[pl] >= 0) & (low.s[pl] == high.s[ph]) & (low.t[pl] == high.t[ph])
     first_w = np.zeros(n_low, dtype=np.int64)  # weight of the low walk's first active step's digit
@@ -246,13 +240,24 @@ def structure(s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh) -> ReshardSt
         active = _decode(low.walk, h)[0] != W_NONE
         first_w = np.where(active.any(axis=1), 14 ** (h - 1 - np.argmax(active, axis=1)).astype(np.int64), 0)
     walk = high.walk[ph] * 14 ** h + low.walk[pl] + np.where(joined, first_w[pl], 0)
-    phase_keys, phase_of = np.unique(high.phase[ph[~mis]] + low.phase[pl[~mis]], return_inverse=True)
-    walks, walk_of = np.unique(walk[mis] * n_cls + pc[mis], return_inverse=True)
+
+    # price classes: (phase key, source class) of the aligned ids, then (walk, source class)
+    phases, a_of = np.unique((high.phase[ph] + low.phase[pl])[~mis] * n_cls + pc[~mis],
+                             return_inverse=True)
+    walks, w_of = np.unique(walk[mis] * n_cls + pc[mis], return_inverse=True)
+    price_class = np.empty(len(values), dtype=idx)
+    price_class[~mis] = np.ravel(a_of)
+    price_class[mis] = len(phases) + np.ravel(w_of)
+    if space <= max(_DENSE_LIMIT, 4 * pair.size):
+        lut = np.empty(space, dtype=idx)
+        lut[values] = price_class
+        pair = np.take(lut, pair)
+    else:
+        pair = price_class[np.ravel(inv)].reshape(R, C)
     kinds, joins = _decode(walks // n_cls, n)
-    return ReshardStructure(pair=pair, ids=ids, aligned=~mis, cls=pc[~mis], phase_keys=phase_keys,
-                            phase_of=np.ravel(phase_of), walk_kinds=kinds, walk_joins=joins,
-                            walk_cls=walks % n_cls, walk_of=np.ravel(walk_of), factor=factor[cls_rep],
-                            mesh=mesh)
+    return ReshardStructure(pair=pair, phase_keys=phases // n_cls, phase_cls=phases % n_cls,
+                            walk_kinds=kinds, walk_joins=joins, walk_cls=walks % n_cls,
+                            factor=factor[cls_rep], mesh=mesh)
 
 
 def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
@@ -347,9 +352,11 @@ def _walk_prices(kinds: np.ndarray, joins: np.ndarray, local: np.ndarray, walk_a
 class StructureCache:
     """Structures by (layouts, mesh), kept up to ``max_bytes`` (oldest dropped first).
 
-    Owned by a cost model instance, so one plan's edge tables share it: edges with the same
-    layouts (pipeline options at other microbatch sizes, a forward and a backward pass of equal
-    layouts) reuse the numbering and only re-price their few ids."""
+    Owned by a cost model instance, so one plan's edge tables share it: edges whose layouts are
+    equal (other tensors of the same shapes and configs, a gradient's layouts that repeat a forward
+    pair's) reuse the numbering and only re-price their few classes. On the 48-layer GPT over 64
+    devices about half the tables of a plan call find their structure here.
+    """
 
     max_bytes: int = 256 * 2**20
     hits: int = 0
