@@ -45,7 +45,10 @@ W_NONE, W_TO_PARTIAL, W_SLICE, W_RS, W_AR, W_A2A, W_AG = range(7)
 _MERGEABLE = (W_RS, W_AR, W_AG)  # DTensor flattens consecutive equal steps of these into one collective
 _COLLECTIVE = {W_RS: "reduce-scatter", W_AR: "all-reduce", W_A2A: "all-to-all", W_AG: "all-gather"}
 
-_DENSE_LIMIT = 1 << 24  # composite id space beyond which the ids that occur are found by sorting
+# The ids that occur are found by marking a table over the whole id space while that space is at
+# most max(_DENSE_LIMIT, _DENSE_PER_PAIR * pairs); beyond, by sorting the pairs' ids.
+_DENSE_LIMIT = 1 << 24
+_DENSE_PER_PAIR = 4
 
 
 def _transition_table(n_codes: int) -> np.ndarray:
@@ -219,7 +222,8 @@ def structure(s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh) -> ReshardSt
     pair = hid[sH_id[:, None], dH_id[None, :], mask_id[sL_id[:, None], dL_id[None, :]]]
     pair += lid[sL_id[:, None], dL_id[None, :]]
     pair += cls.astype(idx)[:, None]
-    if space <= max(_DENSE_LIMIT, 4 * pair.size):
+    dense = space <= max(_DENSE_LIMIT, _DENSE_PER_PAIR * pair.size)
+    if dense:
         seen = np.zeros(space, dtype=bool)
         seen[pair.ravel()] = True
         values = np.flatnonzero(seen)
@@ -248,7 +252,7 @@ def structure(s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh) -> ReshardSt
     price_class = np.empty(len(values), dtype=idx)
     price_class[~mis] = np.ravel(a_of)
     price_class[mis] = len(phases) + np.ravel(w_of)
-    if space <= max(_DENSE_LIMIT, 4 * pair.size):
+    if dense:
         lut = np.empty(space, dtype=idx)
         lut[values] = price_class
         pair = np.take(lut, pair)

@@ -184,3 +184,21 @@ def test_reshard_structures_are_shared_and_repriced_exactly():
     for _ in range(2):
         reshard_table(1e6, src, dst, mesh, cluster, tiny)
     assert tiny.hits == 0 and tiny.misses == 2  # too big to keep: recomputed, never stale
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_both_ways_of_finding_the_ids_that_occur_agree(monkeypatch, dense):
+    """Marking the whole id space and sorting the ids give the same table (each way forced)."""
+    from autopar.cost_models import reshard_table
+
+    cluster = Cluster.preset("2x8xH100")
+    mesh = cluster.mesh()
+    rng = np.random.default_rng(3)
+    src, dst = rng.integers(0, 5, size=(80, 4)), rng.integers(0, 5, size=(70, 4))
+    reference = reshard_table.reshard_table(2e6, src, dst, mesh, cluster)
+    monkeypatch.setattr(reshard_table, "_DENSE_LIMIT", 1 << 40 if dense else 0)
+    monkeypatch.setattr(reshard_table, "_DENSE_PER_PAIR", 1 << 20 if dense else 0)
+    assert np.array_equal(reshard_table.reshard_table(2e6, src, dst, mesh, cluster), reference)
+    for i, j in [(0, 0), (5, 7), (79, 69)]:
+        a, b = _layout(src[i]), _layout(dst[j])
+        assert reference[i, j] == pytest.approx(reshard_cost(2e6, a, b, mesh, cluster), rel=1e-12)
