@@ -39,7 +39,9 @@ def _plan(args, model_arg=None, **overrides):
     model, inputs, name = model_spec.load(model_arg or args.model)
     kwargs = dict(cost_model=args.cost_model, space=args.space, search=args.search, mode=args.mode,
                   model_name=name)
-    if getattr(args, "memory", None):
+    if getattr(args, "memory", None) is not None:
+        if not args.memory > 0:
+            raise ValueError(f"--memory is GiB per device and must be > 0, not {args.memory:g}")
         kwargs["memory_capacity"] = args.memory * 2**30
     kwargs.update(overrides)
     cluster = _cluster(args)

@@ -86,6 +86,10 @@ def plan(model, example_inputs, cluster=8, *, cost_model: str = "analytic", spac
         raise ValueError(f"unknown search {search!r}; use one of {', '.join(SEARCHES)}")
     if cost_model not in COST_MODELS:
         raise ValueError(f"unknown cost model {cost_model!r}; use one of {', '.join(COST_MODELS)}")
+    if memory_capacity is not None and not (memory_capacity > 0):  # also refuses NaN
+        raise ValueError(f"memory_capacity is bytes per device and must be > 0, not {memory_capacity!r}")
+    if not (time_limit > 0):
+        raise ValueError(f"time_limit is the solver's limit in seconds and must be > 0, not {time_limit!r}")
     space_kind, cutoff = parse_space(space)
     if (cost_model == "pase") != (space_kind == "pase"):
         raise ValueError("cost_model='pase' goes with space='pase' or 'pase:N' (and only with it)")

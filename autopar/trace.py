@@ -56,6 +56,9 @@ def trace(model: nn.Module, example_inputs, *, frontend: str = "auto", progress=
     """
     if frontend not in ("auto", "fx", "export"):
         raise ValueError(f"frontend must be 'auto', 'fx' or 'export', not {frontend!r}")
+    if not isinstance(model, nn.Module):
+        raise TraceError(f"autopar traces a torch.nn.Module (its parameters are what it shards), not a "
+                         f"{type(model).__name__}: wrap the computation in an nn.Module")
     inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     _check_arity(model, inputs)
     from autopar.progress import phase

@@ -45,6 +45,9 @@ def test_compare_lists_three_plans():
     (("plan", "zoo:mlp:depth=3"), "has no size 'depth'"),
     (("plan", "nofile.py:f"), "no such file"),
     (("plan", "zoo:mlp", "--space", "pase:x"), "unknown space"),
+    (("plan", "zoo:mlp", "--memory", "0"), "--memory is GiB per device and must be > 0"),  # was ignored
+    (("plan", "zoo:mlp", "--memory", "-2"), "--memory is GiB per device and must be > 0"),
+    (("plan", "zoo:gpt:layers=0"), "layers must be a positive int"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     r = run(*args)

@@ -121,6 +121,11 @@ def test_report_folds_repeated_blocks_and_lists_baselines():
     ({"cost_model": "oracle"}, "unknown cost model"),
     ({"space": "pase:0"}, "unknown space"),
     ({"cost_model": "pase"}, "goes with space='pase'"),
+    ({"memory_capacity": -1}, "memory_capacity .* must be > 0"),
+    ({"memory_capacity": 0}, "memory_capacity .* must be > 0"),
+    ({"memory_capacity": float("nan")}, "memory_capacity .* must be > 0"),
+    ({"time_limit": 0, "search": "ilp"}, "time_limit .* must be > 0"),
+    ({"time_limit": -5}, "time_limit .* must be > 0"),
 ])
 def test_bad_arguments_are_value_errors(mlp, kwargs, match):
     with pytest.raises(ValueError, match=match):

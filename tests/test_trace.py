@@ -148,3 +148,10 @@ def test_cli_prints_the_table(capsys):
     assert cli_main(["trace", "zoo:gpt:layers=1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("GPT:") and "blocks.0.attn.qkv" in out and "sdpa" in out
+
+
+def test_a_function_is_not_a_model():
+    """A bare function used to fail deep inside with an AttributeError on ``forward``."""
+    with pytest.raises(TraceError, match="torch.nn.Module") as info:
+        autopar.trace(lambda x: x * 2, (torch.randn(2, 4),))
+    assert "\n" not in str(info.value)

@@ -39,3 +39,11 @@ def test_unknown_name_and_size_are_clear_errors():
         autopar.zoo.get("resnet9000")
     with pytest.raises(ValueError, match="it takes: batch="):
         autopar.zoo.get("gpt", depth=3)
+
+
+@pytest.mark.parametrize("size", [{"layers": 0}, {"layers": -1}, {"width": 0}, {"batch": 2.5},
+                                  {"seq": "64"}, {"heads": True}])
+def test_sizes_must_be_positive_ints(size):
+    """A zero or negative size built an empty model (layers=-1: no blocks) without a word."""
+    with pytest.raises(ValueError, match="must be a positive int"):
+        autopar.zoo.get("gpt", **size)

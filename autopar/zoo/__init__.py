@@ -52,4 +52,9 @@ def get(name: str, **kwargs):
             f"zoo model {name!r} has no size {', '.join(map(repr, bad))}; "
             f"it takes: {', '.join(f'{k}={v}' for k, v in known.items())}"
         )
+    for k, v in kwargs.items():
+        default = known[k]
+        if isinstance(default, int) and not isinstance(default, bool) and k != "seed":
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"zoo model {name!r}: {k} must be a positive int, not {v!r}")
     return fn(**kwargs)
