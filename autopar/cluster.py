@@ -148,6 +148,15 @@ class Cluster:
         if self.devices > per and self.devices % per:
             raise ValueError(f"Cluster: {self.devices} devices do not fill whole nodes of {per}")
         object.__setattr__(self, "devices_per_node", min(per, self.devices))
+        for what in ("memory_bandwidth", "memory_capacity", "intra_bandwidth", "inter_bandwidth"):
+            if not getattr(self, what) > 0:  # also refuses NaN
+                raise ValueError(f"Cluster: {what} must be > 0, got {getattr(self, what)!r}")
+        for what in ("intra_latency", "inter_latency"):
+            if not getattr(self, what) >= 0:
+                raise ValueError(f"Cluster: {what} must be >= 0 seconds, got {getattr(self, what)!r}")
+        bad = {k: v for k, v in self.peak_flops.items() if not v > 0}
+        if not self.peak_flops or bad:
+            raise ValueError(f"Cluster: peak_flops needs FLOP/s > 0 per dtype, got {self.peak_flops!r}")
         if not self.name:
             object.__setattr__(self, "name", f"{self.devices}x-device")
 

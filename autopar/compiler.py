@@ -52,6 +52,8 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
     """
     if example_inputs is None:
         raise ValueError("autopar.compile needs example_inputs: a tuple of the model's forward arguments")
+    if outputs not in ("replicate", "dtensor"):  # checked on one device too, so a script fails early
+        raise ValueError(f"outputs must be 'replicate' or 'dtensor', not {outputs!r}")
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     devices = _device_count(devices)
@@ -68,8 +70,6 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
         single = copy.deepcopy(model)
         single.plan = chosen
         return single
-    if outputs not in ("replicate", "dtensor"):
-        raise ValueError(f"outputs must be 'replicate' or 'dtensor', not {outputs!r}")
     chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
     return _build(model, graph, chosen, example_inputs, outputs)
 

@@ -65,6 +65,10 @@ class Plan:
         return self.mesh.size
 
     def speedup_over(self, baseline: str) -> float:
+        """``baselines[baseline].cost / cost``: how much faster this plan is predicted to be."""
+        if baseline not in self.baselines:
+            raise ValueError(f"this plan has no baseline {baseline!r}; it has: "
+                             f"{', '.join(self.baselines) or 'none (planned with baselines=False)'}")
         return self.baselines[baseline].cost / self.cost
 
     def report(self, **kwargs) -> str:

@@ -75,6 +75,8 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
     children still running then (a deadlocked collective) are terminated and ``LaunchError``
     raised, so that a test fails instead of hanging.
     """
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"launch: nprocs must be a positive int, not {nprocs!r}")
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     job = _Job(fn, nprocs, addr, free_port(addr), tuple(args), threads)

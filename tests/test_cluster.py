@@ -53,6 +53,17 @@ def test_flat_cluster_and_bad_shapes():
         Cluster(devices=0)
 
 
+@pytest.mark.parametrize("field, value", [("intra_bandwidth", 0), ("inter_bandwidth", -1e9),
+                                          ("memory_bandwidth", float("nan")), ("memory_capacity", -5),
+                                          ("intra_latency", -1e-6), ("peak_flops", {"float32": 0}),
+                                          ("peak_flops", {})])
+def test_impossible_device_figures_are_refused(field, value):
+    """A zero bandwidth used to end in ZeroDivisionError deep in the cost model, a zero peak in
+    an InfeasibleError about infinite costs."""
+    with pytest.raises(ValueError, match=f"Cluster: {field}"):
+        Cluster(devices=4, **{field: value})
+
+
 def test_prime_factors():
     assert prime_factors(1) == []
     assert prime_factors(64) == [2] * 6

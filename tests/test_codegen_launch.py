@@ -21,3 +21,10 @@ def test_child_exception_propagates_with_its_traceback():
     text = str(e.value)
     assert "--- rank 1 ---" in text and "ValueError: boom on rank one" in text
     assert "fail_on_rank_one" in text  # the child's own frames, not just the parent's
+
+
+@pytest.mark.parametrize("nprocs", [0, -1, 1.5])
+def test_nprocs_must_be_a_positive_int(nprocs):
+    """launch(fn, 0) returned [] without running anything."""
+    with pytest.raises(ValueError, match="nprocs must be a positive int"):
+        launch(print, nprocs)

@@ -101,6 +101,8 @@ def test_bad_arguments_are_one_line_errors(gpt):
         autopar.compile(model, 1)
     with pytest.raises(ValueError, match="drop the planning options"):
         autopar.compile(model, 1, inputs, plan="x.json", search="dp")
+    with pytest.raises(ValueError, match="outputs must be"):  # on one device too (it was accepted)
+        autopar.compile(model, 1, inputs, outputs="dtensors")
 
 
 def _world_mismatch(rank, world, model, inputs):

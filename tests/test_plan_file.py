@@ -39,6 +39,8 @@ def test_roundtrip_keeps_everything(tmp_path):
     assert back == plan
     assert back.baselines["data_parallel"].assignment["fc"].mesh_axes == ((0, 1), (), ())
     assert back.speedup_over("data_parallel") == pytest.approx(2.0 / 1.5)
+    with pytest.raises(ValueError, match="no baseline 'expert'; it has: data_parallel"):
+        back.speedup_over("expert")  # was a bare KeyError
 
 
 def test_plan_for_another_model_is_refused(tmp_path):
