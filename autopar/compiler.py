@@ -70,6 +70,13 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
         single = copy.deepcopy(model)
         single.plan = chosen
         return single
+    if graph.fx_graph is not None and graph.fx_graph.meta.get("autopar_frontend") == "export":
+        from autopar.errors import TraceError
+
+        raise TraceError(
+            f"{type(model).__name__} traces only through torch.export, and autopar.compile runs "
+            f"fx-traced models: autopar.trace(model, inputs, frontend='fx') says where torch.fx "
+            f"stops; make that fx-traceable to compile it (autopar.plan and its report work as they are)")
     chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
     return _build(model, graph, chosen, example_inputs, outputs)
 

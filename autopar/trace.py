@@ -384,12 +384,20 @@ class _FxFrontend(_Builder):
         concrete = {p.name: p.default for p in params[len(self.inputs_given):]
                     if p.default is not inspect.Parameter.empty and p.kind == p.POSITIONAL_OR_KEYWORD}
         tracer = _Tracer(stack_traces)
+        # fx stores tensors made while tracing (``torch.arange(4)`` in an index) as attributes
+        # ``_tensor_constant<i>`` of the traced module: of the user's model. The GraphModule keeps
+        # its own reference; take them off the model again, so that tracing leaves it as it was
+        # and a second trace names its constants (and fingerprints) the same.
+        before = set(vars(self.model))
         try:
             graph = tracer.trace(self.model, concrete_args=concrete or None)
+            return fx.GraphModule(tracer.root, graph, type(self.model).__name__)
         except Exception as e:
             module, where = _user_frame(e, self.model)
             raise _Failure(self.frontend, e, module, where, "trace") from e
-        return fx.GraphModule(tracer.root, graph, type(self.model).__name__)
+        finally:
+            for name in set(vars(self.model)) - before:
+                delattr(self.model, name)
 
     def _propagate(self, gm: fx.GraphModule) -> None:
         interp = MetaProp(gm)

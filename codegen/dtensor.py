@@ -43,6 +43,7 @@ from autopar.ir import Graph, Node, Operand, TensorSpec
 from autopar.tables import Config
 
 from .batchnorm import needs_sync, sync_batch_norm
+from .inplace import written_argument
 from .op_fixes import causal_rows, mean_scale, vocab_shard
 from .ops import LocalCall
 from .strided import chunk_index
@@ -220,7 +221,7 @@ class _Runner(fx.Interpreter):
     def get_attr(self, target, args, kwargs):
         try:
             value = self.fetch_attr(target)
-        except AttributeError:  # a constant the tracer stored on its GraphModule only
+        except (AttributeError, RuntimeError):  # a constant the tracer stored on its GraphModule only
             value = getattr(self.program.fx_graph, target)
         return self._replicated(value)
 
@@ -240,7 +241,11 @@ class _Runner(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         if n.op.startswith("call_") and n.name in self.program.layouts:
             with self._set_current_node(n):
-                return self._run_sharded(n, self.program.graph.node(n.name))
+                out = self._run_sharded(n, self.program.graph.node(n.name))
+            written = written_argument(n, self.root.get_submodule(n.target) if n.op == "call_module" else None)
+            if written is not None and written in self.env:
+                self.env[written] = out  # later readers of the written tensor see the new value
+            return out
         return super().run_node(n)
 
     def _run_sharded(self, n: fx.Node, node: Node) -> Any:
@@ -280,7 +285,8 @@ class _Runner(fx.Interpreter):
         call = LocalCall(n, node, layout, module, flat_consts, spec, slots[:len(slots) - len(names)],
                          names, self.program.scales.get(node.name, 1.0), drop,
                          vocab_shard(node, layout, mesh_shape, coord),
-                         causal_rows(node, layout, index), [(u.spec, u.strided) for u in uses], index)
+                         causal_rows(node, layout, index), [(u.spec, u.strided) for u in uses], index,
+                         writes_first=written_argument(n, module) is not None)
         run = local_map(call, out_placements=tuple(layout.outputs),
                         in_placements=tuple(u.placements for u in uses),
                         in_grad_placements=tuple(u.grads for u in uses), device_mesh=mesh)

@@ -61,10 +61,13 @@ class LocalCall:
     index: Callable[[str], int] | None = None  # this device's chunk of a dim (strided cuts)
     out_flat: list[Any] | None = None  # the last call's output leaves (tensors as _TENSOR)
     out_spec: Any = None
+    writes_first: bool = False  # an in-place call: it writes into its first tensor (``inplace``)
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Run locally; return the tensor leaves of the output, as ``local_map`` wants them."""
         tensors = tuple(t * 0 if j in self.drop else t for j, t in enumerate(tensors))
+        if self.writes_first and tensors and self.slots[:1] == [0]:
+            tensors = (tensors[0].clone(), *tensors[1:])  # local_map's inputs may not be written
         if self.strided_in:
             tensors = tuple(take_blocks(t, spec, cuts, self.node, self.layout.split_counts, self.index)
                             if cuts else t for t, (spec, cuts) in zip(tensors, self.strided_in))

@@ -155,3 +155,24 @@ def test_a_function_is_not_a_model():
     with pytest.raises(TraceError, match="torch.nn.Module") as info:
         autopar.trace(lambda x: x * 2, (torch.randn(2, 4),))
     assert "\n" not in str(info.value)
+
+
+def test_tracing_leaves_the_model_as_it_was_and_repeats_exactly():
+    """fx parks tensors made while tracing on the traced module: it used to leave
+    ``_tensor_constant0`` on the user's model, and a second trace then named its constant
+    ``_tensor_constant1``, so its fingerprint differed and a saved plan was refused."""
+    from autopar.fingerprint import fingerprint
+
+    class ConstantIndex(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.fc(x)[torch.arange(2)].sum()
+
+    model, x = ConstantIndex(), (torch.randn(4, 8),)
+    before = set(vars(model))
+    first, second = autopar.trace(model, x), autopar.trace(model, x)
+    assert set(vars(model)) == before
+    assert fingerprint(first) == fingerprint(second)

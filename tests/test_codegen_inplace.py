@@ -1,0 +1,96 @@
+"""In-place calls and tensor constants in the sharded module, against one device.
+
+``local_map`` hands a node views that autograd forbids writing into, so ``x.relu_()``,
+``F.relu(x, inplace=True)`` and ``nn.ReLU(inplace=True)`` (torchvision's default) failed in every
+compiled model; a tensor built while tracing (``torch.arange`` in an index) was looked up on the
+wrong module. Each model here trains 3 AdamW steps on 2 and 4 threaded ranks under data
+parallelism and under a plan that splits every node as much as it can (``test_compile_zoo``),
+and must match one device: loss, every gradient, every parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import autopar
+from tests.dist_utils import run_threaded
+from tests.test_codegen_numerics import check_module, reference_run
+from tests.test_compile_zoo import split_everything
+
+
+class InPlace(nn.Module):
+    """Three spellings of an in-place activation, one ``add_``, and readers of the written alias."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x, y):
+        h = self.fc1(x)
+        h.relu_()  # the result node is unused: fc2 reads fc1's node, which must see the write
+        g = self.fc2(h)
+        g.add_(0.5)
+        F.relu(g, inplace=True)
+        out = self.fc3(g)
+        self.act(out)  # reads out after the module wrote into it
+        return F.mse_loss(out, y)
+
+
+class ConstantIndex(nn.Module):
+    """A tensor made while tracing (``torch.arange``), stored on the fx module as a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h[torch.arange(4), 1:5].pow(2).mean() + h.mean()
+
+
+MODELS = {"inplace": (InPlace, lambda: (torch.randn(8, 8), torch.randn(8, 4))),
+          "constant_index": (ConstantIndex, lambda: (torch.randn(8, 8),))}
+
+
+def _check(rank, world, model, inputs, plan, ref):
+    check_module(rank, autopar.compile(model, world, inputs, plan=plan), inputs, ref)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("which", ["data_parallel", "split_everything"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_compiled_module_trains_like_one_device(name, which, world):
+    torch.manual_seed(0)
+    make, inputs = MODELS[name]
+    model, inputs = make(), inputs()
+    best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
+    plan = best.baselines["data_parallel"] if which == "data_parallel" else dataclasses.replace(
+        best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    run_threaded(_check, world, model, inputs, plan, reference_run(model, inputs))
+
+
+def _export_only(rank, world, model, inputs):
+    with pytest.raises(autopar.TraceError, match="traces only through torch.export"):
+        autopar.compile(model, world, inputs)
+
+
+def test_a_model_only_torch_export_traces_is_refused_in_one_line():
+    """The export graph's parameters are placeholders the runner cannot feed: refuse, clearly."""
+
+    class FactoryInForward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return (self.fc(x) + torch.zeros(x.shape[0], 8)).sum()
+
+    model, inputs = FactoryInForward(), (torch.randn(4, 8),)
+    assert autopar.trace(model, inputs).fx_graph.meta.get("autopar_frontend") == "export"
+    run_threaded(_export_only, 2, model, inputs)
