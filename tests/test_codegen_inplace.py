@@ -2,7 +2,7 @@
 
 ``local_map`` hands a node views that autograd forbids writing into, so ``x.relu_()``,
 ``F.relu(x, inplace=True)`` and ``nn.ReLU(inplace=True)`` (torchvision's default) failed in every
-compiled model; a tensor built while tracing (``torch.arange`` in an index) was looked up on the
+compiled model (a residual block of torchvision's pattern is among the cases); a tensor built while tracing (``torch.arange`` in an index) was looked up on the
 wrong module. Each model here trains 3 AdamW steps on 2 and 4 threaded ranks under data
 parallelism and under a plan that splits every node as much as it can (``test_compile_zoo``),
 and must match one device: loss, every gradient, every parameter.
@@ -54,8 +54,29 @@ class ConstantIndex(nn.Module):
         return h[torch.arange(4), 1:5].pow(2).mean() + h.mean()
 
 
+class ResidualBlocks(nn.Module):
+    """torchvision's BasicBlock pattern: conv, batch norm, ``ReLU(inplace=True)``, ``out += identity``."""
+
+    def __init__(self, c: int = 4):
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+        self.fc = nn.Linear(c, 5)
+
+    def forward(self, x, y):
+        h = self.relu(self.bn(self.stem(x)))
+        out = self.relu(self.b1(self.c1(h)))
+        out = self.b2(self.c2(out))
+        out += h
+        out = self.relu(out)
+        return F.cross_entropy(self.fc(out.mean((2, 3))), y)
+
+
 MODELS = {"inplace": (InPlace, lambda: (torch.randn(8, 8), torch.randn(8, 4))),
-          "constant_index": (ConstantIndex, lambda: (torch.randn(8, 8),))}
+          "constant_index": (ConstantIndex, lambda: (torch.randn(8, 8),)),
+          "residual": (ResidualBlocks, lambda: (torch.randn(8, 3, 6, 6), torch.randint(0, 5, (8,))))}
 
 
 def _check(rank, world, model, inputs, plan, ref):
