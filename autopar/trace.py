@@ -421,8 +421,10 @@ class _FxFrontend(_Builder):
         if node.op == "call_module":
             m = self.model.get_submodule(node.target)
 
-            def param(name: str):
-                t = getattr(m, name, None)
+            def param(name: str):  # the module's own parameter or buffer; "out_proj.weight" too
+                t = m
+                for part in name.split("."):
+                    t = getattr(t, part, None)
                 return _tensor(t, f"param:{node.target}.{name}") if isinstance(t, torch.Tensor) else None
 
             mc = module_call(m, list(args), dict(kwargs), param)

@@ -9,7 +9,7 @@ to a rule and the signature its arguments bind to. ``build_node`` applies one an
 from __future__ import annotations
 
 from autopar.ir import Dim, Node, Operand, TensorSpec
-from autopar.rules import (attention, concat, conv, elementwise, embedding, lstm, loss, matmul, norm, opaque,
+from autopar.rules import (attention, concat, conv, elementwise, embedding, lstm, loss, matmul, mha, norm, opaque,
                            pool, reduce, shape, softmax)
 from autopar.rules.base import Call, Result, Tensor
 
@@ -35,6 +35,7 @@ RULES = {
     "stack": concat.stack,
     "pool": pool.pool,
     "lstm": lstm.lstm,
+    "mha": mha.mha,
     "cross_entropy": loss.cross_entropy,
     "opaque": opaque.opaque,
 }

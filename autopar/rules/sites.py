@@ -258,6 +258,17 @@ def _adapt_module(m: nn.Module, x: list, kwargs: dict, param: Callable[[str], Te
                                bidirectional=m.bidirectional, bias=m.bias, dropout=m.dropout),
                           {"input": first, "hx": x[1] if len(x) > 1 else kwargs.get("hx"),
                            "weights": [param(n) for n in m._flat_weights_names]})
+    if isinstance(m, nn.MultiheadAttention) and m._qkv_same_embed_dim and m.bias_k is None \
+            and not m.add_zero_attn:
+        def arg(i: int, key: str, default=None):
+            return x[i] if len(x) > i else kwargs.get(key, default)
+
+        return ModuleCall(site("mha", name, heads=m.num_heads, batch_first=m.batch_first),
+                          {"query": first if first is not None else kwargs.get("query"),
+                           "key": arg(1, "key"), "value": arg(2, "value"),
+                           "key_padding_mask": arg(3, "key_padding_mask"), "attn_mask": arg(5, "attn_mask"),
+                           "weights": [param("in_proj_weight"), param("in_proj_bias"),
+                                       param("out_proj.weight"), param("out_proj.bias")]})
     if isinstance(m, nn.CrossEntropyLoss):
         return ModuleCall(site("cross_entropy", name), {
             "input": first, "target": x[1] if len(x) > 1 else kwargs.get("target"), "weight": param("weight"),
