@@ -323,6 +323,32 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
         return has_module_rule(m)
 
+    def call_module(self, m: nn.Module, forward, args, kwargs):
+        plain = _plain_encoder(m, args, kwargs)
+        return super().call_module(m, plain or forward, args, kwargs)
+
+
+def _plain_encoder(m: nn.Module, args: tuple, kwargs: dict):
+    """nn.TransformerEncoder's forward without its fast-path tests, where they change nothing.
+
+    Its forward asks ``src.is_nested`` (a tensor test fx cannot trace) even when no fused kernel
+    can run. Without masks (and not causal), it is its layers in turn, then its norm: what this
+    traces instead. With masks, the module's own forward runs (and torch.export takes over)."""
+    if not isinstance(m, nn.TransformerEncoder):
+        return None
+    names = ("src", "mask", "src_key_padding_mask", "is_causal")
+    bound = dict(zip(names, args), **kwargs)
+    if bound.get("mask") is not None or bound.get("src_key_padding_mask") is not None or bound.get("is_causal"):
+        return None
+
+    def forward(src, *_, **__):
+        out = src
+        for layer in m.layers:
+            out = layer(out, src_mask=None, is_causal=False, src_key_padding_mask=None)
+        return m.norm(out) if m.norm is not None else out
+
+    return forward
+
 
 def to_meta(v: Any) -> Any:
     """A meta tensor with ``v``'s metadata: allocates nothing and never reads ``v``'s data."""
@@ -389,6 +415,11 @@ class _FxFrontend(_Builder):
         # its own reference; take them off the model again, so that tracing leaves it as it was
         # and a second trace names its constants (and fingerprints) the same.
         before = set(vars(self.model))
+        # nn.TransformerEncoder(Layer) test tensors (src.dim(), src.is_nested) to pick a fused
+        # inference kernel, unless that fast path is off: off while tracing, the test is skipped
+        # and they trace as the modules they are made of (the fast path gives the same values)
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
         try:
             graph = tracer.trace(self.model, concrete_args=concrete or None)
             return fx.GraphModule(tracer.root, graph, type(self.model).__name__)
@@ -396,6 +427,7 @@ class _FxFrontend(_Builder):
             module, where = _user_frame(e, self.model)
             raise _Failure(self.frontend, e, module, where, "trace") from e
         finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
             for name in set(vars(self.model)) - before:
                 delattr(self.model, name)
 
