@@ -328,6 +328,33 @@ class _Tracer(fx.Tracer):
         return super().call_module(m, plain or forward, args, kwargs)
 
 
+# torch's factories take sizes, not tensors, so fx cannot intercept them: ``torch.zeros(x.shape[0],
+# 16)`` reached the real function with a Proxy and failed. While tracing they are wrapped: a call
+# with a Proxy anywhere in its arguments becomes a graph node for the real function.
+_FACTORIES = ("zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint", "eye", "linspace")
+
+
+@contextlib.contextmanager
+def _traceable_factories():
+    originals = {name: getattr(torch, name) for name in _FACTORIES}
+
+    def wrap(fn):
+        def factory(*args, **kwargs):
+            for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+                if isinstance(a, fx.Proxy):
+                    return a.tracer.create_proxy("call_function", fn, args, kwargs)
+            return fn(*args, **kwargs)
+        return factory
+
+    try:
+        for name, fn in originals.items():
+            setattr(torch, name, wrap(fn))
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
+
+
 def _plain_encoder(m: nn.Module, args: tuple, kwargs: dict):
     """nn.TransformerEncoder's forward without its fast-path tests, where they change nothing.
 
@@ -421,7 +448,8 @@ class _FxFrontend(_Builder):
         fastpath = torch.backends.mha.get_fastpath_enabled()
         torch.backends.mha.set_fastpath_enabled(False)
         try:
-            graph = tracer.trace(self.model, concrete_args=concrete or None)
+            with _traceable_factories():
+                graph = tracer.trace(self.model, concrete_args=concrete or None)
             return fx.GraphModule(tracer.root, graph, type(self.model).__name__)
         except Exception as e:
             module, where = _user_frame(e, self.model)

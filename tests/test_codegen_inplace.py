@@ -102,16 +102,18 @@ def _export_only(rank, world, model, inputs):
 
 
 def test_a_model_only_torch_export_traces_is_refused_in_one_line():
-    """The export graph's parameters are placeholders the runner cannot feed: refuse, clearly."""
+    """The export graph's parameters are placeholders the runner cannot feed: refuse, clearly.
+    (nn.GRU has no rule, and its forward branches on tensors, so only torch.export traces it.)"""
 
-    class FactoryInForward(nn.Module):
+    class Recurrent(nn.Module):
         def __init__(self):
             super().__init__()
-            self.fc = nn.Linear(8, 8)
+            self.gru, self.fc = nn.GRU(8, 8, batch_first=True), nn.Linear(8, 2)
 
         def forward(self, x):
-            return (self.fc(x) + torch.zeros(x.shape[0], 8)).sum()
+            y, _ = self.gru(x)
+            return self.fc(y).sum()
 
-    model, inputs = FactoryInForward(), (torch.randn(4, 8),)
+    model, inputs = Recurrent(), (torch.randn(4, 3, 8),)
     assert autopar.trace(model, inputs).fx_graph.meta.get("autopar_frontend") == "export"
     run_threaded(_export_only, 2, model, inputs)
