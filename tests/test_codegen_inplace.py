@@ -103,15 +103,15 @@ def _export_only(rank, world, model, inputs):
 
 def test_a_model_only_torch_export_traces_is_refused_in_one_line():
     """The export graph's parameters are placeholders the runner cannot feed: refuse, clearly.
-    (nn.GRU has no rule, and its forward branches on tensors, so only torch.export traces it.)"""
+    (nn.RNN has no rule, and its forward branches on tensors, so only torch.export traces it.)"""
 
     class Recurrent(nn.Module):
         def __init__(self):
             super().__init__()
-            self.gru, self.fc = nn.GRU(8, 8, batch_first=True), nn.Linear(8, 2)
+            self.rnn, self.fc = nn.RNN(8, 8, batch_first=True), nn.Linear(8, 2)
 
         def forward(self, x):
-            y, _ = self.gru(x)
+            y, _ = self.rnn(x)
             return self.fc(y).sum()
 
     model, inputs = Recurrent(), (torch.randn(4, 3, 8),)
