@@ -103,17 +103,16 @@ def _export_only(rank, world, model, inputs):
 
 def test_a_model_only_torch_export_traces_is_refused_in_one_line():
     """The export graph's parameters are placeholders the runner cannot feed: refuse, clearly.
-    (nn.RNN has no rule, and its forward branches on tensors, so only torch.export traces it.)"""
+    (``len(x)`` is no fx operation, so only torch.export traces this model.)"""
 
-    class Recurrent(nn.Module):
+    class Averaged(nn.Module):
         def __init__(self):
             super().__init__()
-            self.rnn, self.fc = nn.RNN(8, 8, batch_first=True), nn.Linear(8, 2)
+            self.fc = nn.Linear(8, 2)
 
         def forward(self, x):
-            y, _ = self.rnn(x)
-            return self.fc(y).sum()
+            return self.fc(x).sum() / len(x)
 
-    model, inputs = Recurrent(), (torch.randn(4, 3, 8),)
+    model, inputs = Averaged(), (torch.randn(4, 8),)
     assert autopar.trace(model, inputs).fx_graph.meta.get("autopar_frontend") == "export"
     run_threaded(_export_only, 2, model, inputs)

@@ -9,8 +9,8 @@ to a rule and the signature its arguments bind to. ``build_node`` applies one an
 from __future__ import annotations
 
 from autopar.ir import Dim, Node, Operand, TensorSpec
-from autopar.rules import (attention, concat, conv, elementwise, embedding, gru, lstm, loss, matmul, mha, norm,
-                           opaque, pool, reduce, shape, softmax)
+from autopar.rules import (attention, concat, conv, elementwise, embedding, lstm, loss, matmul, mha, norm,
+                           opaque, pool, recurrent, reduce, shape, softmax)
 from autopar.rules.base import Call, Result, Tensor
 
 RULES = {
@@ -35,7 +35,8 @@ RULES = {
     "stack": concat.stack,
     "pool": pool.pool,
     "lstm": lstm.lstm,
-    "gru": gru.gru,
+    "gru": recurrent.gru,
+    "rnn": recurrent.rnn,
     "mha": mha.mha,
     "cross_entropy": loss.cross_entropy,
     "opaque": opaque.opaque,

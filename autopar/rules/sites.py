@@ -258,9 +258,11 @@ def _adapt_module(m: nn.Module, x: list, kwargs: dict, param: Callable[[str], Te
                                bidirectional=m.bidirectional, bias=m.bias, dropout=m.dropout),
                           {"input": first, "hx": x[1] if len(x) > 1 else kwargs.get("hx"),
                            "weights": [param(n) for n in m._flat_weights_names]})
-    if isinstance(m, nn.GRU) and m.dropout == 0:  # dropout between layers: random, not described
-        return ModuleCall(site("gru", name, hidden=m.hidden_size, layers=m.num_layers, batch_first=m.batch_first,
-                               bidirectional=m.bidirectional, bias=m.bias),
+    if isinstance(m, (nn.GRU, nn.RNN)) and m.dropout == 0:  # dropout between layers: random, not described
+        extra = {"nonlinearity": m.nonlinearity} if isinstance(m, nn.RNN) else {}
+        return ModuleCall(site("gru" if isinstance(m, nn.GRU) else "rnn", name, hidden=m.hidden_size,
+                               layers=m.num_layers, batch_first=m.batch_first, bidirectional=m.bidirectional,
+                               bias=m.bias, **extra),
                           {"input": first, "hx": x[1] if len(x) > 1 else kwargs.get("hx"),
                            "weights": [param(n) for n in m._flat_weights_names]})
     if isinstance(m, nn.MultiheadAttention) and m._qkv_same_embed_dim and m.bias_k is None \
