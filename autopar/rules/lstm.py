@@ -43,17 +43,24 @@ def lstm(call: Call) -> Result:
     hx = call.args.get("hx")
     for t in (hx if isinstance(hx, (list, tuple)) else [hx] if isinstance(hx, Tensor) else []):
         reads.append((t, state_axes))
-    for w in call.args.get("weights", ()):
-        # weight_ih/hh (4H, in): rows are (gate, unit); columns are the whole input, never split
-        reads.append((w, (("g", "h"),) + ((),) * (w.ndim - 1)))
-    flops = 0
+    reads += weight_reads(call)
     I = x.shape[-1]
-    for layer in range(L):
-        width = I if layer == 0 else H * dirs
-        flops += dirs * 2 * B * T * (width + H) * 4 * H
+    flops = gate_flops(B, T, I, H, L, dirs, gates=4)
     attrs = {"hidden": H, "layers": L, "batch_first": batch_first, "bidirectional": bidir, "input_size": I,
              "bias": bool(cfg.get("bias", True)), "dropout": float(cfg.get("dropout", 0.0))}
     return Result("lstm", dims, reads, [out_axes, state_axes, state_axes][: len(call.outs)], flops, attrs)
+
+
+def weight_reads(call: Call) -> list:
+    """weight_ih/hh (gates * H, in) and biases: rows are (gate, unit); columns are the whole
+    input, never split. Shared by every recurrent rule."""
+    return [(w, (("g", "h"),) + ((),) * (w.ndim - 1)) for w in call.args.get("weights", ())]
+
+
+def gate_flops(B: int, T: int, I: int, H: int, L: int, dirs: int, gates: int) -> int:
+    """The gate matmuls of a stacked recurrent layer: 2 B T (in + H) gates H per layer and
+    direction, the first layer's input of width I, the others' of H * dirs."""
+    return sum(dirs * 2 * B * T * ((I if layer == 0 else H * dirs) + H) * gates * H for layer in range(L))
 
 
 def _aten_config(call: Call) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from autopar.ir import Dim
 from autopar.rules.base import Call, Result
+from autopar.rules.lstm import gate_flops, weight_reads
 
 
 def gru(call: Call) -> Result:
@@ -44,13 +45,9 @@ def recurrent(call: Call, op: str, gates: int) -> Result:
     hx = call.args.get("hx")
     if hx is not None and hasattr(hx, "shape"):
         reads.append((hx, state_axes))
-    for w in call.args.get("weights", ()):
-        reads.append((w, (("g", "h"),) + ((),) * (w.ndim - 1)))
-    flops = 0
+    reads += weight_reads(call)
     I = x.shape[-1]
-    for layer in range(L):
-        width = I if layer == 0 else H * dirs
-        flops += dirs * 2 * B * T * (width + H) * gates * H
+    flops = gate_flops(B, T, I, H, L, dirs, gates)
     attrs = {"hidden": H, "layers": L, "batch_first": batch_first, "bidirectional": bidir, "input_size": I,
              "bias": bool(cfg.get("bias", True))}
     if op == "rnn":
