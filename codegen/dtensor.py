@@ -71,6 +71,7 @@ class Program:
     layouts: dict[str, NodeLayout]  # one per IR node, by name (= fx node name)
     param_placements: dict[str, Placements]  # qualified name -> placements it is stored with
     scales: dict[str, float] = field(default_factory=dict)  # node -> 1/parts of averaged dims
+    writes: dict[str, fx.Node] = field(default_factory=dict)  # in-place node -> the argument it writes
     outputs: str = "replicate"  # "replicate": plain whole tensors; "dtensor": as the plan leaves them
 
     @property
@@ -142,7 +143,11 @@ def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config],
     fx_nodes = {n.name: n for n in graph.fx_graph.graph.nodes}
     for node in graph.nodes:
         if node.name in fx_nodes:
-            program.scales[node.name] = mean_scale(fx_nodes[node.name], node, layouts[node.name])
+            n = fx_nodes[node.name]
+            program.scales[node.name] = mean_scale(n, node, layouts[node.name])
+            written = written_argument(n, model.get_submodule(n.target) if n.op == "call_module" else None)
+            if written is not None:
+                program.writes[node.name] = written
     return ShardedModule(model, program)
 
 
@@ -242,7 +247,7 @@ class _Runner(fx.Interpreter):
         if n.op.startswith("call_") and n.name in self.program.layouts:
             with self._set_current_node(n):
                 out = self._run_sharded(n, self.program.graph.node(n.name))
-            written = written_argument(n, self.root.get_submodule(n.target) if n.op == "call_module" else None)
+            written = self.program.writes.get(n.name)
             if written is not None and written in self.env:
                 self.env[written] = out  # later readers of the written tensor see the new value
             return out
@@ -286,7 +291,7 @@ class _Runner(fx.Interpreter):
                          names, self.program.scales.get(node.name, 1.0), drop,
                          vocab_shard(node, layout, mesh_shape, coord),
                          causal_rows(node, layout, index), [(u.spec, u.strided) for u in uses], index,
-                         writes_first=written_argument(n, module) is not None)
+                         writes_first=node.name in self.program.writes)
         run = local_map(call, out_placements=tuple(layout.outputs),
                         in_placements=tuple(u.placements for u in uses),
                         in_grad_placements=tuple(u.grads for u in uses), device_mesh=mesh)
