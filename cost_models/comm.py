@@ -173,18 +173,16 @@ def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
 # Layouts are codes here (``encode_layouts``: 0 R, 1 P, >= 2 one code per Shard).
 
 
-def misaligned(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
-    """Does DTensor's greedy redistribute replicate some mesh axis first (nested shard order)?
+def _clears(src: tuple[int, ...], dst: tuple[int, ...], m: int) -> bool:
+    """Mesh axis ``m`` wants a shard whose tensor axis the axes below it shard differently in
+    ``src`` and ``dst``: DTensor replicates ``m`` first (when the source shards anything)."""
+    t = dst[m]
+    return t >= 2 and any((src[i] == t) != (dst[i] == t) for i in range(m))
 
-    True when the source shards something and some mesh axis ``m`` wants a shard whose tensor
-    axis the mesh axes below ``m`` shard differently in ``src`` and ``dst``."""
-    if not any(c >= 2 for c in src):
-        return False
-    for m in range(len(dst)):
-        t = dst[m]
-        if t >= 2 and any((src[i] == t) != (dst[i] == t) for i in range(m)):
-            return True
-    return False
+
+def misaligned(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+    """Does DTensor's greedy redistribute replicate some mesh axis first (nested shard order)?"""
+    return any(c >= 2 for c in src) and any(_clears(src, dst, m) for m in range(len(dst)))
 
 
 def dtensor_transitions(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int, int]]:
@@ -192,9 +190,7 @@ def dtensor_transitions(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tupl
     cur, out = list(src), []
     if any(c >= 2 for c in src):
         for m in reversed(range(len(cur))):
-            t = dst[m]
-            if t >= 2 and any((src[i] == t) != (dst[i] == t) for i in range(m)):
-                t = 0  # clear the nested shard: replicate this axis first
+            t = 0 if _clears(src, dst, m) else dst[m]  # a nested shard is replicated first
             if cur[m] != t:
                 out.append((m, cur[m], t))
                 cur[m] = t
