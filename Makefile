@@ -39,3 +39,8 @@ clean:
 .PHONY: bench-speed
 bench-speed: setup
 	$(PY) -m benchmarks.plan_speed
+
+# The exact DP against the ILP on PaSE's four graphs (ILP limits raised for this run): dp_vs_ilp.md
+.PHONY: bench-exact
+bench-exact: setup
+	$(PY) -m benchmarks.dp_vs_ilp

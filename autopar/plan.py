@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,52 @@ from autopar.errors import PlanMismatchError
 from autopar.tables import Config, Mesh
 
 
+SEARCH_STATUSES = ("optimal", "bound", "heuristic", "fixed")
+
+
 @dataclass
 class SearchInfo:
-    """Which search produced the plan, how long it took and how far from proven optimal it is."""
+    """Which search produced the plan, how long it took, and what is proven about it.
+
+    ``status`` says what the plan is, so that nothing claims an optimum it does not have:
+    "optimal" (an exact search closed its bounds: gap 0), "bound" (an exact search stopped with a
+    proven lower bound: ``gap`` is the relative distance to it), "heuristic" (some part was not
+    searched exactly, ``detail`` says which: no bound is known) or "fixed" (a strategy priced, not
+    searched: the baselines). The default is the weakest claim: a site must say it is exact.
+    """
 
     name: str
     seconds: float
-    gap: float = 0.0  # relative optimality gap; 0.0 = proven optimal under the cost model
+    gap: float = 0.0  # relative optimality gap against a proven lower bound ("bound" only)
+    status: str = "heuristic"
+    detail: str = ""  # for "heuristic": what was not searched exactly
+
+    def __post_init__(self):
+        if self.status not in SEARCH_STATUSES:
+            raise ValueError(f"search status {self.status!r}: one of {', '.join(SEARCH_STATUSES)}")
+        if self.status == "optimal" and self.gap > 0:
+            self.status = "bound"
+
+    @classmethod
+    def exact(cls, name: str, seconds: float, gap: float) -> "SearchInfo":
+        """A plan from an exact search (dp, ilp, brute) with the relative gap it proved."""
+        if not math.isfinite(gap):
+            return cls(name, seconds, 0.0, "heuristic", "the exact search proved no lower bound")
+        return cls(name, seconds, gap, "optimal" if gap == 0 else "bound")
+
+    @property
+    def proven_optimal(self) -> bool:
+        return self.status == "optimal"
+
+    def describe(self) -> str:
+        """One phrase for the report: what is proven about the plan."""
+        if self.status == "optimal":
+            return "proven optimal under the cost model" + (f" ({self.detail})" if self.detail else "")
+        if self.status == "bound":
+            return f"not proven optimal: at most {self.gap:.3%} above the optimum (proven lower bound)"
+        if self.status == "fixed":
+            return "a fixed strategy, priced, not searched"
+        return "heuristic, no optimality bound" + (f" ({self.detail})" if self.detail else "")
 
 
 @dataclass
@@ -120,7 +160,7 @@ class Plan:
                 cost=float(doc["cost"]),
                 units=doc["units"],
                 memory_per_device=float(doc["memory_per_device"]),
-                search=SearchInfo(**doc["search"]),
+                search=_search_from_json(doc["search"]),
                 stages=[Stage(**s) for s in doc.get("stages", [])],
                 microbatches=int(doc.get("microbatches", 1)),
                 schedule=doc.get("schedule", ""),
@@ -152,3 +192,14 @@ class Plan:
                     f"({theirs.get('devices', '?')} devices): re-plan for this cluster"
                 )
         return plan
+
+
+def _search_from_json(d: dict) -> SearchInfo:
+    """Plan files written before ``status`` existed: an exact search's name with gap 0 claimed an
+    optimum then; they read back as what they claimed, anything else as heuristic."""
+    d = dict(d)
+    if "status" not in d:
+        exact = d.get("name") in ("dp", "ilp", "brute", "dp+ilp")
+        d["status"] = ("optimal" if float(d.get("gap", 0.0)) == 0 else "bound") if exact else (
+            "fixed" if d.get("name") == "fixed" else "heuristic")
+    return SearchInfo(**d)

@@ -21,6 +21,9 @@ from autopar.plan import Plan, SearchInfo
 from autopar.tables import CostTables, Solution, restrict
 
 SEARCHES = ("auto", "dp", "ilp", "brute")
+# What a pipelined plan is (autopar/pipeline_plan.py): not an optimum over stages x splits.
+PIPELINE_HEURISTIC = ("stage cuts exact for the given per-stage plans; each stage's splits are the "
+                      "whole graph's optimum at the microbatch size, not re-optimized per stage")
 COST_MODELS = ("analytic", "pase", "profiled")
 
 
@@ -139,12 +142,14 @@ def _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, tim
             f"on {cluster.devices} devices; the least autopar can reach is {least / 2**30:.3g} GiB per device "
             f"(splitting every node as finely as it can): add devices or memory", least) from e
     seconds = time.perf_counter() - start
-    plan = _make_plan(graph, tables, sol, SearchInfo(sol.search, seconds, sol.gap), common, unsupported, base)
+    plan = _make_plan(graph, tables, sol, SearchInfo.exact(sol.search, seconds, sol.gap), common, unsupported, base)
     if pipeline is True or (pipeline == "auto" and cluster.nodes > 1):
         piped = _with_pipeline(graph, cluster, mode, optimizer, tables, plan, search, time_limit, common,
                                unsupported, base, start)
         if piped is not None and piped.cost < plan.cost:
             return piped
+        if plan.search.proven_optimal:  # what is proven is proven over single-stage plans only
+            plan.search.detail = "among single-stage plans; pipeline options priced heuristically"
     return plan
 
 
@@ -163,9 +168,9 @@ def _with_pipeline(graph, cluster, mode, optimizer, tables, single, search, time
     syncs = sol.sync or [0.0] * len(sol.stages)
     stages = [Stage(names[a:b], sol.devices, t, y, m)
               for (a, b), t, y, m in zip(sol.stages, sol.stage_time, syncs, sol.memory)]
-    gap = single.search.gap if single is not None else 0.0
     return Plan(**common, assignment=stage_assignment(option, graph), cost=sol.cost, units=tables.units,
-                memory_per_device=max(sol.memory), search=SearchInfo("dp + pipeline", time.perf_counter() - start, gap),
+                memory_per_device=max(sol.memory), search=SearchInfo("dp + pipeline", time.perf_counter() - start, status="heuristic",
+                                  detail=PIPELINE_HEURISTIC),
                 stages=stages, microbatches=sol.microbatches, schedule=sol.schedule, unsupported=unsupported,
                 baselines=base, graph=graph, tables=None)
 
@@ -216,7 +221,7 @@ def data_parallel_choice(graph: Graph, tables: CostTables) -> list[int]:
 def _analytic_baselines(graph, tables, cluster, common, unsupported) -> dict[str, Plan]:
     out = {}
     dp_choice = data_parallel_choice(graph, tables)
-    out["data_parallel"] = _make_plan(graph, tables, _evaluate(tables, dp_choice), SearchInfo("fixed", 0.0),
+    out["data_parallel"] = _make_plan(graph, tables, _evaluate(tables, dp_choice), SearchInfo("fixed", 0.0, status="fixed"),
                                       common, unsupported, {})
     from autopar.expert import expert_pins, is_transformer_like, matches
 
@@ -241,7 +246,8 @@ def _analytic_baselines(graph, tables, cluster, common, unsupported) -> dict[str
         sol = dp(sub)
         sol.choice = [keep[i][c] for i, c in enumerate(sol.choice)]
         out["expert"] = _make_plan(graph, tables, _evaluate(tables, sol.choice),
-                                   SearchInfo("dp (pinned)", time.perf_counter() - start), common, unsupported, {})
+                                   SearchInfo("dp (pinned)", time.perf_counter() - start, status="fixed",
+                                              detail="the expert layout; its free nodes by the exact DP"), common, unsupported, {})
     return out
 
 
@@ -258,11 +264,11 @@ def _plan_pase(graph, model, cluster, cutoff, search, time_limit, profile, rate,
     pgraph, tables = pase.tables_for(graph, cluster.devices, profile, kappa=cutoff, r=r)
     start = time.perf_counter()
     sol = run_search(tables, search, time_limit)
-    info = SearchInfo(sol.search, time.perf_counter() - start, sol.gap)
+    info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
     base = {}
     if with_baselines:
         dp_choice = pase.choice_of(tables, pase.data_parallel(pgraph, cluster.devices, cutoff))
-        base["data_parallel"] = _make_plan(pgraph, tables, _evaluate(tables, dp_choice), SearchInfo("fixed", 0.0),
+        base["data_parallel"] = _make_plan(pgraph, tables, _evaluate(tables, dp_choice), SearchInfo("fixed", 0.0, status="fixed"),
                                            common, {}, {})
     return _make_plan(pgraph, tables, sol, info, common, {}, base)
 

@@ -520,8 +520,7 @@ def format_report(plan, explain: bool = False) -> str:
         f"mesh {plan.mesh.shape}"
         f" (levels {plan.mesh.level}); cost model {plan.cost_model}, space {plan.space}, mode {plan.mode}",
         f"search: {plan.search.name} in {plan.search.seconds:.3g} s, "
-        + ("proven optimal under the cost model" if plan.search.gap == 0
-           else f"optimality gap {plan.search.gap:.3%}"),
+        + plan.search.describe(),
     ]
     if pase:
         r = pase_rate(plan) if plan.tables is not None and plan.graph is not None else None

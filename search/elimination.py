@@ -112,10 +112,12 @@ class _Symbolic:
     def __init__(self, p: Problem, factors: list[Factor]):
         self.sizes = p.sizes
         self.next_id = max((f.fid for f in factors), default=-1) + 1
-        self.by_var: list[set[Factor]] = [set() for _ in range(p.n)]
+        # A multiset per variable: two factors can be equal (same id, same scope), e.g. the
+        # messages of two identical parallel branches into the same concat, and both count.
+        self.by_var: list[Counter[Factor]] = [Counter() for _ in range(p.n)]
         for f in factors:
             for w in f.scope:
-                self.by_var[w].add(f)
+                self.by_var[w][f] += 1
         self.seen: dict[tuple, int] = {}
 
     def key(self, v: int) -> tuple[tuple, tuple[Factor, ...], tuple[int, ...]]:
@@ -125,7 +127,7 @@ class _Symbolic:
         their labels: an injective encoding of [(id, labelled scope), ...] that is built in one
         pass and allocates one tuple instead of two per factor (``reuse_order`` builds a key for
         every neighbour of every eliminated node)."""
-        inputs = tuple(sorted(self.by_var[v]))  # Factor tuples sort by (fid, scope)
+        inputs = tuple(sorted(self.by_var[v].elements()))  # Factor tuples sort by (fid, scope)
         labels = {v: 0}
         flat: list[int] = []
         for fid, scope in inputs:
@@ -141,9 +143,9 @@ class _Symbolic:
     def eliminate(self, v: int, reuse: bool, known: tuple | None = None) -> Step:
         """``known``: ``key(v)``, when the caller has it and nothing next to v changed since."""
         key, inputs, out_scope = known if known is not None else self.key(v)
-        for f in inputs:
+        for f in set(inputs):
             for w in f.scope:
-                self.by_var[w].discard(f)
+                del self.by_var[w][f]
         hit = reuse and key in self.seen
         if hit:
             fid = self.seen[key]
@@ -152,7 +154,7 @@ class _Symbolic:
             self.seen[key] = fid
         out = Factor(fid, out_scope)
         for w in out_scope:
-            self.by_var[w].add(out)
+            self.by_var[w][out] += 1
         work = table_elements(self.sizes, out_scope) * self.sizes[v]
         return Step(v, inputs, out, hit, work)
 
