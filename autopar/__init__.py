@@ -4,20 +4,20 @@ Pipeline (one direction): trace -> ir.Graph -> cost tables -> search -> Plan -> 
 """
 
 from autopar import zoo
-from autopar.errors import AutoparError, InfeasibleError, LaunchRequiredError, PlanMismatchError, TraceError
-from autopar.cluster import Cluster
-from autopar.ir import Dim, Edge, Graph, Node, Operand, TensorSpec
-from autopar.plan import Plan
+from autopar.core.errors import AutoparError, InfeasibleError, LaunchRequiredError, PlanMismatchError, TraceError
+from autopar.core.cluster import Cluster
+from autopar.core.ir import Dim, Edge, Graph, Node, Operand, TensorSpec
+from autopar.planning.plan import Plan
 
 __version__ = "0.1.0"
 
 
-# bound eagerly: importing the submodule autopar.trace must not shadow the function
-from autopar.trace import trace  # noqa: E402
+# bound eagerly: importing the submodule autopar.frontend.trace must not shadow the function
+from autopar.frontend.trace import trace  # noqa: E402
 
 def plan(model, example_inputs, cluster=8, **kwargs) -> Plan:
-    """Find the best parallelization strategy (see ``autopar.planner.plan``)."""
-    from autopar.planner import plan as _plan
+    """Find the best parallelization strategy (see ``autopar.planning.planner.plan``)."""
+    from autopar.planning.planner import plan as _plan
 
     return _plan(model, example_inputs, cluster, **kwargs)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from autopar.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 
 def _cmd_trace(args) -> int:
@@ -23,7 +23,7 @@ def _cmd_trace(args) -> int:
 
 
 def _cluster(args):
-    from autopar.cluster import Cluster
+    from autopar.core.cluster import Cluster
 
     if args.devices is not None and args.devices < 1:
         raise ValueError(f"--devices must be at least 1, got {args.devices}")
@@ -46,7 +46,7 @@ def _plan(args, model_arg=None, **overrides):
     kwargs.update(overrides)
     cluster = _cluster(args)
     kwargs["graph"] = autopar.trace(model, inputs)  # a status line on a terminal, silent elsewhere
-    from autopar.progress import phase
+    from autopar.core.progress import phase
 
     with phase(f"planning {name} on {cluster.devices} devices ({kwargs['cost_model']} model)"):
         return autopar.plan(model, inputs, cluster, **kwargs)
@@ -59,7 +59,7 @@ def _cmd_plan(args) -> int:
         plan.save(args.json)
         print(f"plan written to {args.json}")
     for path in filter(None, (args.svg, args.png)):
-        from autopar.picture import draw
+        from autopar.report.picture import draw
 
         draw(plan, path)
         print(f"picture written to {path}")
@@ -67,7 +67,7 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from autopar.report import fmt_bytes, fmt_seconds
+    from autopar.report.table import fmt_bytes, fmt_seconds
 
     plan = _plan(args)
     fmt = fmt_seconds if plan.units == "s" else (lambda v: f"{v:.6g}")
@@ -81,7 +81,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from autopar.plan import Plan
+    from autopar.planning.plan import Plan
 
     print(Plan.load(args.plan).report())
     return 0

@@ -22,9 +22,9 @@ import threading
 import torch.distributed as dist
 import torch.nn as nn
 
-from autopar.cluster import Cluster
-from autopar.errors import AutoparError, LaunchRequiredError, PlanMismatchError
-from autopar.plan import Plan
+from autopar.core.cluster import Cluster
+from autopar.core.errors import AutoparError, LaunchRequiredError, PlanMismatchError
+from autopar.planning.plan import Plan
 
 # torch.fx patches module-level functions while it traces, so two traces at once in one process
 # (ranks as threads of a threaded process group) see each other's tracer; ranks trace in turn.
@@ -60,7 +60,7 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
     cluster = _cluster(cluster, devices)
     if plan is not None and plan_kwargs:
         raise ValueError(f"a given plan is used as it is: drop the planning options {sorted(plan_kwargs)}")
-    from autopar.trace import trace
+    from autopar.frontend.trace import trace
 
     with _TRACE_LOCK:
         rank0 = not dist.is_initialized() or dist.get_rank() == 0
@@ -71,7 +71,7 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
         single.plan = chosen
         return single
     if graph.fx_graph is not None and graph.fx_graph.meta.get("autopar_frontend") == "export":
-        from autopar.errors import TraceError
+        from autopar.core.errors import TraceError
 
         raise TraceError(
             f"{type(model).__name__} traces only through torch.export, and autopar.compile runs "
@@ -125,7 +125,7 @@ def _cluster(cluster, devices: int) -> Cluster:
 
 def _local_plan(model, inputs, graph, cluster, plan, plan_kwargs) -> Plan:
     if plan is None:
-        from autopar.planner import plan as search
+        from autopar.planning.planner import plan as search
 
         return search(model, tuple(inputs), cluster, graph=graph, **plan_kwargs)
     if isinstance(plan, (str, os.PathLike)):
@@ -163,7 +163,7 @@ def _shared_plan(model, inputs, graph, cluster, plan, plan_kwargs) -> Plan:
 
 
 def _check_fingerprint(plan: Plan, graph, what: str) -> None:
-    from autopar.fingerprint import fingerprint
+    from autopar.core.fingerprint import fingerprint
 
     if plan.cost_model == "pase":
         raise ValueError("a plan made with cost_model='pase' is about PaSE's view of the graph and cannot be "
@@ -175,7 +175,7 @@ def _check_fingerprint(plan: Plan, graph, what: str) -> None:
 
 
 def _rebuild(kind: str, message: str) -> Exception:
-    import autopar.errors as errors
+    import autopar.core.errors as errors
 
     cls = getattr(errors, kind, None)
     if isinstance(cls, type) and issubclass(cls, Exception):

@@ -77,7 +77,7 @@ def run_worker(rank: int, world: int, spec: str, steps: int, lr: float, plan_pat
     ``("error", message)`` for autopar's own one-line errors, which every rank raises alike.
     """
     from autopar import compile as compile_model
-    from autopar.errors import AutoparError
+    from autopar.core.errors import AutoparError
     from autopar.model_spec import load
 
     try:

@@ -94,7 +94,7 @@ def build(case: Case):
 
 
 def accepts_pipeline() -> bool:
-    """Whether ``autopar.plan`` takes ``pipeline=`` (it forwards **kwargs to ``autopar.planner.plan``)."""
+    """Whether ``autopar.plan`` takes ``pipeline=`` (it forwards **kwargs to ``autopar.planning.planner.plan``)."""
     for fn in (autopar.plan, _planner_plan()):
         params = inspect.signature(fn).parameters
         if "pipeline" in params:
@@ -105,7 +105,7 @@ def accepts_pipeline() -> bool:
 
 
 def _planner_plan():
-    from autopar.planner import plan
+    from autopar.planning.planner import plan
 
     return plan
 
@@ -122,7 +122,7 @@ def capacity(case: Case) -> float:
     """Bytes per device the plan must fit in: the case's limit, else the cluster's."""
     if case.memory_capacity is not None:
         return float(case.memory_capacity)
-    from autopar.planner import resolve_cluster
+    from autopar.planning.planner import resolve_cluster
 
     return float(resolve_cluster(case.cluster).memory_capacity)
 

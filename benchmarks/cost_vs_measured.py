@@ -101,10 +101,10 @@ def _linear_dims(node) -> tuple[str, str]:
 
 def _expert_choice(graph, tables, mesh) -> list[int] | None:
     """The planner's Megatron baseline: expert pins, the rest searched exactly (as in planner)."""
-    from autopar.batch import batch_dims
-    from autopar.expert import expert_pins, is_transformer_like, matches
-    from autopar.planner import data_parallel_choice
-    from autopar.tables import restrict
+    from autopar.core.batch import batch_dims
+    from autopar.planning.expert import expert_pins, is_transformer_like, matches
+    from autopar.planning.planner import data_parallel_choice
+    from autopar.core.tables import restrict
     from autopar.search.dp import dp
 
     if not is_transformer_like(graph):
@@ -125,7 +125,7 @@ def _expert_choice(graph, tables, mesh) -> list[int] | None:
 
 def strategies(name: str, graph, tables, mesh, randoms: int = 3) -> dict[str, list[int]]:
     """Distinct strategies (label -> one config index per node), in a fixed order."""
-    from autopar.planner import data_parallel_choice, run_search
+    from autopar.planning.planner import data_parallel_choice, run_search
     from tests.test_codegen_plans import follow
 
     linears = [n for n in graph.nodes if n.op == "linear"]
@@ -187,7 +187,7 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
     import autopar
     from autopar.cost_models.profiled import ProfiledModel
     from autopar.cost_models.tables import build_tables
-    from codegen.dtensor import shard_module
+    from autopar.codegen.dtensor import shard_module
 
     cluster = autopar.Cluster.preset("cpu", devices=world)
     mesh = cluster.mesh()
@@ -300,7 +300,7 @@ def main(argv=None) -> int:
 
     import autopar
     from autopar.cost_models.profiled import ProfiledModel
-    from codegen.launch import launch
+    from autopar.codegen.launch import launch
 
     sizes = {m: (QUICK if args.quick else SIZES)[m] for m in args.models.split(",")}
     cluster = autopar.Cluster.preset("cpu", devices=WORLD)

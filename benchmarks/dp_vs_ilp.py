@@ -39,7 +39,7 @@ def child(name: str, time_limit: float, max_variables: int) -> dict:
     import numpy as np
 
     import autopar
-    from autopar.cost_models import pase
+    from autopar.pase import model as pase
     from autopar.search.common import SearchTooLargeError, problem_of
     from autopar.search.dp import dp
     from autopar.search.ilp import ilp

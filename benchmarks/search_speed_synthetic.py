@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from autopar.search import dp, dp_plan
-from autopar.tables import Config, CostTables
+from autopar.core.tables import Config, CostTables
 
 TRANSFORMER_SIZES = {"emb": 1000, "add": 84, "norm": 84, "qkv": 1100, "unstack": 460, "qk": 924,
                      "softmax": 210, "av": 924, "out": 924, "ff1": 460, "ff2": 460, "stack": 210,
@@ -150,8 +150,8 @@ def with_memory(tables: CostTables, fraction: float = 0.5, seed: int = 1) -> Cos
 
 def _pase(name: str, p: int):
     try:
-        from autopar.cost_models.pase import pase_tables
-        from autopar.cost_models import pase_reference as ref
+        from autopar.pase.model import pase_tables
+        from autopar.pase import reference as ref
     except ImportError:
         return None
     graph, kappa = {"inception3": (lambda: ref.inception3_graph(128), 4),

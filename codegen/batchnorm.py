@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.experimental import local_map
 
-from autopar.ir import Node
+from autopar.core.ir import Node
 
 from .placements import NodeLayout, Placements, grad_placements
 

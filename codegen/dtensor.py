@@ -39,8 +39,8 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.experimental import local_map
 from torch.utils import _pytree as pytree
 
-from autopar.ir import Graph, Node, Operand, TensorSpec
-from autopar.tables import Config
+from autopar.core.ir import Graph, Node, Operand, TensorSpec
+from autopar.core.tables import Config
 
 from .batchnorm import needs_sync, sync_batch_norm
 from .inplace import written_argument

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from autopar.ir import Node
+from autopar.core.ir import Node
 
 from .placements import LayoutError, NodeLayout
 

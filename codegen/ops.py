@@ -26,7 +26,7 @@ import torch.nn as nn
 from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
-from autopar.ir import Node, TensorSpec
+from autopar.core.ir import Node, TensorSpec
 
 from .op_fixes import call_name, causal_mask, own_rows
 from .placements import LayoutError, NodeLayout, local_shape

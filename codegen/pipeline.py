@@ -41,7 +41,7 @@ asks for that (and then the returned loss is the sum).
 
 Each stage runs on its own devices. With one device per stage the stage submodule runs as it is
 and rank k runs stage k. With d devices per stage (every stage the same d, the inner axes of the
-plan's mesh; the stages take the outer ones, as ``autopar.pipeline_plan`` prices them), ranks
+plan's mesh; the stages take the outer ones, as ``autopar.planning.stages`` prices them), ranks
 k*d .. k*d+d-1 run stage k: a ``(stages, *sub-mesh)`` DeviceMesh gives each stage its sub-mesh, on
 which ``codegen.dtensor.shard_module`` shards the stage's IR (at microbatch size, the plan's configs
 shifted back onto the sub-mesh), and a "pp" group per sub-mesh position that the schedule sends
@@ -65,7 +65,7 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 
-from autopar.trace import MetaProp, to_meta
+from autopar.core.meta import MetaProp, to_meta
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -352,14 +352,14 @@ class PipelinedModule(nn.Module):
 
 def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
                     group: dist.ProcessGroup | None = None, schedule: str | None = None,
-                    device: torch.device | str | None = None, loss_reduction: str = "mean"
-                    ) -> PipelinedModule:
+                    device: torch.device | str | None = None, loss_reduction: str = "mean",
+                    graph=None) -> PipelinedModule:
     """This rank's stage of a pipelined plan, ready to ``train_step``.
 
     ``plan``: an ``autopar.Plan`` with ``stages`` (d devices each), ``microbatches`` and
     ``schedule`` ("gpipe" or "1f1b"; ``schedule=`` overrides it, "" means "gpipe").
-    ``plan.graph`` (with its ``fx_graph``) is used when present, else ``model`` is traced again
-    (a plan loaded from JSON). Needs an initialized process group (``group``: default the world)
+    ``graph`` (the model's traced graph, with its ``fx_graph``; default ``plan.graph``) must be
+    given for a plan loaded from JSON, which carries no graph. Needs an initialized process group (``group``: default the world)
     whose size is the plan's total device count; rank r runs stage r // d (several devices per
     stage need the default group and shard with ``plan.assignment``). ``model`` is not modified:
     the stage runs on a copy. Raises a one-line ``ValueError`` when the plan does not fit.
@@ -382,11 +382,10 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     if not dist.is_initialized():
         raise RuntimeError("pipeline_module needs an initialized process group (torchrun, or "
                            "autopar.codegen.launch.launch)")
-    graph = plan.graph
+    graph = graph if graph is not None else plan.graph
     if graph is None or getattr(graph, "fx_graph", None) is None:
-        from autopar.trace import trace
-
-        graph = trace(model, example_inputs, progress=False)
+        raise ValueError("pipeline_module needs the model's traced graph: pass "
+                         "graph=autopar.trace(model, inputs) (a plan read from a file has none)")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if rank < 0:
         raise ValueError("this process is not in the process group the pipeline is to run on")
@@ -434,8 +433,8 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     group (the ranks at the same place of every stage's sub-mesh)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from autopar.batch import scale_batch
-    from autopar.tables import Config
+    from autopar.core.batch import scale_batch
+    from autopar.core.tables import Config
 
     from .dtensor import shard_module
 
@@ -465,7 +464,7 @@ def stage_ir(graph, names: list[str], part: StageGraph, gm: fx.GraphModule,
     """
     import dataclasses
 
-    from autopar.ir import Graph, Operand, TensorSpec
+    from autopar.core.ir import Graph, Operand, TensorSpec
 
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     ir_names = {n.name for n in graph.nodes}

@@ -31,7 +31,7 @@ Megatron's backward all-reduce of a column-parallel input come out of DTensor by
 Several mesh axes on one dim: DTensor shards a tensor axis by its mesh dims in ascending order,
 the first one major, which is exactly how ``Config.mesh_axes`` lists them (ascending).
 
-A cut of a *minor* dim of a merged axis (``d`` of ``("h", "d")``; ``autopar.layout`` calls it a
+A cut of a *minor* dim of a merged axis (``d`` of ``("h", "d")``; ``autopar.core.layout`` calls it a
 strided shard) is no DTensor ``Shard``: each device holds ``period`` separate blocks. Codegen
 keeps such an input ``Replicate`` on that mesh axis and takes its blocks locally
 (``codegen.strided``); such an output is ``Partial``: the device's blocks in place, zeros
@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
-from autopar.ir import Node, TensorSpec
-from autopar.tables import Config
+from autopar.core.ir import Node, TensorSpec
+from autopar.core.tables import Config
 
 Placements = tuple[Placement, ...]
 WHOLE_DIMS = {"lstm": frozenset({"h", "dir"})}  # op -> dims whose cut runs the node whole

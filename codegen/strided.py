@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from autopar.ir import Node, TensorSpec
+from autopar.core.ir import Node, TensorSpec
 
 from .placements import StridedCut
 

@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autopar.cluster import Cluster
-from autopar.ir import Node
-from autopar.layout import (Layout, NodeLayouts, Partial, Shard, dim_placements, format_layout,
+from autopar.core.cluster import Cluster
+from autopar.core.ir import Node
+from autopar.core.layout import (Layout, NodeLayouts, Partial, Shard, dim_placements, format_layout,
                             grad_of_input, grad_of_output, node_layouts, owner_matrix,
                             shard_factor, shard_factors, shard_mask, tensor_layout,
                             tensor_layouts, to_mesh)
-from autopar.tables import Config, Mesh
+from autopar.core.tables import Config, Mesh
 from autopar.cost_models.reshard_table import StructureCache
 from autopar.cost_models.comm import (Collective, collective, collective_time,
                                       reshard_matrix_codes, reshard_steps)

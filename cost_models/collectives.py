@@ -31,7 +31,7 @@ process group DTensor has no all-to-all: it runs an all-gather and keeps its chu
 ``counts(phase, backend="gloo")`` names an all-to-all ``all_gather_into_tensor``.
 
 Nested shard order. DTensor shards a tensor axis cut by several mesh axes in mesh-axis order,
-the lowest axis major (``autopar.layout`` says the same). Per-axis phases hold only when no
+the lowest axis major (``autopar.core.layout`` says the same). Per-axis phases hold only when no
 *higher* mesh axis shards the same tensor axis differently (``(R, S(0)) -> (S(0), S(0))`` is no
 local slice: device (0, 1) holds rows 2..3 of 4 blocks and needs block 1); there DTensor first
 gathers the minor shard, and ``comm.reshard_steps`` prices what DTensor's greedy redistribute runs
@@ -44,11 +44,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from autopar.cluster import Cluster
-from autopar.ir import Graph
-from autopar.layout import (Layout, Partial, Shard, format_layout, grad_of_input, node_layouts,
+from autopar.core.cluster import Cluster
+from autopar.core.ir import Graph
+from autopar.core.layout import (Layout, Partial, Shard, format_layout, grad_of_input, node_layouts,
                             shard_factor, tensor_layout, to_mesh)
-from autopar.tables import Config
+from autopar.core.tables import Config
 
 from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, bn_stats, check_mode
 from autopar.cost_models.comm import Collective, collective, reshard_steps

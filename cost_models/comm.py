@@ -22,7 +22,7 @@ A group of several mesh axes is priced as one collective over the flattened grou
 flattened DeviceMesh runs; DTensor's per-axis collectives cost the same for all-gather and
 reduce-scatter and more for all-reduce, see DESIGN.md).
 
-Resharding ``src -> dst`` (both layouts of ``autopar.layout``) runs, per mesh axis, in this order,
+Resharding ``src -> dst`` (both layouts of ``autopar.core.layout``) runs, per mesh axis, in this order,
 so each collective sees the smallest local tensor it can:
 
 1. ``R -> S``   local slice: free, the local tensor shrinks by the axis size;
@@ -33,7 +33,7 @@ so each collective sees the smallest local tensor it can:
 6. ``R/S -> P`` free (one device keeps the values, the others contribute zeros).
 
 The backward of a forward reshard is the reshard of the gradient from the consumer's gradient
-layout back to the producer's (``autopar.layout.grad_of_input`` / ``grad_of_output``): an
+layout back to the producer's (``autopar.core.layout.grad_of_input`` / ``grad_of_output``): an
 all-gather's is a reduce-scatter, an all-reduce's is nothing, a slice's is an all-gather when the
 consumer's work differs along that axis.
 """
@@ -44,34 +44,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.cluster import Cluster
-from autopar.layout import Layout, Partial, Replicate, Shard
-from autopar.tables import Mesh
+from autopar.core.cluster import Cluster
+from autopar.core.layout import Layout, Partial, Replicate, Shard
+from autopar.core.tables import Mesh
 
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send/recv")
-
-# (bandwidth multiplier as a function of p, latency steps as a function of p)
-_BW = {"all-reduce": lambda p: 2 * (p - 1) / p, "all-gather": lambda p: (p - 1) / p,
-       "reduce-scatter": lambda p: (p - 1) / p, "all-to-all": lambda p: (p - 1) / p,
-       "broadcast": lambda p: 1.0 + 0 * p, "send/recv": lambda p: 1.0 + 0 * p}
-_LAT = {"all-reduce": lambda p: 2 * (p - 1), "all-gather": lambda p: p - 1,
-        "reduce-scatter": lambda p: p - 1, "all-to-all": lambda p: p - 1,
-        "broadcast": lambda p: p - 1, "send/recv": lambda p: 1 + 0 * p}
-_FORMULA = {"all-reduce": "2(p-1)/p*N/bw + 2(p-1)*a", "all-gather": "(p-1)/p*N/bw + (p-1)*a",
-            "reduce-scatter": "(p-1)/p*N/bw + (p-1)*a", "all-to-all": "(p-1)/p*N/bw + (p-1)*a",
-            "broadcast": "N/bw + (p-1)*a", "send/recv": "N/bw + a"}
-
-
-def collective_time(kind: str, nbytes, p, bandwidth, latency):
-    """Seconds of one ring collective; works elementwise on numpy arrays. p <= 1 costs 0."""
-    if not any(isinstance(x, np.ndarray) for x in (nbytes, p, bandwidth, latency)):
-        if p <= 1:
-            return 0.0
-        return float(_BW[kind](p) * nbytes / bandwidth + _LAT[kind](p) * latency)
-    p = np.asarray(p, dtype=float)
-    safe = np.maximum(p, 1.0)
-    t = _BW[kind](safe) * np.asarray(nbytes, dtype=float) / bandwidth + _LAT[kind](safe) * latency
-    return np.where(p > 1, t, 0.0)
+from autopar.cost_models.alpha_beta import _BW, _FORMULA, _LAT, KINDS, collective_time  # noqa: F401
+from autopar.cost_models.reshard_table import reshard_table
 
 
 @dataclass(frozen=True)
@@ -270,6 +248,4 @@ def reshard_matrix_codes(nbytes: float, src: np.ndarray, dst: np.ndarray, mesh: 
 
     Computed in bulk by ``reshard_table`` (the same prices as ``reshard_cost`` per pair);
     ``cache``: a ``reshard_table.StructureCache`` shared by the edges of one plan."""
-    from autopar.cost_models.reshard_table import reshard_table
-
     return reshard_table(nbytes, src, dst, mesh, cluster, cache)

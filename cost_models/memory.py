@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.ir import Node
-from autopar.layout import (NodeLayouts, node_layouts, owner_matrix, shard_factor, shard_factors,
+from autopar.core.ir import Node
+from autopar.core.layout import (NodeLayouts, node_layouts, owner_matrix, shard_factor, shard_factors,
                             to_mesh)
-from autopar.tables import Config, Mesh
+from autopar.core.tables import Config, Mesh
 
 FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "complex64"}
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1, "momentum": 1, "sgd_momentum": 1,

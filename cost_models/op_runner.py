@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from autopar.ir import Node, TensorSpec
-from autopar.tables import Config
+from autopar.core.ir import Node, TensorSpec
+from autopar.core.tables import Config
 
 FLOAT = {"float64", "float32", "float16", "bfloat16"}
 

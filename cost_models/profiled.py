@@ -30,10 +30,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from autopar.cluster import Cluster
-from autopar.ir import Graph, Node
-from autopar.layout import NodeLayouts, to_mesh
-from autopar.tables import Config
+from autopar.core.cluster import Cluster
+from autopar.core.ir import Graph, Node
+from autopar.core.layout import NodeLayouts, to_mesh
+from autopar.core.tables import Config
 from autopar.cost_models.analytic import AnalyticModel, NodeCost, Term, check_mode
 from autopar.cost_models.profile_cache import ProfileCache, Timing
 
@@ -385,7 +385,7 @@ class ProfiledModel(AnalyticModel):
         """
         from autopar.cost_models.analytic import FLOAT_DTYPES
         from autopar.cost_models.comm import collective
-        from autopar.layout import Partial, grad_of_input, node_layouts
+        from autopar.core.layout import Partial, grad_of_input, node_layouts
 
         if not self.per_parameter_sync:
             return []
@@ -422,7 +422,7 @@ class ProfiledModel(AnalyticModel):
     def profile(self, graph: Graph, cluster: Cluster, mode: str = "train", space: str = "mesh",
                 progress: bool | None = None) -> int:
         """Measure every (node, config) the tables will ask for; returns how many were run."""
-        from autopar.search.space import configs_for
+        from autopar.core.space import configs_for
 
         mesh = cluster.mesh()
         todo: dict[str, tuple[Node, Config]] = {}

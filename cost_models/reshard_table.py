@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.cluster import Cluster
-from autopar.layout import Mesh
+from autopar.core.cluster import Cluster
+from autopar.core.layout import Mesh
 
 # Per mesh axis, what a (src, dst) placement pair asks for under phases; the order is the phase order.
 P_NONE, P_SLICE, P_RS, P_AR, P_A2A, P_AG = range(6)
@@ -266,7 +266,7 @@ def structure(s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh) -> ReshardSt
 
 def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     """Per base-6 phase key: seconds = local * slope + intercept (``comm.reshard_steps``' phases)."""
-    from autopar.cost_models.comm import _BW, _LAT
+    from autopar.cost_models.alpha_beta import _BW, _LAT
 
     n = len(mesh.shape)
     level = np.asarray(mesh.level or (0,) * n) > 0
@@ -309,7 +309,7 @@ def _walk_prices(kinds: np.ndarray, joins: np.ndarray, local: np.ndarray, walk_a
     order and with the arithmetic of ``comm._dtensor_steps``. DTensor's second pass (first axis
     to last) only slices back what the first cleared: local, free.
     """
-    from autopar.cost_models.comm import collective_time
+    from autopar.cost_models.alpha_beta import collective_time
 
     rows = len(kinds)
     local = np.asarray(local, dtype=float).copy()

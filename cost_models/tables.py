@@ -1,4 +1,4 @@
-"""Graph + cluster + config space + any cost model -> ``autopar.tables.CostTables``.
+"""Graph + cluster + config space + any cost model -> ``autopar.core.tables.CostTables``.
 
 A cost model is any object with
 
@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from autopar.cluster import Cluster
-from autopar.ir import Graph, Node, Operand
-from autopar.tables import CostTables
+from autopar.core.cluster import Cluster
+from autopar.core.ir import Graph, Node, Operand
+from autopar.core.tables import CostTables
 from autopar.cost_models.analytic import AnalyticModel, check_mode
 from autopar.cost_models.memory import node_memory_vector
-from autopar.search.space import Space, configs_for
+from autopar.core.space import Space, configs_for
 
 
 def _operand_sig(op: Operand) -> tuple:

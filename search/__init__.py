@@ -2,7 +2,7 @@
 
 ``dp`` (exact, the default), ``ilp`` (HiGHS through OR-tools, with a time limit and a gap) and
 ``brute`` (the reference for tests) share one contract: the optimum of the tables' objective under
-the memory capacity, or ``autopar.errors.InfeasibleError`` when nothing fits. OR-tools is loaded
+the memory capacity, or ``autopar.core.errors.InfeasibleError`` when nothing fits. OR-tools is loaded
 on the first ``ilp`` call, so importing this package stays cheap.
 """
 

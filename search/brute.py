@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from autopar.tables import CostTables, Solution
+from autopar.core.tables import CostTables, Solution
 
 from .common import MEMORY_RTOL, SearchTooLargeError, check_feasible, no_finite_plan, problem_of
 
@@ -22,7 +22,7 @@ def brute(tables: CostTables, max_combinations: int = MAX_COMBINATIONS) -> Solut
     """The optimum over the Cartesian product of config sets, under the memory capacity if any.
 
     Raises SearchTooLargeError (a MemoryError) above ``max_combinations`` assignments and
-    ``autopar.errors.InfeasibleError`` when no assignment fits in memory or has a finite cost.
+    ``autopar.core.errors.InfeasibleError`` when no assignment fits in memory or has a finite cost.
     """
     start = time.perf_counter()
     p = problem_of(tables)

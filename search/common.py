@@ -1,6 +1,6 @@
 """What every exact search shares: checking the tables, the memory limit, and the errors.
 
-Infeasibility is reported the same way by every search: ``autopar.errors.InfeasibleError``, when
+Infeasibility is reported the same way by every search: ``autopar.core.errors.InfeasibleError``, when
 no assignment fits the memory capacity or every one that fits has an infinite cost (cost models
 price configs they rule out at inf), with ``min_memory_per_device`` set to the least memory any assignment needs (memory is a sum of per-node
 terms, so that minimum is the sum of per-node minima and needs no search at all).
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.errors import AutoparError, InfeasibleError
-from autopar.tables import CostTables
+from autopar.core.errors import AutoparError, InfeasibleError
+from autopar.core.tables import CostTables
 
 # Relative slack when comparing a plan's memory with the capacity: sums of bytes in float64.
 MEMORY_RTOL = 1e-12

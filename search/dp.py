@@ -15,7 +15,7 @@ proven optimal (gap 0). When a duality gap remains (the knapsack is integral), t
 the job if the problem is small enough for it (``Solution.search`` then reads "dp+ilp"), and
 ``Solution.gap`` reports what is left, never 0 unless proven.
 
-No assignment fitting, or none of finite cost, raises ``autopar.errors.InfeasibleError``; tables
+No assignment fitting, or none of finite cost, raises ``autopar.core.errors.InfeasibleError``; tables
 too big for the memory budget raise ``SearchTooLargeError`` before any table is built.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autopar.tables import CostTables, Solution
+from autopar.core.tables import CostTables, Solution
 
 from .common import (GAP_RTOL, Problem, SearchTooLargeError, check_feasible, no_finite_plan,
                      problem_of, relative_gap)

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from autopar.tables import CostTables, Solution
+from autopar.core.tables import CostTables, Solution
 
 from .common import SearchTooLargeError, check_feasible, no_finite_plan, problem_of, relative_gap
 

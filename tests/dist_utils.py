@@ -67,7 +67,7 @@ def run_threaded(fn: Callable, world_size: int, *args: Any) -> list:
 
 def run_gloo(fn: Callable, world_size: int, *args: Any) -> list:
     """Call ``fn(rank, world_size, *args)`` on real gloo processes (``fn`` must pickle)."""
-    from codegen.launch import launch
+    from autopar.codegen.launch import launch
 
     return launch(fn, world_size, *args, timeout=TIMEOUT_S * 2)
 

@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from autopar.cluster import Cluster
-from autopar.ir import Dim, Graph, Node, Operand, TensorSpec
-from autopar.tables import Config
+from autopar.core.cluster import Cluster
+from autopar.core.ir import Dim, Graph, Node, Operand, TensorSpec
+from autopar.core.tables import Config
 from autopar.cost_models.analytic import AnalyticModel, explain_plan
 from autopar.cost_models.tables import build_tables
 
@@ -275,7 +275,7 @@ def test_inference_tables_have_no_backward():
 
 def test_vectorised_node_cost_and_memory_equal_the_breakdowns():
     from autopar.cost_models.memory import node_memory, node_memory_vector
-    from autopar.search.space import mesh_configs
+    from autopar.core.space import mesh_configs
 
     cluster = Cluster.preset("2x8xH100")
     mesh = cluster.mesh()
@@ -322,7 +322,7 @@ def batch_norm(name, src, b=B, c=N, h=4, w=4):
 def test_batch_norm_with_split_batch_pays_two_statistics_all_reduces():
     """codegen/batchnorm.py all-reduces the mean and the variance (C floats each, the local
     channels) over the mesh axes that cut the batch, in the forward of training only."""
-    from autopar.search.space import mesh_configs
+    from autopar.core.space import mesh_configs
 
     bn = batch_norm("bn", "input:x")
     dp = MODEL.node_breakdown(bn, cfg(bn, b=(0, 1, 2)), C8)

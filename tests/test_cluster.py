@@ -2,8 +2,8 @@
 
 import pytest
 
-from autopar.cluster import Cluster, prime_factors
-from autopar.tables import Mesh
+from autopar.core.cluster import Cluster, prime_factors
+from autopar.core.tables import Mesh
 
 
 def test_a100_preset_values():

@@ -27,10 +27,10 @@ from collections import Counter
 import pytest
 
 import autopar
-from autopar.cluster import Cluster
+from autopar.core.cluster import Cluster
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.cost_models.collectives import Collectives, predicted_collectives
-from autopar.tables import Config
+from autopar.core.tables import Config
 from tests.dist_utils import run_gloo
 from tests.test_codegen_ir import mlp_graph
 from tests.test_codegen_mlp import MLP, plans as mlp_plans
@@ -77,8 +77,8 @@ def measure_rank(rank, world, cases):
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-    from codegen.comms import measure
-    from codegen.dtensor import shard_module
+    from autopar.codegen.comms import measure
+    from autopar.codegen.dtensor import shard_module
 
     grid = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("pair", "rank"))
     out = {}

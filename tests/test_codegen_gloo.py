@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 import autopar
-from codegen.comms import measure
-from codegen.dtensor import shard_module
+from autopar.codegen.comms import measure
+from autopar.codegen.dtensor import shard_module
 from tests.dist_utils import run_gloo
 from tests.test_codegen_ir import linear_cfg, mlp_graph
 from tests.test_codegen_mlp import MLP, ew, plans

@@ -13,9 +13,9 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.fx.passes.shape_prop import ShapeProp
 
 import autopar
-from autopar.ir import Dim, Graph, Node, Operand, TensorSpec
-from autopar.tables import Config
-from codegen.placements import LayoutError, StridedCut, local_shape, node_layout
+from autopar.core.ir import Dim, Graph, Node, Operand, TensorSpec
+from autopar.core.tables import Config
+from autopar.codegen.placements import LayoutError, StridedCut, local_shape, node_layout
 
 
 def _spec(t, axes) -> TensorSpec:
@@ -154,11 +154,11 @@ def test_merged_output_cut_on_a_minor_dim_is_partial():
 
 @pytest.mark.parametrize("name", ["mlp", "gpt", "cnn"])
 def test_placements_agree_with_the_cost_models_layouts(name):
-    """``autopar.layout`` is what the cost models price; codegen must build exactly that layout
+    """``autopar.core.layout`` is what the cost models price; codegen must build exactly that layout
     (a strided shard is built as Replicate-then-blocks for inputs, Partial for outputs)."""
-    from autopar import layout as L
-    from autopar.tables import Mesh
-    from search.space import mesh_configs
+    from autopar.core import layout as L
+    from autopar.core.tables import Mesh
+    from autopar.core.space import mesh_configs
 
     sizes = {"mlp": {}, "gpt": dict(layers=1, seq=8, width=16, vocab=32),
              "cnn": dict(blocks=1, channels=4, image=8)}[name]

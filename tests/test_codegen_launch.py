@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from codegen.launch import LaunchError, launch
+from autopar.codegen.launch import LaunchError, launch
 
 
 def fail_on_rank_one(rank, world):

@@ -14,7 +14,7 @@ import autopar
 from tests.dist_utils import run_threaded
 from tests.test_codegen_ir import linear_cfg, mlp_graph
 from tests.test_codegen_numerics import check_rank, reference_run
-from autopar.tables import Config
+from autopar.core.tables import Config
 
 MLP = dict(batch=8, inputs=8, hidden=16, layers=2, classes=4)
 

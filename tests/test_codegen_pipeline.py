@@ -20,9 +20,9 @@ import torch
 from torch.distributed.tensor import DTensor
 
 import autopar
-from autopar.plan import Plan, SearchInfo, Stage
-from autopar.tables import Config, Mesh
-from codegen.pipeline import check_stages, pipeline_module, split_stages, stage_modules
+from autopar.planning.plan import Plan, SearchInfo, Stage
+from autopar.core.tables import Config, Mesh
+from autopar.codegen.pipeline import check_stages, pipeline_module, split_stages, stage_modules
 from tests.dist_utils import run_gloo
 from tests.test_codegen_mlp import plans
 from tests.test_codegen_numerics import ATOL, EPS, LR, PARAM_ATOL, RTOL, STEPS, reference_run
@@ -193,12 +193,13 @@ def train_cases(rank, world, cases, devices=1, assignments=None):
     out = {}
     for case, name, schedule, micro, from_json in cases:
         model, inputs = autopar.zoo.get(name, **SIZES[name])
-        plan = two_stage_plan(autopar.trace(model, inputs), micro, schedule, devices=devices,
+        graph = autopar.trace(model, inputs)
+        plan = two_stage_plan(graph, micro, schedule, devices=devices,
                               assignment=(assignments or {}).get(case))
         if from_json:
             plan = Plan.from_json(plan.to_json())
             assert plan.graph is None and len(plan.stages) == 2
-        mod = pipeline_module(model, plan, inputs)
+        mod = pipeline_module(model, plan, inputs, graph=graph)
         opt = torch.optim.AdamW(mod.parameters(), lr=LR, eps=EPS)
         result = {"eval": mod(*inputs), "losses": [], "grads": {}}
         for step in range(STEPS):
@@ -215,7 +216,7 @@ def train_cases(rank, world, cases, devices=1, assignments=None):
         bad = copy.deepcopy(plan)
         bad.stages.append(Stage([], 1))
         try:
-            pipeline_module(model, bad, inputs)
+            pipeline_module(model, bad, inputs, graph=graph)
             out["three_stages_on_two"] = "built"
         except ValueError as e:
             out["three_stages_on_two"] = str(e)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import autopar
-from codegen.placements import node_layout
+from autopar.codegen.placements import node_layout
 from tests.dist_utils import run_threaded
 from tests.test_codegen_numerics import check_rank, reference_run
 

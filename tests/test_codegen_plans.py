@@ -4,14 +4,14 @@
 along some axis splits the dim that indexes that axis the same way (if it can), so that layouts
 flow along the graph without communication until a node cannot follow (a layer norm's feature
 dim, a split's cut axis). The batch dim of every node goes on the data-parallel mesh axes
-(``autopar.batch``). These are test fixtures, not a search: they only have to be valid.
+(``autopar.core.batch``). These are test fixtures, not a search: they only have to be valid.
 """
 
 from __future__ import annotations
 
-from autopar.batch import batch_dims
-from autopar.ir import Graph, Node
-from autopar.tables import Config
+from autopar.core.batch import batch_dims
+from autopar.core.ir import Graph, Node
+from autopar.core.tables import Config
 
 Layout = dict[int, tuple[int, ...]]  # tensor axis -> mesh axes splitting it
 

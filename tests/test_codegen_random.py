@@ -18,8 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import autopar
-from autopar.tables import Mesh
-from search.space import mesh_configs
+from autopar.core.tables import Mesh
+from autopar.core.space import mesh_configs
 from tests.dist_utils import run_threaded
 from tests.test_codegen_numerics import check_rank, reference_run
 

@@ -6,9 +6,9 @@ import random
 import numpy as np
 import pytest
 
-from autopar.cluster import Cluster
-from autopar.tables import Mesh
-from autopar.layout import Partial, Replicate, Shard
+from autopar.core.cluster import Cluster
+from autopar.core.tables import Mesh
+from autopar.core.layout import Partial, Replicate, Shard
 from autopar.cost_models.comm import collective, reshard_cost, reshard_matrix, reshard_steps
 
 R, P = Replicate(), Partial()

@@ -49,7 +49,7 @@ def test_compile_with_a_saved_plan_does_not_search(gpt, tmp_path, monkeypatch):
     def no_search(*args, **kwargs):
         raise AssertionError("compile searched although a plan was given")
 
-    monkeypatch.setattr("autopar.planner.plan", no_search)
+    monkeypatch.setattr("autopar.planning.planner.plan", no_search)
     docs = run_threaded(_compile_and_train, 2, model, inputs, ref, {"plan": str(path)})
     assert docs[0]["assignment"] == plan.to_json()["assignment"]
 
@@ -142,7 +142,7 @@ def _pipelined_losses(rank, world, plan_path):
 
 
 def test_compile_runs_a_pipelined_plan_through_torch_pipelining(tmp_path):
-    from autopar.fingerprint import fingerprint
+    from autopar.core.fingerprint import fingerprint
     from autopar.training import single_process_losses
     from tests.test_codegen_pipeline import two_stage_plan
 

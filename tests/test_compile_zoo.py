@@ -16,7 +16,7 @@ import dataclasses
 import pytest
 
 import autopar
-from search.space import mesh_configs
+from autopar.core.space import mesh_configs
 from tests.dist_utils import run_threaded
 from tests.test_codegen_numerics import check_module, reference_run
 

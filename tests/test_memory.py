@@ -2,8 +2,8 @@
 
 import pytest
 
-from autopar.ir import Dim, Graph, Node, Operand, TensorSpec
-from autopar.tables import Config, Mesh
+from autopar.core.ir import Dim, Graph, Node, Operand, TensorSpec
+from autopar.core.tables import Config, Mesh
 from autopar.cost_models.memory import node_memory, plan_memory
 
 MESH = Mesh((2, 2, 2), (0, 0, 0))

@@ -15,11 +15,11 @@ import math
 import numpy as np
 import pytest
 
-from autopar.cost_models.pase import (allowed_splits, choice_of, configurations, data_parallel,
+from autopar.pase.model import (allowed_splits, choice_of, configurations, data_parallel,
                                       evaluate, pase_tables, rate)
-from autopar.cost_models.pase_graph import PaseBuilder
-from autopar.cost_models.pase_ops import all_reduce, edge_cost, gemm
-from autopar.cost_models.pase_reference import (alexnet_graph, inception3_graph, rnnlm_graph,
+from autopar.pase.graph import PaseBuilder
+from autopar.pase.ops import all_reduce, edge_cost, gemm
+from autopar.pase.reference import (alexnet_graph, inception3_graph, rnnlm_graph,
                                                 transformer_graph)
 
 REL = 1e-6
@@ -81,11 +81,11 @@ def _traced_cached(name: str):
 
     if importlib.util.find_spec("autopar.trace") is None:
         pytest.skip("autopar.trace has not landed yet")
-    from autopar.cost_models.pase_view import pase_view
+    from autopar.pase.view import pase_view
 
     model, inputs = autopar.zoo.get(name, device="meta")
-    # autopar.trace (the function) is shadowed by the submodule once imported: import the function
-    from autopar.trace import trace
+    # autopar.frontend.trace (the function) is shadowed by the submodule once imported: import the function
+    from autopar.frontend.trace import trace
 
     return pase_view(trace(model, inputs), name)
 
@@ -247,7 +247,7 @@ def test_duplicate_inputs_keep_the_last_cost_function():
 # --- ops the published AlexNet/RNNLM totals do not exercise, against hand-worked values ----------
 
 def _one(node, c, r=1.0) -> float:
-    from autopar.cost_models.pase_ops import layer_cost
+    from autopar.pase.ops import layer_cost
 
     return float(layer_cost(node, np.array([c], dtype=float), r)[0])
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import autopar
-from autopar.cost_models.pase_reference import REFERENCE_GRAPHS, alexnet_graph, rnnlm_graph
+from autopar.pase.reference import REFERENCE_GRAPHS, alexnet_graph, rnnlm_graph
 
 SMALL = {
     "alexnet": dict(batch=2, image=67, fc=32, classes=10),
@@ -66,11 +66,11 @@ RNNLM_TABLE = [  # pase.md §7.2
 def traced(name: str):
     if importlib.util.find_spec("autopar.trace") is None:
         pytest.skip("autopar.trace has not landed yet")
-    from autopar.cost_models.pase_view import pase_view
+    from autopar.pase.view import pase_view
 
     model, inputs = autopar.zoo.get(name, batch=PASE_SIZES[name], device="meta")
-    # autopar.trace (the function) is shadowed by the submodule once imported: import the function
-    from autopar.trace import trace
+    # autopar.frontend.trace (the function) is shadowed by the submodule once imported: import the function
+    from autopar.frontend.trace import trace
 
     return pase_view(trace(model, inputs), name)
 

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from autopar.errors import PlanMismatchError
-from autopar.fingerprint import fingerprint
-from autopar.ir import Dim, Graph, Node, Operand, TensorSpec
-from autopar.plan import Plan, SearchInfo, Stage
-from autopar.tables import Config, Mesh
+from autopar.core.errors import PlanMismatchError
+from autopar.core.fingerprint import fingerprint
+from autopar.core.ir import Dim, Graph, Node, Operand, TensorSpec
+from autopar.planning.plan import Plan, SearchInfo, Stage
+from autopar.core.tables import Config, Mesh
 
 
 def tiny_graph(width=8):

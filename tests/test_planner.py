@@ -3,9 +3,9 @@
 import pytest
 
 import autopar
-from autopar.errors import InfeasibleError
+from autopar.core.errors import InfeasibleError
 from autopar.search.brute import brute
-from autopar.tables import restrict
+from autopar.core.tables import restrict
 
 # PaSE's tool, pase.md section 8: optimum and pure data parallelism (r = 5000).
 PASE = {
@@ -160,7 +160,7 @@ def test_pipeline_is_taken_only_when_it_pays(gpt8):
 
 
 def test_microbatch_graph_scales_flops_and_batch_axes(gpt8):
-    from autopar.batch import batch_dims, scale_batch
+    from autopar.core.batch import batch_dims, scale_batch
 
     _, _, graph = gpt8
     small = scale_batch(graph, 4)

@@ -11,7 +11,7 @@ import torch
 import autopar
 from autopar.cost_models.profiled import Progress, ProfiledModel, fit_collectives
 from autopar.cost_models.tables import build_tables
-from autopar.tables import Config
+from autopar.core.tables import Config
 
 CPU2 = autopar.Cluster.preset("cpu", devices=2)
 

@@ -1,11 +1,11 @@
-"""autopar.progress: silent off a terminal, a bar and a summary line on one, rate-limited redraws."""
+"""autopar.core.progress: silent off a terminal, a bar and a summary line on one, rate-limited redraws."""
 
 import io
 
 import pytest
 
 import autopar
-from autopar.progress import Progress, fmt_duration, phase
+from autopar.core.progress import Progress, fmt_duration, phase
 
 
 class Clock:

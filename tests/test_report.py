@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import autopar
-from autopar.batch import scale_batch
+from autopar.core.batch import scale_batch
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.cost_models.memory import node_memory
-from autopar.tables import Config
+from autopar.core.tables import Config
 
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9,
          "B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30}
@@ -105,7 +105,7 @@ def _stage_setup(plan, cluster):
 
 
 def test_stage_times_follow_the_schedule_formula(piped):
-    from autopar.report import pipeline_numbers
+    from autopar.report.table import pipeline_numbers
 
     plan, cluster = piped
     g, sub, local = _stage_setup(plan, cluster)
@@ -163,7 +163,7 @@ def test_stage_memory_holds_the_schedules_in_flight_microbatches(piped):
 
 
 def test_intra_stage_configs_are_in_words_on_the_stage_mesh(piped):
-    from autopar.report import pipeline_numbers
+    from autopar.report.table import pipeline_numbers
 
     plan, cluster = piped
     pn = pipeline_numbers(plan)
@@ -217,7 +217,7 @@ def _pase_rows(text):
 
 
 def test_pase_report_names_its_units_and_has_no_seconds(pase_plan):
-    from autopar.cost_models import pase
+    from autopar.pase import model as pase
 
     text = pase_plan.report()
     assert pase_plan.units == "pase-flop"
@@ -235,8 +235,8 @@ def test_pase_report_names_its_units_and_has_no_seconds(pase_plan):
 
 
 def test_pase_rows_add_up_to_pases_own_evaluation(pase_plan):
-    from autopar.cost_models import pase
-    from autopar.report import pase_numbers
+    from autopar.pase import model as pase
+    from autopar.report.table import pase_numbers
 
     g = pase_plan.graph
     strategy = {n.id: pase_plan.assignment[f"{n.id}:{n.op}"].splits for n in g.nodes}
@@ -295,10 +295,10 @@ def profiled(tmp_path_factory):
 
 @pytest.mark.parametrize("which", ["autopar", "data_parallel"])
 def test_profiled_compute_is_the_measurement_and_compute_plus_comm_is_the_table_cost(profiled, which):
-    from autopar.cluster import Cluster
+    from autopar.core.cluster import Cluster
     from autopar.cost_models.profiled import ProfiledModel
-    from autopar.layout import to_mesh
-    from autopar.report import node_numbers
+    from autopar.core.layout import to_mesh
+    from autopar.report.table import node_numbers
 
     plan, cache = profiled
     if which != "autopar":  # data parallelism syncs weight gradients: comm is never all zero there
@@ -327,7 +327,7 @@ def test_profiled_compute_is_the_measurement_and_compute_plus_comm_is_the_table_
 
 
 def test_profiled_report_rows_print_those_numbers(profiled):
-    from autopar.report import node_numbers
+    from autopar.report.table import node_numbers
 
     plan, _ = profiled
     text = plan.report()
@@ -353,7 +353,7 @@ def test_profiled_report_rows_print_those_numbers(profiled):
 
 
 def test_pictures_of_pipelined_pase_and_profiled_plans(piped, pase_plan, profiled, tmp_path):
-    from autopar.picture import draw
+    from autopar.report.picture import draw
 
     plan, _ = piped
     loaded = tmp_path / "p.json"

@@ -8,8 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import autopar
-from autopar.rules import build_node
-from autopar.rules.base import Call, Tensor
+from autopar.frontend.rules import build_node
+from autopar.frontend.rules.base import Call, Tensor
 
 
 class Fn(nn.Module):

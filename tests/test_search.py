@@ -11,12 +11,12 @@ import math
 import numpy as np
 import pytest
 
-from autopar.errors import InfeasibleError
+from autopar.core.errors import InfeasibleError
 from autopar.search import SearchTooLargeError, brute, dp, dp_plan, ilp
 from autopar.search.elimination import _intern
 from autopar.search.minplus import best_config, eliminate
 from autopar.search.order import adjacency, min_fill_order, min_weight_order, pase_order
-from autopar.tables import Config, CostTables
+from autopar.core.tables import Config, CostTables
 
 
 def make(node_cost, edge_cost, memory=(), capacity=math.inf) -> CostTables:
@@ -239,8 +239,8 @@ def test_unconstrained_optimum_that_fits_is_returned_directly():
     ("alexnet", 128, 4, 4, 148215719552), ("alexnet", 128, 4, 64, 41120456048),
     ("rnnlm", 64, 1, 4, 6866837733376), ("rnnlm", 64, 1, 64, 935818633216)])
 def test_dp_reproduces_pase_published_optima(model, batch, kappa, p, total):
-    pase = pytest.importorskip("autopar.cost_models.pase")
-    graphs = pytest.importorskip("autopar.cost_models.pase_reference")
+    pase = pytest.importorskip("autopar.pase.model")
+    graphs = pytest.importorskip("autopar.pase.reference")
     tables = pase.pase_tables(getattr(graphs, f"{model}_graph")(batch), p, kappa)
     assert math.isclose(dp(tables).cost, total, rel_tol=1e-9)
 

@@ -21,14 +21,14 @@ from autopar.search import brute, dp, ilp
 from autopar.search.common import problem_of
 from autopar.search.elimination import choose_plan, original_factors, plan
 from autopar.search.minplus import eliminate
-from autopar.tables import Config, CostTables
+from autopar.core.tables import Config, CostTables
 
 ORDERS = ("auto", "pase", "min_weight", "min_fill", "reuse", "reuse_defer")
 
 
 def _inception_tables(p: int) -> CostTables:
     import autopar
-    from autopar.cost_models import pase
+    from autopar.pase import model as pase
 
     model, inputs = autopar.zoo.get("inception3", batch=128, device="meta")
     graph = autopar.trace(model, inputs)

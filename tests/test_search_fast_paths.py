@@ -21,7 +21,7 @@ from autopar.search.elimination import (TILE_ELEMENTS, _Symbolic, choose_plan, o
                                         plan, reuse_order)
 from autopar.search.minplus import table_elements
 from autopar.search.order import ORDERS, adjacency
-from autopar.tables import Config, CostTables
+from autopar.core.tables import Config, CostTables
 
 
 
@@ -265,7 +265,7 @@ def test_many_single_config_nodes_never_make_a_message_over_numpy_axes():
 def _mesh_configs_ref(dims, mesh):
     import itertools
 
-    from autopar.search.space import axis_classes
+    from autopar.core.space import axis_classes
     cands = [i for i, (size, ok) in enumerate(dims) if ok and size > 1]
     bins = len(cands) + 1
     per_class = [[(axes, combo) for combo in itertools.combinations_with_replacement(range(bins), len(axes))]
@@ -294,7 +294,7 @@ def _mesh_configs_ref(dims, mesh):
     ((2, 2, 2, 2), (1, 0, 1, 0)),
 ])
 def test_mesh_configs_equal_the_plain_enumeration(dims, mesh):
-    from autopar.search.space import _mesh_configs
-    from autopar.tables import Mesh
+    from autopar.core.space import _mesh_configs
+    from autopar.core.tables import Mesh
     m = Mesh(*mesh)
     assert list(_mesh_configs.__wrapped__(dims, m)) == _mesh_configs_ref(dims, m)

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autopar.errors import InfeasibleError
+from autopar.core.errors import InfeasibleError
 from autopar.search import brute, dp, ilp
-from autopar.tables import Config, CostTables
+from autopar.core.tables import Config, CostTables
 
 SETTINGS = settings(max_examples=100, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])

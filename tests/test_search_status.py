@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 import autopar
-from autopar.plan import SearchInfo
+from autopar.planning.plan import SearchInfo
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_an_exact_search_that_stopped_early_reports_its_bound():
 
 
 def test_old_plan_files_without_a_status_read_back_as_what_they_claimed():
-    from autopar.plan import _search_from_json
+    from autopar.planning.plan import _search_from_json
 
     assert _search_from_json({"name": "dp", "seconds": 1.0, "gap": 0.0}).status == "optimal"
     assert _search_from_json({"name": "ilp", "seconds": 1.0, "gap": 0.5}).status == "bound"

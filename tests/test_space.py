@@ -3,11 +3,11 @@
 import itertools
 import math
 
-from autopar.cluster import Cluster
-from autopar.ir import Dim, Node, Operand, TensorSpec
-from autopar.layout import to_mesh
-from autopar.search.space import configs_for, mesh_configs, pase_configs
-from autopar.tables import Config, Mesh
+from autopar.core.cluster import Cluster
+from autopar.core.ir import Dim, Node, Operand, TensorSpec
+from autopar.core.layout import to_mesh
+from autopar.core.space import configs_for, mesh_configs, pase_configs
+from autopar.core.tables import Config, Mesh
 
 
 def linear(b=64, s=64, n=256, k=128, unsupported=""):

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from autopar.tables import Config, CostTables, restrict
+from autopar.core.tables import Config, CostTables, restrict
 
 
 def random_tables(rng, sizes=(3, 2, 4), edges=((0, 1), (1, 2), (0, 2))):

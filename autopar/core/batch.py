@@ -1,0 +1,91 @@
+"""Which dim of each node is the batch dim: the basis of the data-parallel baseline.
+
+The first axis of every graph input is a batch axis. A node dim that indexes a batch axis of one of
+its data inputs (as the major dim of a merged axis, so ``view(b*s, v)`` keeps ``b``; a reduction dim
+too, as in a loss averaged over the batch) is a batch dim,
+and every output axis whose major dim is a batch dim is a batch axis for the consumers. Parameters
+never carry the batch. The propagation is a single pass in topological order.
+"""
+
+from __future__ import annotations
+
+from autopar.core.ir import Graph, Node
+
+
+def batch_dims(graph: Graph) -> dict[str, str | None]:
+    """Node name -> the name of its batch dim (None where the node has none)."""
+    batch_axes: dict[tuple[str, int], set[int]] = {}  # (source, output) -> batch axes of that tensor
+    for name, spec in graph.inputs.items():
+        if len(spec.shape) >= 1:
+            batch_axes[(f"input:{name}", 0)] = {0}
+    result: dict[str, str | None] = {}
+    for node in graph.nodes:
+        dim = _batch_dim_of(node, batch_axes)
+        result[node.name] = dim
+        for j, out in enumerate(node.outputs):
+            axes = {i for i, a in enumerate(out.axes) if dim is not None and a[:1] == (dim,)}
+            if axes:
+                batch_axes[(node.name, j)] = axes
+    return result
+
+
+def _batch_dim_of(node: Node, batch_axes: dict[tuple[str, int], set[int]]) -> str | None:
+    for op in node.inputs:
+        for i in sorted(batch_axes.get((op.source, op.output), ())):
+            if i < len(op.spec.axes) and op.spec.axes[i]:
+                # a loss that averages over the batch has it as a reduction dim; it is still
+                # the batch: data parallelism splits it and sums the partial losses
+                return op.spec.axes[i][0]
+    return None
+
+
+def scale_batch(graph: Graph, microbatches: int) -> Graph:
+    """The same graph for one of ``microbatches`` equal microbatches: every batch dim and batch axis
+    divided, FLOPs and activation bytes of batched nodes scaled to match; parameters unchanged.
+
+    Used to price pipeline stages per microbatch with the same cost model (so a roofline sees the
+    smaller shards). Raises ValueError when a batch size is not divisible.
+    """
+    import dataclasses
+
+    from autopar.core.ir import Dim, Operand, TensorSpec
+
+    if microbatches == 1:
+        return graph
+    dims = batch_dims(graph)
+
+    def shrink(spec: TensorSpec, b: str | None) -> TensorSpec:
+        if b is None:
+            return spec
+        shape = list(spec.shape)
+        for i, axis in enumerate(spec.axes):
+            if axis[:1] == (b,):
+                if shape[i] % microbatches:
+                    raise ValueError(f"batch axis of size {shape[i]} is not divisible into {microbatches} microbatches")
+                shape[i] //= microbatches
+        return dataclasses.replace(spec, shape=tuple(shape))
+
+    nodes = []
+    for n in graph.nodes:
+        b = dims[n.name]
+        if b is None:
+            nodes.append(n)
+            continue
+        new_dims = tuple(Dim(d.name, d.size // microbatches, d.reduction, d.splittable) if d.name == b else d
+                         for d in n.dims)
+        if n.dim(b).size % microbatches:
+            raise ValueError(f"batch {n.dim(b).size} of node {n.name} is not divisible into {microbatches} microbatches")
+        inputs = tuple(Operand(o.source, o.output, shrink(o.spec, b)) for o in n.inputs)
+        outputs = tuple(shrink(t, b) for t in n.outputs)
+        read = n.bytes_read - sum(o.spec.nbytes - s.spec.nbytes for o, s in zip(n.inputs, inputs))
+        written = n.bytes_written - sum(o.nbytes - s.nbytes for o, s in zip(n.outputs, outputs))
+        nodes.append(dataclasses.replace(n, dims=new_dims, inputs=inputs, outputs=outputs,
+                                         flops=n.flops // microbatches, bytes_read=max(read, 0),
+                                         bytes_written=max(written, 0)))
+    inputs = {}
+    for name, spec in graph.inputs.items():
+        shape = list(spec.shape)
+        if shape and shape[0] % microbatches == 0:
+            shape[0] //= microbatches
+        inputs[name] = dataclasses.replace(spec, shape=tuple(shape))
+    return Graph(nodes, inputs, list(graph.outputs), graph.model_name, graph.fx_graph)

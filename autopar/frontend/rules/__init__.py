@@ -1,0 +1,90 @@
+"""One small rule per op kind: each turns a traced call into an ir.Node with its iteration space.
+
+``RULES`` maps the op name (the vocabulary of ``Node.op``) to its rule; ``autopar.frontend.rules.sites``
+maps what a model calls (a module type, a ``torch``/``F`` function, a Tensor method, an aten op)
+to a rule and the signature its arguments bind to. ``build_node`` applies one and assembles the
+``ir.Node``; a rule that cannot handle a call becomes an explicit opaque node, never a crash.
+"""
+
+from __future__ import annotations
+
+from autopar.core.ir import Dim, Node, Operand, TensorSpec
+from autopar.frontend.rules import (attention, concat, conv, elementwise, embedding, lstm, loss, matmul, mha, norm,
+                           opaque, pool, recurrent, reduce, shape, softmax)
+from autopar.frontend.rules.base import Call, Result, Tensor
+
+RULES = {
+    "linear": matmul.linear,
+    "matmul": matmul.matmul,
+    "einsum": matmul.einsum,
+    "conv": conv.conv,
+    "embedding": embedding.embedding,
+    "layer_norm": norm.layer_norm,
+    "batch_norm": norm.batch_norm,
+    "softmax": softmax.softmax,
+    "sdpa": attention.sdpa,
+    "elementwise": elementwise.elementwise,
+    "dropout": elementwise.dropout,
+    "reduce": reduce.reduce,
+    "view": shape.view,
+    "permute": shape.permute,
+    "identity": shape.identity,
+    "slice": shape.slice_,
+    "cat": concat.cat,
+    "split": concat.split,
+    "stack": concat.stack,
+    "pool": pool.pool,
+    "lstm": lstm.lstm,
+    "gru": recurrent.gru,
+    "rnn": recurrent.rnn,
+    "mha": mha.mha,
+    "cross_entropy": loss.cross_entropy,
+    "opaque": opaque.opaque,
+}
+
+
+def apply(call: Call) -> Result:
+    """Run the call's rule; any failure of the rule itself becomes an opaque node that says why."""
+    rule = RULES.get(call.op, opaque.opaque)
+    try:
+        result = rule(call)
+        _check(result, call)
+        return result
+    except Exception as e:  # a rule bug or an unforeseen argument form must not stop the trace
+        call.fixed = {**call.fixed, "reason": f"rule {call.op!r} could not handle this call ({type(e).__name__}: {e})"}
+        return opaque.opaque(call)
+
+
+def _check(result: Result, call: Call) -> None:
+    """A rule's axis maps must name its own dims and match the tensors' ranks."""
+    names = {d.name for d in result.dims}
+    if len(names) != len(result.dims):
+        raise ValueError(f"duplicate dim names {[d.name for d in result.dims]}")
+    if len(result.out_axes) != len(call.outs):
+        raise ValueError(f"{len(result.out_axes)} output maps for {len(call.outs)} outputs")
+    for t, axes in list(result.reads) + list(zip(call.outs, result.out_axes)):
+        if len(axes) != t.ndim:
+            raise ValueError(f"axis map {axes} for shape {t.shape}")
+        for axis in axes:
+            if not set(axis) <= names:
+                raise ValueError(f"axis map {axes} names unknown dims (dims: {sorted(names)})")
+
+
+def build_node(name: str, module: str, call: Call) -> Node:
+    """The ir.Node of one call: the rule's result, operands sorted into data inputs and params."""
+    r = apply(call)
+    inputs, params = [], []
+    for t, axes in r.reads:
+        op = Operand(t.source, t.output, TensorSpec(t.shape, t.dtype, tuple(axes)))
+        (params if op.is_param else inputs).append(op)
+    outputs = tuple(TensorSpec(t.shape, t.dtype, tuple(a)) for t, a in zip(call.outs, r.out_axes))
+    read = r.bytes_read if r.bytes_read is not None else sum(o.spec.nbytes for o in inputs + params)
+    written = r.bytes_written if r.bytes_written is not None else sum(o.nbytes for o in outputs)
+    return Node(
+        name=name, op=r.op, target=call.target, module=module, dims=tuple(r.dims), inputs=tuple(inputs),
+        params=tuple(params), outputs=outputs, flops=int(r.flops), bytes_read=int(read), bytes_written=int(written),
+        attrs=dict(r.attrs), unsupported=r.unsupported,
+    )
+
+
+__all__ = ["RULES", "Call", "Dim", "Result", "Tensor", "apply", "build_node"]

@@ -1,0 +1,205 @@
+"""``autopar.Plan``: the chosen config of every node, what it costs, and the baselines beside it.
+
+A Plan is data: it can be saved, loaded, compared and reported without the model. The graph and
+the cost tables it was made from ride along in memory (``plan.graph``, ``plan.tables``) for the
+report and for codegen, but are not written to the file; the graph's fingerprint is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autopar.planning import plan_file
+from autopar.core.errors import PlanMismatchError
+from autopar.core.tables import Config, Mesh
+
+
+SEARCH_STATUSES = ("optimal", "bound", "heuristic", "fixed")
+
+
+@dataclass
+class SearchInfo:
+    """Which search produced the plan, how long it took, and what is proven about it.
+
+    ``status`` says what the plan is, so that nothing claims an optimum it does not have:
+    "optimal" (an exact search closed its bounds: gap 0), "bound" (an exact search stopped with a
+    proven lower bound: ``gap`` is the relative distance to it), "heuristic" (some part was not
+    searched exactly, ``detail`` says which: no bound is known) or "fixed" (a strategy priced, not
+    searched: the baselines). The default is the weakest claim: a site must say it is exact.
+    """
+
+    name: str
+    seconds: float
+    gap: float = 0.0  # relative optimality gap against a proven lower bound ("bound" only)
+    status: str = "heuristic"
+    detail: str = ""  # for "heuristic": what was not searched exactly
+
+    def __post_init__(self):
+        if self.status not in SEARCH_STATUSES:
+            raise ValueError(f"search status {self.status!r}: one of {', '.join(SEARCH_STATUSES)}")
+        if self.status == "optimal" and self.gap > 0:
+            self.status = "bound"
+
+    @classmethod
+    def exact(cls, name: str, seconds: float, gap: float) -> "SearchInfo":
+        """A plan from an exact search (dp, ilp, brute) with the relative gap it proved."""
+        if not math.isfinite(gap):
+            return cls(name, seconds, 0.0, "heuristic", "the exact search proved no lower bound")
+        return cls(name, seconds, gap, "optimal" if gap == 0 else "bound")
+
+    @property
+    def proven_optimal(self) -> bool:
+        return self.status == "optimal"
+
+    def describe(self) -> str:
+        """One phrase for the report: what is proven about the plan."""
+        if self.status == "optimal":
+            return "proven optimal under the cost model" + (f" ({self.detail})" if self.detail else "")
+        if self.status == "bound":
+            return f"not proven optimal: at most {self.gap:.3%} above the optimum (proven lower bound)"
+        if self.status == "fixed":
+            return "a fixed strategy, priced, not searched"
+        return "heuristic, no optimality bound" + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass
+class Stage:
+    """One pipeline stage: a contiguous run of nodes on a group of devices."""
+
+    nodes: list[str]
+    devices: int
+    cost: float = 0.0  # predicted time of one microbatch through the stage
+    sync: float = 0.0  # its gradient sync, once per step
+    memory: float | None = None  # peak bytes per device (None: not recorded, older plan files)
+
+
+@dataclass
+class Plan:
+    model_name: str
+    fingerprint: str
+    cluster: dict[str, Any]  # the cluster as plain data (dataclasses.asdict of autopar.Cluster)
+    mesh: Mesh
+    cost_model: str
+    space: str
+    mode: str
+    assignment: dict[str, Config]  # node name -> config
+    cost: float  # predicted step time (seconds) or PaSE FLOP-equivalents, see ``units``
+    units: str
+    memory_per_device: float  # bytes
+    search: SearchInfo
+    stages: list[Stage] = field(default_factory=list)
+    microbatches: int = 1
+    schedule: str = ""  # "gpipe" / "1f1b" when pipelined
+    unsupported: dict[str, str] = field(default_factory=dict)  # node -> why it is replicated
+    baselines: dict[str, "Plan"] = field(default_factory=dict)
+    graph: Any = field(default=None, repr=False, compare=False)  # ir.Graph (or PaSE view), not saved
+    tables: Any = field(default=None, repr=False, compare=False)  # CostTables, not saved
+
+    @property
+    def devices(self) -> int:
+        return self.mesh.size
+
+    def speedup_over(self, baseline: str) -> float:
+        """``baselines[baseline].cost / cost``: how much faster this plan is predicted to be."""
+        if baseline not in self.baselines:
+            raise ValueError(f"this plan has no baseline {baseline!r}; it has: "
+                             f"{', '.join(self.baselines) or 'none (planned with baselines=False)'}")
+        return self.baselines[baseline].cost / self.cost
+
+    def report(self, **kwargs) -> str:
+        from autopar.report.table import format_report
+
+        return format_report(self, **kwargs)
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        doc = {
+            "format": "autopar-plan",
+            "schema": plan_file.SCHEMA,
+            "model_name": self.model_name,
+            "fingerprint": self.fingerprint,
+            "cluster": self.cluster,
+            "mesh": plan_file.mesh_to_json(self.mesh),
+            "cost_model": self.cost_model,
+            "space": self.space,
+            "mode": self.mode,
+            "cost": self.cost,
+            "units": self.units,
+            "memory_per_device": self.memory_per_device,
+            "search": dataclasses.asdict(self.search),
+            "stages": [dataclasses.asdict(s) for s in self.stages],
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "unsupported": self.unsupported,
+            "assignment": {k: plan_file.config_to_json(c) for k, c in self.assignment.items()},
+            "baselines": {k: b.to_json() for k, b in self.baselines.items()},
+        }
+        return doc
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Plan":
+        try:
+            return cls(
+                model_name=doc["model_name"],
+                fingerprint=doc["fingerprint"],
+                cluster=doc["cluster"],
+                mesh=plan_file.mesh_from_json(doc["mesh"]),
+                cost_model=doc["cost_model"],
+                space=doc["space"],
+                mode=doc["mode"],
+                assignment={k: plan_file.config_from_json(c) for k, c in doc["assignment"].items()},
+                cost=float(doc["cost"]),
+                units=doc["units"],
+                memory_per_device=float(doc["memory_per_device"]),
+                search=_search_from_json(doc["search"]),
+                stages=[Stage(**s) for s in doc.get("stages", [])],
+                microbatches=int(doc.get("microbatches", 1)),
+                schedule=doc.get("schedule", ""),
+                unsupported=dict(doc.get("unsupported", {})),
+                baselines={k: cls.from_json(b) for k, b in doc.get("baselines", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise PlanMismatchError(f"corrupt plan file: missing or bad field {e}") from None
+
+    @classmethod
+    def load(cls, path, graph=None, cluster=None) -> "Plan":
+        """Read a plan; with ``graph``/``cluster`` given, refuse one made for something else."""
+        plan = cls.from_json(plan_file.read(path))
+        if graph is not None:
+            from autopar.core.fingerprint import fingerprint
+
+            fp = fingerprint(graph)
+            if fp != plan.fingerprint:
+                raise PlanMismatchError(
+                    f"{path} was planned for another model ({plan.model_name or '?'}, graph {plan.fingerprint}); "
+                    f"this model's graph is {fp}: re-plan it"
+                )
+        if cluster is not None:
+            theirs = dataclasses.asdict(cluster) if dataclasses.is_dataclass(cluster) else dict(cluster)
+            if theirs != plan.cluster:
+                raise PlanMismatchError(
+                    f"{path} was planned for cluster {plan.cluster.get('name', '?')} "
+                    f"({plan.cluster.get('devices', '?')} devices), not {theirs.get('name', '?')} "
+                    f"({theirs.get('devices', '?')} devices): re-plan for this cluster"
+                )
+        return plan
+
+
+def _search_from_json(d: dict) -> SearchInfo:
+    """Plan files written before ``status`` existed: an exact search's name with gap 0 claimed an
+    optimum then; they read back as what they claimed, anything else as heuristic."""
+    d = dict(d)
+    if "status" not in d:
+        exact = d.get("name") in ("dp", "ilp", "brute", "dp+ilp")
+        d["status"] = ("optimal" if float(d.get("gap", 0.0)) == 0 else "bound") if exact else (
+            "fixed" if d.get("name") == "fixed" else "heuristic")
+    return SearchInfo(**d)

@@ -1,0 +1,34 @@
+"""The alpha-beta price of one ring collective: bandwidth term plus latency steps.
+
+Its own module because both the per-pair reshard prices (``comm``) and the bulk edge tables
+(``reshard_table``) use it, and neither should import the other to get it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send/recv")
+
+# (bandwidth multiplier as a function of p, latency steps as a function of p)
+_BW = {"all-reduce": lambda p: 2 * (p - 1) / p, "all-gather": lambda p: (p - 1) / p,
+       "reduce-scatter": lambda p: (p - 1) / p, "all-to-all": lambda p: (p - 1) / p,
+       "broadcast": lambda p: 1.0 + 0 * p, "send/recv": lambda p: 1.0 + 0 * p}
+_LAT = {"all-reduce": lambda p: 2 * (p - 1), "all-gather": lambda p: p - 1,
+        "reduce-scatter": lambda p: p - 1, "all-to-all": lambda p: p - 1,
+        "broadcast": lambda p: p - 1, "send/recv": lambda p: 1 + 0 * p}
+_FORMULA = {"all-reduce": "2(p-1)/p*N/bw + 2(p-1)*a", "all-gather": "(p-1)/p*N/bw + (p-1)*a",
+            "reduce-scatter": "(p-1)/p*N/bw + (p-1)*a", "all-to-all": "(p-1)/p*N/bw + (p-1)*a",
+            "broadcast": "N/bw + (p-1)*a", "send/recv": "N/bw + a"}
+
+
+def collective_time(kind: str, nbytes, p, bandwidth, latency):
+    """Seconds of one ring collective; works elementwise on numpy arrays. p <= 1 costs 0."""
+    if not any(isinstance(x, np.ndarray) for x in (nbytes, p, bandwidth, latency)):
+        if p <= 1:
+            return 0.0
+        return float(_BW[kind](p) * nbytes / bandwidth + _LAT[kind](p) * latency)
+    p = np.asarray(p, dtype=float)
+    safe = np.maximum(p, 1.0)
+    t = _BW[kind](safe) * np.asarray(nbytes, dtype=float) / bandwidth + _LAT[kind](safe) * latency
+    return np.where(p > 1, t, 0.0)
