@@ -41,10 +41,7 @@ def test_every_zoo_model_has_a_case():
 
 @pytest.mark.parametrize("name,sizes", PARAMS)
 def test_graph_flops_match_flop_counter_on_meta(name, sizes):
-    try:
-        model, inputs = autopar.zoo.get(name, device="meta", **sizes)
-    except ModuleNotFoundError as e:  # another engineer's zoo file not written yet: say so loudly
-        pytest.skip(f"zoo model {name!r} is not available yet ({e}); this case covers it once it exists")
+    model, inputs = autopar.zoo.get(name, device="meta", **sizes)
     expected = _reference_flops(model, inputs)
     graph = autopar.trace(model, inputs)
     print(f"{name} {sizes}: autopar {graph.flops:,} FLOPs, FlopCounterMode {expected:,}")

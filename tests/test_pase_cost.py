@@ -75,19 +75,12 @@ def _traced(name: str):
 
 @functools.lru_cache(maxsize=None)
 def _traced_cached(name: str):
-    import importlib.util
-
     import autopar
 
-    if importlib.util.find_spec("autopar.trace") is None:
-        pytest.skip("autopar.trace has not landed yet")
     from autopar.pase.view import pase_view
 
     model, inputs = autopar.zoo.get(name, device="meta")
-    # autopar.frontend.trace (the function) is shadowed by the submodule once imported: import the function
-    from autopar.frontend.trace import trace
-
-    return pase_view(trace(model, inputs), name)
+    return pase_view(autopar.trace(model, inputs), name)
 
 
 GRAPHS = {

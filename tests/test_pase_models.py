@@ -8,7 +8,6 @@ match them, and must match each other node for node.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
 
 import pytest
@@ -64,15 +63,10 @@ RNNLM_TABLE = [  # pase.md §7.2
 
 @functools.lru_cache(maxsize=None)
 def traced(name: str):
-    if importlib.util.find_spec("autopar.trace") is None:
-        pytest.skip("autopar.trace has not landed yet")
     from autopar.pase.view import pase_view
 
     model, inputs = autopar.zoo.get(name, batch=PASE_SIZES[name], device="meta")
-    # autopar.frontend.trace (the function) is shadowed by the submodule once imported: import the function
-    from autopar.frontend.trace import trace
-
-    return pase_view(trace(model, inputs), name)
+    return pase_view(autopar.trace(model, inputs), name)
 
 
 def reference(name: str):

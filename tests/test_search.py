@@ -239,8 +239,8 @@ def test_unconstrained_optimum_that_fits_is_returned_directly():
     ("alexnet", 128, 4, 4, 148215719552), ("alexnet", 128, 4, 64, 41120456048),
     ("rnnlm", 64, 1, 4, 6866837733376), ("rnnlm", 64, 1, 64, 935818633216)])
 def test_dp_reproduces_pase_published_optima(model, batch, kappa, p, total):
-    pase = pytest.importorskip("autopar.pase.model")
-    graphs = pytest.importorskip("autopar.pase.reference")
+    from autopar.pase import model as pase
+    from autopar.pase import reference as graphs
     tables = pase.pase_tables(getattr(graphs, f"{model}_graph")(batch), p, kappa)
     assert math.isclose(dp(tables).cost, total, rel_tol=1e-9)
 
