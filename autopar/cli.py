@@ -38,7 +38,8 @@ def _plan(args, model_arg=None, **overrides):
 
     model, inputs, name = model_spec.load(model_arg or args.model)
     kwargs = dict(cost_model=args.cost_model, space=args.space, search=args.search, mode=args.mode,
-                  model_name=name)
+                  model_name=name, pipeline={"auto": "auto", "on": True, "off": False}[args.pipeline],
+                  explain=getattr(args, "explain", False))
     if getattr(args, "memory", None) is not None:
         if not args.memory > 0:
             raise ValueError(f"--memory is GiB per device and must be > 0, not {args.memory:g}")
@@ -67,7 +68,7 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from autopar.report.table import fmt_bytes, fmt_seconds
+    from autopar.report.format import fmt_bytes, fmt_seconds
 
     plan = _plan(args)
     fmt = fmt_seconds if plan.units == "s" else (lambda v: f"{v:.6g}")
@@ -83,7 +84,7 @@ def _cmd_compare(args) -> int:
 def _cmd_show(args) -> int:
     from autopar.planning.plan import Plan
 
-    print(Plan.load(args.plan).report())
+    print(Plan.load(args.plan).report(explain=args.explain))
     return 0
 
 
@@ -128,6 +129,9 @@ def _cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from autopar.core.cluster import known_presets
+    from autopar.planning import registry
+
     p = argparse.ArgumentParser(
         prog="autopar",
         description="Automatic parallelization-strategy search for PyTorch models.",
@@ -144,14 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
         c.add_argument("--devices", type=int, default=None, help="number of devices (default: the cluster's, or 8)")
         c.add_argument("--cluster", default=None,
-                       help="cluster preset: cpu, 8xV100, 8xA100, 8xH100, 2x8xH100, 8x8xH100, 1080ti, 2080ti "
-                       "(default: a flat cluster of --devices devices)")
-        c.add_argument("--cost-model", default="analytic", choices=["analytic", "profiled", "pase"],
-                       help="analytic (roofline + alpha-beta collectives, seconds), profiled (compute measured on this device, cached) or pase (PaSE's model)")
-        c.add_argument("--space", default="mesh",
-                       help="mesh (splits on the device mesh), pase (PaSE's rule, cutoff 4) or pase:N")
-        c.add_argument("--search", default="auto", choices=["auto", "dp", "ilp", "brute"],
-                       help="exact DP, ILP (OR-tools) or brute force; auto takes the DP, else the ILP")
+                       help=f"cluster preset: {', '.join(known_presets())} (and NxGxGPU patterns such as "
+                       "2x8xH100; default: a flat cluster of --devices devices)")
+        c.add_argument("--cost-model", default="analytic", choices=list(registry.COST_MODELS),
+                       help=registry.choices_help(registry.COST_MODELS))
+        c.add_argument("--space", default="mesh", help=registry.choices_help(registry.SPACES))
+        c.add_argument("--search", default="auto", choices=list(registry.SEARCHES),
+                       help=registry.choices_help(registry.SEARCHES))
+        c.add_argument("--pipeline", default="auto", choices=["auto", "on", "off"],
+                       help="search pipeline stages too: auto (on clusters of several nodes, or when no "
+                       "single-stage plan fits), on, off")
         c.add_argument("--mode", default="train", choices=["train", "inference"],
                        help="price forward+backward+gradient sync (train) or the forward only")
         c.add_argument("--memory", type=float, default=None, metavar="GIB",
@@ -174,12 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--plan", metavar="PLAN.json", help="run a saved plan (autopar plan ... --json) without searching")
     r.add_argument("--cluster", default="cpu",
                    help="cluster preset the search prices (default cpu: this machine, --nproc devices)")
-    r.add_argument("--cost-model", default="analytic", choices=["analytic", "profiled"],
-                   help="cost model of the search (default analytic)")
+    r.add_argument("--cost-model", default="analytic",
+                   choices=[k for k, e in registry.COST_MODELS.items() if e.space == "mesh"],
+                   help="cost model of the search (default analytic): "
+                   + registry.choices_help({k: e for k, e in registry.COST_MODELS.items() if e.space == "mesh"}))
     r.add_argument("--timeout", type=float, default=600.0, help="stop the processes after this many seconds")
     r.set_defaults(func=_cmd_run)
     s = sub.add_parser("show", help="print the report of a saved plan (autopar plan ... --json OUT)")
     s.add_argument("plan", metavar="PLAN.json")
+    s.add_argument("--explain", action="store_true", help="also print the arithmetic, if the plan kept it")
     s.set_defaults(func=_cmd_show)
     d = sub.add_parser("demo", help="trace and show the default model (what `make demo` runs)")
     d.set_defaults(func=_cmd_demo)

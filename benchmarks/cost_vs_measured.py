@@ -103,7 +103,7 @@ def _expert_choice(graph, tables, mesh) -> list[int] | None:
     """The planner's Megatron baseline: expert pins, the rest searched exactly (as in planner)."""
     from autopar.core.batch import batch_dims
     from autopar.planning.expert import expert_pins, is_transformer_like, matches
-    from autopar.planning.planner import data_parallel_choice
+    from autopar.planning.baselines import data_parallel_choice
     from autopar.core.tables import restrict
     from autopar.search.dp import dp
 
@@ -125,7 +125,8 @@ def _expert_choice(graph, tables, mesh) -> list[int] | None:
 
 def strategies(name: str, graph, tables, mesh, randoms: int = 3) -> dict[str, list[int]]:
     """Distinct strategies (label -> one config index per node), in a fixed order."""
-    from autopar.planning.planner import data_parallel_choice, run_search
+    from autopar.planning.baselines import data_parallel_choice
+    from autopar.planning.planner import run_search
     from tests.test_codegen_plans import follow
 
     linears = [n for n in graph.nodes if n.op == "linear"]

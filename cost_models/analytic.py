@@ -61,13 +61,20 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+TERM_KINDS = ("compute", "sync", "stats", "optimizer", "infeasible")
+
+
 @dataclass(frozen=True)
 class Term:
-    """One addend of a node's cost: what it is, its seconds and the arithmetic behind them."""
+    """One addend of a node's cost: what it is, its seconds and the arithmetic behind them.
+
+    ``kind`` is what readers branch on (a pipeline takes "sync" out of the per-microbatch time;
+    the report splits "compute" from communication); ``label`` is only for people."""
 
     label: str
     seconds: float
     formula: str = ""
+    kind: str = "compute"
 
 
 @dataclass
@@ -126,7 +133,7 @@ class AnalyticModel:
         cfg = to_mesh(config, mesh)
         out = NodeCost(node.name, config)
         if cfg is None:
-            out.terms.append(Term("not realizable on the mesh", math.inf, str(config.splits)))
+            out.terms.append(Term("not realizable on the mesh", math.inf, str(config.splits), "infeasible"))
             return out
         lay = layouts or node_layouts(node, cfg, mesh)
         parts = math.prod(cfg.splits) or 1
@@ -163,7 +170,7 @@ class AnalyticModel:
                 c_local = stats.nbytes / node.inputs[0].spec.itemsize
                 f = (f"2 * (N = {c_local:g} channels * {node.inputs[0].spec.itemsize} B; "
                      f"{stats.formula()}) = {2 * stats.seconds:.4g} s")
-            out.terms.append(Term("batch-norm statistics (2 all-reduces)", 2 * stats.seconds, f))
+            out.terms.append(Term("batch-norm statistics (2 all-reduces)", 2 * stats.seconds, f, "stats"))
         groups: dict[tuple[int, ...], list[tuple[str, int, int]]] = {}
         for op, pl in zip(node.params, lay.params):
             if op.spec.dtype not in FLOAT_DTYPES:
@@ -181,7 +188,7 @@ class AnalyticModel:
                     parts_txt = " + ".join(f"{b}/{k}" if k > 1 else f"{b}" for _, b, k in params)
                     names = ", ".join(n.removeprefix("param:") for n, _, _ in params)
                     f = f"N = {parts_txt} = {nbytes:.6g} B ({names}); {c.formula()}"
-                out.terms.append(Term("weight-grad sync (one bucket)", c.seconds, f))
+                out.terms.append(Term("weight-grad sync (one bucket)", c.seconds, f, "sync"))
         return out
 
     def node_cost(self, node: Node, configs: list[Config], cluster: Cluster,

@@ -37,7 +37,6 @@ from autopar.core.tables import Config
 from autopar.cost_models.analytic import AnalyticModel, NodeCost, Term, check_mode
 from autopar.cost_models.profile_cache import ProfileCache, Timing
 
-_COMPUTE = ("compute forward", "compute backward")
 
 
 def device_name(device: str = "cpu") -> str:
@@ -354,16 +353,16 @@ class ProfiledModel(AnalyticModel):
         nc = super().node_breakdown(node, config, cluster, mode, text, layouts)
         if not math.isfinite(nc.seconds):
             return nc
-        est = next(t.seconds for t in nc.terms if t.label == "compute forward")
+        est = next(t.seconds for t in nc.terms if t.kind == "compute")  # the forward, listed first
         t = self.timing(node, config, est)
-        rest = [x for x in nc.terms if x.label not in _COMPUTE]
+        rest = [x for x in nc.terms if x.kind != "compute"]
         if mode == "train":
             rest += self._per_parameter_sync(node, config, cluster, layouts, text)
             rest += self._optimizer_terms(node, config, text)
         if t.error:
             why = f"analytic, not measured: {t.error}"
-            nc.terms = [dataclasses.replace(x, label=f"{x.label} ({why})") if x.label in _COMPUTE else x
-                        for x in nc.terms if x.label in _COMPUTE] + rest
+            nc.terms = [dataclasses.replace(x, label=f"{x.label} ({why})")
+                        for x in nc.terms if x.kind == "compute"] + rest
             return nc
         measured = [Term("compute forward (measured)", t.forward,
                          f"median of {self.repeats} on {self._device} = {t.forward:.4g} s" if text else "")]
@@ -407,7 +406,7 @@ class ProfiledModel(AnalyticModel):
             if k > 1 and c.p > 1:
                 out.append(Term("weight-grad sync (one all-reduce per parameter)", (k - 1) * c.seconds,
                                 f"{k - 1} more all-reduce latencies over {c.p} devices x {c.seconds:.4g} s"
-                                if text else ""))
+                                if text else "", "sync"))
         return out
 
     def _optimizer_terms(self, node: Node, config: Config, text: bool) -> list[Term]:
@@ -416,7 +415,7 @@ class ProfiledModel(AnalyticModel):
             return []  # no parameters, or an update the runner cannot time: left unpriced
         return [Term("optimizer step (measured)", o.forward,
                      f"{self.optimizer} update of the local parameter shards, median of {self.repeats} "
-                     f"= {o.forward:.4g} s" if text else "")]
+                     f"= {o.forward:.4g} s" if text else "", "optimizer")]
 
     # -- a whole graph up front, with a progress bar ------------------------------------------
     def profile(self, graph: Graph, cluster: Cluster, mode: str = "train", space: str = "mesh",

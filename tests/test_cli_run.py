@@ -5,12 +5,19 @@ run of the unsplit model made by the test itself, not with the column the comman
 """
 
 import re
+import subprocess
+import sys
 
 import pytest
 
 import autopar
 from autopar.training import single_process_losses
-from tests.test_cli import run
+
+
+def run(*args, timeout=600):
+    """``autopar run`` in its own process, as a user starts it (it starts gloo processes itself)."""
+    return subprocess.run([sys.executable, "-m", "autopar", *args], capture_output=True, text=True,
+                          timeout=timeout)
 
 MLP = "zoo:mlp:batch=16,hidden=32"
 

@@ -8,6 +8,7 @@ and compared to 3 significant digits (what the report prints).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 
@@ -105,8 +106,6 @@ def _stage_setup(plan, cluster):
 
 
 def test_stage_times_follow_the_schedule_formula(piped):
-    from autopar.report.table import pipeline_numbers
-
     plan, cluster = piped
     g, sub, local = _stage_setup(plan, cluster)
     model = AnalyticModel()
@@ -115,22 +114,19 @@ def test_stage_times_follow_the_schedule_formula(piped):
         total = 0.0
         for node in g.nodes[a:b + 1]:
             nc = model.node_breakdown(node, local[node.name], sub, plan.mode, text=False)
-            total += sum(t.seconds for t in nc.terms if "sync" in t.label)
+            total += sum(t.seconds for t in nc.terms if t.kind == "sync")
         sync.append(total)
     s, m = len(plan.stages), plan.microbatches
     times = [st.cost for st in plan.stages]
     # search.pipeline's model: (M + S - 1) x slowest stage per microbatch + slowest gradient sync
     assert plan.cost == pytest.approx((m + s - 1) * max(times) + max(sync), rel=1e-9)
 
-    pn = pipeline_numbers(plan)
-    assert pn.consistent
-    for k, st in enumerate(pn.stages):
+    for k, st in enumerate(plan.stage_rows):
         assert st.time == pytest.approx(times[k], rel=1e-9)
         assert st.sync == pytest.approx(sync[k], rel=1e-9, abs=1e-15)
         assert st.compute + st.comm + st.send_recv == pytest.approx(st.time, rel=1e-9)
         assert sum(x.compute + x.comm for x in st.nodes) == pytest.approx(st.compute + st.comm, rel=1e-9)
-    assert pn.step == pytest.approx(plan.cost, rel=1e-9)
-    assert pn.bubble == pytest.approx((s - 1) / (m + s - 1))
+        assert sum(x.sync for x in st.nodes) == pytest.approx(st.sync, rel=1e-9, abs=1e-15)
 
     text = plan.report()
     rows = _stage_table(text)
@@ -163,10 +159,8 @@ def test_stage_memory_holds_the_schedules_in_flight_microbatches(piped):
 
 
 def test_intra_stage_configs_are_in_words_on_the_stage_mesh(piped):
-    from autopar.report.table import pipeline_numbers
-
     plan, cluster = piped
-    pn = pipeline_numbers(plan)
+    _, sub, local = _stage_setup(plan, cluster)
     text = plan.report()
     # a split node's words, from the graph's dim names and the plan's splits
     split = [(n, plan.assignment[n.name]) for n in plan.graph.nodes
@@ -176,22 +170,23 @@ def test_intra_stage_configs_are_in_words_on_the_stage_mesh(piped):
         words = ", ".join(f"{d.name}/{x}" for d, x in zip(node.dims, cfg.splits) if x > 1)
         assert words in text
     # stage-local configs use only the stage mesh's axes
-    assert all(a < len(pn.stage_mesh.shape) for c in pn.assignment.values() for ax in c.mesh_axes for a in ax)
+    assert plan.stage_mesh == sub.mesh().shape
+    assert all(a < len(plan.stage_mesh) for c in local.values() for ax in c.mesh_axes for a in ax)
 
 
-def test_a_pipelined_plan_loaded_from_a_file_still_lists_its_stages(piped, tmp_path):
+def test_a_pipelined_plan_loaded_from_a_file_prints_the_same_report(piped, tmp_path):
     plan, _ = piped
     path = tmp_path / "p.json"
     plan.save(path)
     loaded = autopar.Plan.load(path)
-    assert loaded.graph is None
-    text = loaded.report()
+    assert loaded.graph is None and loaded.tables is None
+    assert loaded.report() == plan.report()
+    assert loaded.report(explain=True) == plan.report(explain=True)
     per = plan.stages[0].devices
     for k, st in enumerate(plan.stages):
-        line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"stage {k}:"))
-        assert f"{st.nodes[0]} .. {st.nodes[-1]} ({len(st.nodes)} nodes)" in line
+        line = next(ln for ln in loaded.report().splitlines() if ln.strip().startswith(f"stage {k}:"))
         assert f"devices {k * per}-{(k + 1) * per - 1}" in line
-        assert close3(value(re.search(r", ([0-9.]+ [mun]?s) per microbatch", line)[1]), st.cost)
+        assert close3(value(re.search(r"; ([0-9.]+ [mun]?s) per microbatch", line)[1]), st.cost)
 
 
 # -- PaSE plans --------------------------------------------------------------------------------------
@@ -236,7 +231,6 @@ def test_pase_report_names_its_units_and_has_no_seconds(pase_plan):
 
 def test_pase_rows_add_up_to_pases_own_evaluation(pase_plan):
     from autopar.pase import model as pase
-    from autopar.report.table import pase_numbers
 
     g = pase_plan.graph
     strategy = {n.id: pase_plan.assignment[f"{n.id}:{n.op}"].splits for n in g.nodes}
@@ -244,7 +238,7 @@ def test_pase_rows_add_up_to_pases_own_evaluation(pase_plan):
     total, layers, edges = pase.evaluate(g, strategy, r, breakdown=True)
     _, flops, _ = pase.evaluate(g, strategy, 0.0, breakdown=True)  # r = 0: arithmetic only
     assert total == pytest.approx(pase_plan.cost, rel=1e-9)
-    nums = pase_numbers(pase_plan)
+    nums = pase_plan.rows
     rows = _pase_rows(pase_plan.report())
     for n, x in zip(g.nodes, nums):
         into = sum(c for (u, v), c in edges.items() if v == n.id)
@@ -298,11 +292,15 @@ def test_profiled_compute_is_the_measurement_and_compute_plus_comm_is_the_table_
     from autopar.core.cluster import Cluster
     from autopar.cost_models.profiled import ProfiledModel
     from autopar.core.layout import to_mesh
-    from autopar.report.table import node_numbers
+    from autopar.planning.breakdown import mesh_rows
 
     plan, cache = profiled
+    nums = plan.rows
     if which != "autopar":  # data parallelism syncs weight gradients: comm is never all zero there
         plan = plan.baselines[which]
+        nums = mesh_rows(plan.graph, plan.tables, plan.assignment,
+                         ProfiledModel(cache_path=str(cache), fit_comm=False),
+                         autopar.Cluster(**plan.cluster), plan.mode)
     t = plan.tables
     choice = [t.configs[i].index(plan.assignment[n]) for i, n in enumerate(t.nodes)]
     into = np.zeros(len(t.nodes))
@@ -310,7 +308,6 @@ def test_profiled_compute_is_the_measurement_and_compute_plus_comm_is_the_table_
         into[v] += mat[choice[u], choice[v]]
     measured = ProfiledModel(cache_path=str(cache), fit_comm=False)
     cluster = Cluster(**plan.cluster)
-    nums = node_numbers(plan)
     differ = 0
     for i, (node, x) in enumerate(zip(plan.graph.nodes, nums)):
         cost = float(t.node_cost[i][choice[i]])
@@ -327,8 +324,6 @@ def test_profiled_compute_is_the_measurement_and_compute_plus_comm_is_the_table_
 
 
 def test_profiled_report_rows_print_those_numbers(profiled):
-    from autopar.report.table import node_numbers
-
     plan, _ = profiled
     text = plan.report()
     assert "compute measured on this machine" in text
@@ -341,7 +336,7 @@ def test_profiled_report_rows_print_those_numbers(profiled):
         cells = re.split(r"\s{2,}", ln.strip())
         rows.setdefault(cells[0], []).append(cells)
     checked = 0
-    for node, x in zip(plan.graph.nodes, node_numbers(plan)):
+    for node, x in zip(plan.graph.nodes, plan.rows):
         found = rows.get(node.module or node.name, [])
         if len(found) == 1:  # a label printed once (not folded, not shared by several nodes)
             assert close3(value(found[0][-3]), x.compute) and close3(value(found[0][-2]), x.comm)
@@ -365,8 +360,12 @@ def test_pictures_of_pipelined_pase_and_profiled_plans(piped, pase_plan, profile
     svg = draw(plan, tmp_path / "pipe.svg").read_text()
     assert "<svg" in svg and f"stage {len(plan.stages) - 1}" in svg  # matplotlib keeps text as comments
     profiled[0].save(tmp_path / "flat.json")
-    with pytest.raises(ValueError, match="no graph to draw"):
-        draw(autopar.Plan.load(tmp_path / "flat.json"), tmp_path / "x.png")
+    assert draw(autopar.Plan.load(tmp_path / "flat.json"), tmp_path / "flat.png").read_bytes()[:4] == b"\x89PNG"
+    old = json.loads((tmp_path / "flat.json").read_text())
+    del old["rows"]  # a file from before plans carried their rows
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="no per-node rows"):
+        draw(autopar.Plan.load(tmp_path / "old.json"), tmp_path / "x.png")
 
 
 def test_a_saved_pipelined_plan_keeps_each_stages_sync_and_memory(piped, tmp_path):
@@ -380,5 +379,6 @@ def test_a_saved_pipelined_plan_keeps_each_stages_sync_and_memory(piped, tmp_pat
     assert max(st.sync for st in loaded.stages) > 0
     assert max(st.memory for st in loaded.stages) == pytest.approx(loaded.memory_per_device, rel=1e-9)
     # without its graph the report still lists every stage's sync and memory
-    text = loaded.report()
-    assert text.count("grad sync") >= s and text.count("/device") >= s
+    rows = _stage_table(loaded.report())
+    for k, st in enumerate(loaded.stages):
+        assert close3(value(rows[k][8]), st.sync) and close3(value(rows[k][9]), st.memory)

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from autopar.planning import plan_file
+from autopar.planning.rows import (NodeRow, StageRow, row_from_json, row_to_json, stage_from_json,
+                                   stage_to_json)
 from autopar.core.errors import PlanMismatchError
 from autopar.core.tables import Config, Mesh
 
@@ -97,6 +99,13 @@ class Plan:
     schedule: str = ""  # "gpipe" / "1f1b" when pipelined
     unsupported: dict[str, str] = field(default_factory=dict)  # node -> why it is replicated
     baselines: dict[str, "Plan"] = field(default_factory=dict)
+    # What the report prints, computed with the plan (planning/breakdown.py) and saved with it:
+    rows: list[NodeRow] = field(default_factory=list, repr=False)  # per node (single-stage plans)
+    stage_rows: list[StageRow] = field(default_factory=list, repr=False)  # per stage (pipelined)
+    stage_mesh: tuple[int, ...] = ()  # the mesh of one stage's devices (pipelined)
+    batch: int | None = None  # the global batch the plan was made for (pipelined: split in microbatches)
+    explanation: list[str] = field(default_factory=list, repr=False)  # every term's arithmetic
+    pase_rate: float | None = None  # PaSE plans: the FLOP-per-word rate r of its tables
     graph: Any = field(default=None, repr=False, compare=False)  # ir.Graph (or PaSE view), not saved
     tables: Any = field(default=None, repr=False, compare=False)  # CostTables, not saved
 
@@ -138,6 +147,12 @@ class Plan:
             "schedule": self.schedule,
             "unsupported": self.unsupported,
             "assignment": {k: plan_file.config_to_json(c) for k, c in self.assignment.items()},
+            "rows": [row_to_json(r) for r in self.rows],
+            "stage_rows": [stage_to_json(s) for s in self.stage_rows],
+            "stage_mesh": list(self.stage_mesh),
+            "batch": self.batch,
+            "explanation": self.explanation,
+            "pase_rate": self.pase_rate,
             "baselines": {k: b.to_json() for k, b in self.baselines.items()},
         }
         return doc
@@ -166,6 +181,12 @@ class Plan:
                 schedule=doc.get("schedule", ""),
                 unsupported=dict(doc.get("unsupported", {})),
                 baselines={k: cls.from_json(b) for k, b in doc.get("baselines", {}).items()},
+                rows=[row_from_json(r) for r in doc.get("rows", [])],
+                stage_rows=[stage_from_json(r) for r in doc.get("stage_rows", [])],
+                stage_mesh=tuple(doc.get("stage_mesh", ())),
+                batch=doc.get("batch"),
+                explanation=list(doc.get("explanation", [])),
+                pase_rate=doc.get("pase_rate"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanMismatchError(f"corrupt plan file: missing or bad field {e}") from None

@@ -1,40 +1,52 @@
 """``autopar.plan``: trace -> cost tables -> search -> Plan, with the baselines priced alike.
 
-This is the only place that knows both a cost model and a search: it hands the tables from one to
-the other. Baselines are restrictions of the same tables (``autopar.core.tables.restrict``), so every
-number in a plan and its baselines comes from one cost model and is directly comparable.
+This is the only place that knows both a cost model and a search (``registry.py``): it hands the
+tables from one to the other, then records what the report needs (``breakdown.py``) with the
+same tables and model, so the plan can be reported anywhere without re-pricing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
+
 import numpy as np
 
-from autopar.core.batch import batch_dims
 from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
 from autopar.core.fingerprint import fingerprint
 from autopar.core.ir import Graph
-from autopar.planning.plan import Plan, SearchInfo
-from autopar.core.tables import CostTables, Solution, restrict
+from autopar.core.tables import CostTables, Solution
+from autopar.planning import baselines as base_plans
+from autopar.planning import breakdown, registry
+from autopar.planning.plan import Plan, SearchInfo, Stage
 
-SEARCHES = ("auto", "dp", "ilp", "brute")
-# What a pipelined plan is (autopar/pipeline_plan.py): not an optimum over stages x splits.
+# What a pipelined plan is (planning/stages.py): not an optimum over stages x splits.
 PIPELINE_HEURISTIC = ("stage cuts exact for the given per-stage plans; each stage's splits are the "
                       "whole graph's optimum at the microbatch size, not re-optimized per stage")
-COST_MODELS = ("analytic", "pase", "profiled")
 
 
-def resolve_cluster(cluster) -> Cluster:
+def resolve_cluster(cluster, devices: int | None = None) -> Cluster:
+    """An ``autopar.Cluster`` from what a user passes: None (this machine), a preset name, a
+    device count (a generic cluster of that many devices) or a Cluster."""
+    if cluster is None:
+        import torch.distributed as dist
+
+        if devices is None and dist.is_available() and dist.is_initialized():
+            devices = dist.get_world_size()
+        return Cluster.preset("cpu", devices=devices)
     if isinstance(cluster, Cluster):
-        return cluster
-    if isinstance(cluster, str):
-        return Cluster.preset(cluster)
-    if isinstance(cluster, int) and not isinstance(cluster, bool):
-        return Cluster(devices=cluster)
-    raise ValueError(f"cluster must be an autopar.Cluster, a preset name or a device count, not {cluster!r}")
+        out = cluster
+    elif isinstance(cluster, str):
+        out = Cluster.preset(cluster, devices=devices)
+    elif isinstance(cluster, int) and not isinstance(cluster, bool):
+        out = Cluster(devices=cluster)
+    else:
+        raise ValueError(f"cluster must be an autopar.Cluster, a preset name or a device count, not {cluster!r}")
+    if devices is not None and out.devices != devices:
+        raise ValueError(f"cluster {out.name or ''} has {out.devices} devices, not devices={devices}: "
+                         f"pass one of them, or cluster.with_devices({devices})")
+    return out
 
 
 def parse_space(space: str) -> tuple[str, int]:
@@ -49,54 +61,39 @@ def parse_space(space: str) -> tuple[str, int]:
 
 
 def run_search(tables: CostTables, search: str, time_limit: float) -> Solution:
-    from autopar.search.common import SearchTooLargeError
-    from autopar.search.dp import dp
-    from autopar.search.ilp import ilp
-
-    if search == "brute":
-        from autopar.search.brute import brute
-
-        return brute(tables)
-    if search == "ilp":
-        return ilp(tables, time_limit=time_limit)
-    try:
-        return dp(tables, ilp_time_limit=time_limit)
-    except SearchTooLargeError:
-        if search == "dp":
-            raise
-        return ilp(tables, time_limit=time_limit)
+    return registry.search(search).run(tables, time_limit)
 
 
-def plan(model, example_inputs, cluster=8, *, cost_model: str = "analytic", space: str = "mesh",
-         search: str = "auto", mode: str = "train", optimizer: str | None = "adam",
+def plan(model, example_inputs=(), cluster=None, *, devices: int | None = None, cost_model: str = "analytic",
+         space: str = "mesh", search: str = "auto", mode: str = "train", optimizer: str | None = "adam",
          memory_capacity: float | None = None, time_limit: float = 60.0, graph: Graph | None = None,
          model_name: str = "", pase_profile: str | None = None, pase_rate: tuple[float, float] = (10.0, 16.0),
-         baselines: bool = True, pipeline: bool | str = "auto") -> Plan:
-    """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``; see DESIGN.md.
+         baselines: bool = True, pipeline: bool | str = "auto", explain: bool = False) -> Plan:
+    """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``.
 
-    ``cluster``: an ``autopar.Cluster``, a preset name (``"8xA100"``) or a device count.
-    ``memory_capacity`` (bytes per device) overrides the cluster's. ``search``: auto, dp, ilp, brute.
-    ``cost_model="pase"`` uses PaSE's model (``pase_rate`` = its TFLOP/s and GB/s) on PaSE's view of
-    the graph, with ``space="pase"``/``"pase:N"``; ``pase_profile`` names the per-model fold rules
-    (default: the model class's name when PaSE has a profile for it).
-    ``pipeline``: True searches pipeline stages too, False never; "auto" searches them when the
-    cluster has several nodes or no single-stage plan fits, and a pipeline is taken only when it is
-    predicted faster or is the only plan that fits.
+    ``cluster``: None (this machine: the ``cpu`` preset, ``devices`` of them, by default the
+    process group's size or this machine's cores), a preset name (``"8xA100"``), a device count
+    or an ``autopar.Cluster``. ``memory_capacity`` (bytes per device) overrides the cluster's.
+    ``cost_model``, ``search``, ``space``: see ``autopar.planning.registry``. PaSE's model
+    (``pase_rate`` = its TFLOP/s and GB/s) prices PaSE's view of the graph in its own space;
+    ``pase_profile`` names its per-model fold rules (default: from the model class's name).
+    ``pipeline``: True searches pipeline stages too, False never; "auto" when the cluster has
+    several nodes or no single-stage plan fits; a pipeline is taken only when predicted faster or
+    the only plan that fits. ``explain``: keep every term's arithmetic in the plan.
     """
     if pipeline not in (True, False, "auto"):
         raise ValueError(f"pipeline must be True, False or 'auto', not {pipeline!r}")
-    if search not in SEARCHES:
-        raise ValueError(f"unknown search {search!r}; use one of {', '.join(SEARCHES)}")
-    if cost_model not in COST_MODELS:
-        raise ValueError(f"unknown cost model {cost_model!r}; use one of {', '.join(COST_MODELS)}")
+    registry.search(search)
+    entry = registry.cost_model(cost_model)
     if memory_capacity is not None and not (memory_capacity > 0):  # also refuses NaN
         raise ValueError(f"memory_capacity is bytes per device and must be > 0, not {memory_capacity!r}")
     if not (time_limit > 0):
         raise ValueError(f"time_limit is the solver's limit in seconds and must be > 0, not {time_limit!r}")
     space_kind, cutoff = parse_space(space)
-    if (cost_model == "pase") != (space_kind == "pase"):
-        raise ValueError("cost_model='pase' goes with space='pase' or 'pase:N' (and only with it)")
-    cluster = resolve_cluster(cluster)
+    if entry.space != space_kind:
+        also = " or 'pase:N'" if entry.space == "pase" else ""
+        raise ValueError(f"cost_model={cost_model!r} goes with space={entry.space!r}{also}, not {space!r}")
+    cluster = resolve_cluster(cluster, devices)
     if graph is None:
         from autopar.frontend.trace import trace
 
@@ -104,48 +101,49 @@ def plan(model, example_inputs, cluster=8, *, cost_model: str = "analytic", spac
     name = model_name or graph.model_name or type(model).__name__
     common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
                   mesh=cluster.mesh(), cost_model=cost_model, space=space, mode=mode)
-    if cost_model == "pase":
+    if entry.space == "pase":
         return _plan_pase(graph, model, cluster, cutoff, search, time_limit, pase_profile, pase_rate, common,
                           baselines)
-    return _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-                          baselines, pipeline)
+    return _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
+                      baselines, pipeline, explain)
 
 
-# -- the analytic model on the mesh space --------------------------------------------------------
+# -- mesh cost models (analytic, profiled) --------------------------------------------------------
 
-def _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-                   with_baselines, pipeline="auto") -> Plan:
+def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
+               with_baselines, pipeline, explain) -> Plan:
     from autopar.cost_models.tables import build_tables
 
-    model = "analytic"
-    if common["cost_model"] == "profiled":  # same tables and baselines, compute measured here
-        from autopar.cost_models.profiled import profiled_model
-
-        model = profiled_model(graph, cluster, mode, optimizer=optimizer)  # its update is measured too
+    model = entry.make(graph, cluster, mode, optimizer)
     tables = build_tables(graph, cluster, model, space="mesh", mode=mode, optimizer=optimizer)
     if memory_capacity is not None:
         tables.memory_capacity = float(memory_capacity)
     unsupported = {n.name: n.unsupported for n in graph.nodes if n.unsupported}
-    base = _analytic_baselines(graph, tables, cluster, common, unsupported) if with_baselines else {}
+    base = _mesh_baselines(graph, tables, cluster, common, unsupported) if with_baselines else {}
+    ctx = dict(graph=graph, cluster=cluster, mode=mode, optimizer=optimizer, model=model, search=search,
+               time_limit=time_limit, common=common, unsupported=unsupported, base=base, units=tables.units)
     start = time.perf_counter()
     try:
         sol = run_search(tables, search, time_limit)
     except InfeasibleError as e:
-        least = _least_memory(tables)
+        least = float(sum(np.min(m) for m in tables.memory))
         if pipeline is not False and cluster.devices > 1:
-            piped = _with_pipeline(graph, cluster, mode, optimizer, tables, None, search, time_limit, common,
-                                   unsupported, base, start)
+            piped = _with_pipeline(ctx, tables.memory_capacity, start)
             if piped is not None:
                 return piped
         raise InfeasibleError(
             f"no plan of {graph.model_name or 'the model'} fits {tables.memory_capacity / 2**30:.3g} GiB per device "
             f"on {cluster.devices} devices; the least autopar can reach is {least / 2**30:.3g} GiB per device "
             f"(splitting every node as finely as it can): add devices or memory", least) from e
-    seconds = time.perf_counter() - start
-    plan = _make_plan(graph, tables, sol, SearchInfo.exact(sol.search, seconds, sol.gap), common, unsupported, base)
+    info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
+    plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
+    plan.rows = breakdown.mesh_rows(graph, tables, plan.assignment, model, cluster, mode)
+    if explain and entry.name == "analytic":
+        from autopar.cost_models.analytic import explain_plan
+
+        plan.explanation = explain_plan(graph, plan.assignment, cluster, model=model, mode=mode)
     if pipeline is True or (pipeline == "auto" and cluster.nodes > 1):
-        piped = _with_pipeline(graph, cluster, mode, optimizer, tables, plan, search, time_limit, common,
-                               unsupported, base, start)
+        piped = _with_pipeline(ctx, tables.memory_capacity, start)
         if piped is not None and piped.cost < plan.cost:
             return piped
         if plan.search.proven_optimal:  # what is proven is proven over single-stage plans only
@@ -153,14 +151,13 @@ def _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, tim
     return plan
 
 
-def _with_pipeline(graph, cluster, mode, optimizer, tables, single, search, time_limit, common, unsupported,
-                   base, start) -> Plan | None:
+def _with_pipeline(ctx: dict, capacity: float, start: float) -> Plan | None:
     """The best pipelined plan, or None when no stage split fits."""
-    from autopar.planning.stages import best_pipeline, stage_assignment
-    from autopar.planning.plan import Stage
+    from autopar.planning.stages import _batch_size, best_pipeline, stage_assignment
 
-    found = best_pipeline(graph, cluster, mode, optimizer, tables.memory_capacity,
-                          lambda t: run_search(t, search, time_limit))
+    graph, cluster, model = ctx["graph"], ctx["cluster"], ctx["model"]
+    found = best_pipeline(graph, cluster, ctx["mode"], ctx["optimizer"], capacity,
+                          lambda t: run_search(t, ctx["search"], ctx["time_limit"]), model)
     if found is None:
         return None
     sol, option = found
@@ -168,15 +165,15 @@ def _with_pipeline(graph, cluster, mode, optimizer, tables, single, search, time
     syncs = sol.sync or [0.0] * len(sol.stages)
     stages = [Stage(names[a:b], sol.devices, t, y, m)
               for (a, b), t, y, m in zip(sol.stages, sol.stage_time, syncs, sol.memory)]
-    return Plan(**common, assignment=stage_assignment(option, graph), cost=sol.cost, units=tables.units,
-                memory_per_device=max(sol.memory), search=SearchInfo("dp + pipeline", time.perf_counter() - start, status="heuristic",
+    sub = cluster.with_devices(sol.devices)
+    return Plan(**ctx["common"], assignment=stage_assignment(option, graph), cost=sol.cost, units=ctx["units"],
+                memory_per_device=max(sol.memory),
+                search=SearchInfo("dp + pipeline", time.perf_counter() - start, status="heuristic",
                                   detail=PIPELINE_HEURISTIC),
-                stages=stages, microbatches=sol.microbatches, schedule=sol.schedule, unsupported=unsupported,
-                baselines=base, graph=graph, tables=None)
-
-
-def _least_memory(tables: CostTables) -> float:
-    return float(sum(np.min(m) for m in tables.memory))
+                stages=stages, microbatches=sol.microbatches, schedule=sol.schedule,
+                unsupported=ctx["unsupported"], baselines=ctx["base"],
+                stage_rows=breakdown.stage_rows(option, sol, model, sub, ctx["mode"]),
+                stage_mesh=tuple(sub.mesh().shape), batch=_batch_size(graph), graph=graph, tables=None)
 
 
 def _make_plan(graph, tables, sol: Solution, info: SearchInfo, common, unsupported, baselines) -> Plan:
@@ -186,68 +183,16 @@ def _make_plan(graph, tables, sol: Solution, info: SearchInfo, common, unsupport
                 unsupported=unsupported, baselines=baselines, graph=graph, tables=tables)
 
 
-def _evaluate(tables: CostTables, choice: list[int]) -> Solution:
-    return Solution(list(choice), tables.total(choice), tables.total_memory(choice), "fixed", 0.0)
+def _mesh_baselines(graph, tables, cluster, common, unsupported) -> dict[str, Plan]:
+    from autopar.planning.expert import is_transformer_like
 
-
-def data_parallel_choice(graph: Graph, tables: CostTables) -> list[int]:
-    """Each node's config that splits only its batch dim, over as many mesh axes as divide it."""
-    batch = batch_dims(graph)
-    choice = []
-    memo: dict[tuple, int] = {}  # nodes of one signature share their config list (build_tables)
-    for i, node in enumerate(graph.nodes):
-        b = batch.get(node.name)
-        names = [d.name for d in node.dims]
-        key = (id(tables.configs[i]), b, tuple(names))
-        if key in memo:
-            choice.append(memo[key])
-            continue
-        best, best_split = None, 0
-        for j, c in enumerate(tables.configs[i]):
-            used = [k for k, s in enumerate(c.splits) if s > 1]
-            if not used:
-                split = 1
-            elif b is not None and used == [names.index(b)]:
-                split = c.splits[used[0]]
-            else:
-                continue
-            if split > best_split:
-                best, best_split = j, split
-        memo[key] = best if best is not None else 0
-        choice.append(memo[key])
-    return choice
-
-
-def _analytic_baselines(graph, tables, cluster, common, unsupported) -> dict[str, Plan]:
-    out = {}
-    dp_choice = data_parallel_choice(graph, tables)
-    out["data_parallel"] = _make_plan(graph, tables, _evaluate(tables, dp_choice), SearchInfo("fixed", 0.0, status="fixed"),
-                                      common, unsupported, {})
-    from autopar.planning.expert import expert_pins, is_transformer_like, matches
-
+    dp_choice = base_plans.data_parallel_choice(graph, tables)
+    out = {"data_parallel": _make_plan(graph, tables, base_plans.evaluate(tables, dp_choice),
+                                       base_plans.FIXED, common, unsupported, {})}
     if is_transformer_like(graph):
-        mesh = cluster.mesh()
-        pins = expert_pins(graph, batch_dims(graph), mesh.shape, mesh.level)
-        keep = []
-        memo: dict[tuple, list[int]] = {}  # nodes of one signature share their config list
-        for i, node in enumerate(graph.nodes):
-            names = tuple(d.name for d in node.dims)
-            pin = pins[node.name]
-            key = (id(tables.configs[i]), names, tuple(sorted(pin.dims.items())), pin.dp, pin.exact)
-            if key not in memo:
-                memo[key] = [j for j, c in enumerate(tables.configs[i])
-                             if not c.mesh_axes or matches(pin, names, c.mesh_axes)]
-            keep.append(memo[key] or [dp_choice[i]])
-        sub = restrict(tables, keep)
-        sub.memory_capacity = math.inf  # a baseline is priced as written, fitting or not
-        from autopar.search.dp import dp
-
-        start = time.perf_counter()
-        sol = dp(sub)
-        sol.choice = [keep[i][c] for i, c in enumerate(sol.choice)]
-        out["expert"] = _make_plan(graph, tables, _evaluate(tables, sol.choice),
-                                   SearchInfo("dp (pinned)", time.perf_counter() - start, status="fixed",
-                                              detail="the expert layout; its free nodes by the exact DP"), common, unsupported, {})
+        choice, seconds = base_plans.expert_choice(graph, tables, cluster.mesh(), dp_choice)
+        out["expert"] = _make_plan(graph, tables, base_plans.evaluate(tables, choice),
+                                   base_plans.expert_info(seconds), common, unsupported, {})
     return out
 
 
@@ -260,15 +205,16 @@ def _plan_pase(graph, model, cluster, cutoff, search, time_limit, profile, rate,
     if profile is None:
         guess = type(model).__name__.lower().replace("_", "")
         profile = next((k for k in PROFILES if k != "default" and guess.startswith(k[:5])), "default")
-    r = pase.rate(*rate)
-    pgraph, tables = pase.tables_for(graph, cluster.devices, profile, kappa=cutoff, r=r)
+    pgraph, tables = pase.tables_for(graph, cluster.devices, profile, kappa=cutoff, r=pase.rate(*rate))
     start = time.perf_counter()
     sol = run_search(tables, search, time_limit)
     info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
     base = {}
     if with_baselines:
         dp_choice = pase.choice_of(tables, pase.data_parallel(pgraph, cluster.devices, cutoff))
-        base["data_parallel"] = _make_plan(pgraph, tables, _evaluate(tables, dp_choice), SearchInfo("fixed", 0.0, status="fixed"),
-                                           common, {}, {})
-    return _make_plan(pgraph, tables, sol, info, common, {}, base)
-
+        base["data_parallel"] = _make_plan(pgraph, tables, base_plans.evaluate(tables, dp_choice),
+                                           base_plans.FIXED, common, {}, {})
+    plan = _make_plan(pgraph, tables, sol, info, common, {}, base)
+    plan.rows = breakdown.pase_rows(pgraph, tables, plan.assignment)
+    plan.pase_rate = breakdown.pase_rate(pgraph, tables)
+    return plan

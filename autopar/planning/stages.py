@@ -8,7 +8,7 @@ solution (its cost plus the resharding of its inputs), its gradient synchronizat
 as a once-per-step term, and its memory is split into static (parameters, gradients, optimizer
 state) and per-microbatch activations. ``search.pipeline`` then cuts the node sequence into stages.
 
-Approximation, stated: a stage's intra-operator plan is the restriction of the whole-graph optimum
+Each option is priced by the plan's own cost model (analytic or profiled). Approximation, stated: a stage's intra-operator plan is the restriction of the whole-graph optimum
 on the stage's devices, not re-optimized per stage; for a chain of identical blocks the two agree
 except at the few nodes next to a cut.
 """
@@ -30,7 +30,8 @@ from autopar.core.tables import Config, CostTables
 @dataclass
 class PipelineOption:
     costs: StageCosts
-    tables: CostTables
+    graph: Graph  # the graph at microbatch size
+    tables: CostTables  # priced on one stage's devices
     choice: list[int]
     stage_axes: int  # how many outer mesh axes the stages take
 
@@ -54,14 +55,13 @@ def stage_counts(cluster: Cluster) -> list[tuple[int, int]]:
     return out
 
 
-def price_options(graph: Graph, cluster: Cluster, mode: str, optimizer, solve, max_stages: int = 16
-                  ) -> list[PipelineOption]:
-    from autopar.cost_models.analytic import AnalyticModel
+def price_options(graph: Graph, cluster: Cluster, mode: str, optimizer, solve, model,
+                  max_stages: int = 16) -> list[PipelineOption]:
+    """``model``: the plan's own cost model, so a stage is priced as the single-stage plan is."""
     from autopar.cost_models.memory import node_memory
     from autopar.cost_models.tables import build_tables
 
     batch = _batch_size(graph)
-    model = AnalyticModel()
     options = []
     for stages, axes in stage_counts(cluster):
         if stages > max_stages or stages > len(graph.nodes):
@@ -95,14 +95,14 @@ def price_options(graph: Graph, cluster: Cluster, mode: str, optimizer, solve, m
                     s = 0.0
                     if node.params:
                         nc = model.node_breakdown(node, cfg, sub, mode, text=False)
-                        s = sum(term.seconds for term in nc.terms if "sync" in term.label)
+                        s = sum(term.seconds for term in nc.terms if term.kind == "sync")
                     mb = node_memory(node, cfg, mesh, mode, optimizer)
                     seen[key] = (s, mb.params + mb.grads + mb.optimizer, mb.activations)
                 sync[i], static[i], acts[i] = seen[key]
             time -= sync  # the per-microbatch part; sync happens once per step
             cut = cut_times(g, sub, cluster, stages)
             options.append(PipelineOption(StageCosts(sub.devices, micro, time, sync, static, acts, cut),
-                                          t, choice, axes))
+                                          g, t, choice, axes))
     return options
 
 
@@ -129,8 +129,9 @@ def cut_times(graph: Graph, stage: Cluster, cluster: Cluster, stages: int) -> np
     return np.where(crossing > 0, 2 * (lat + per_device / bw), 0.0)
 
 
-def best_pipeline(graph, cluster, mode, optimizer, capacity, solve) -> tuple[PipelineSolution, PipelineOption] | None:
-    options = price_options(graph, cluster, mode, optimizer, solve)
+def best_pipeline(graph, cluster, mode, optimizer, capacity, solve, model
+                  ) -> tuple[PipelineSolution, PipelineOption] | None:
+    options = price_options(graph, cluster, mode, optimizer, solve, model)
     best = search([o.costs for o in options], cluster.devices, capacity)
     if best is None:
         return None

@@ -25,31 +25,10 @@ KINDS = {
 COMM = "#303030"
 
 
-def split_kind(node, config, batch_dim: str | None) -> str:
-    split = [d for d, s in zip(node.dims, config.splits) if s > 1]
-    if not split:
-        return "replicated"
-    kinds = {"reduction" if d.reduction else "data" if d.name == batch_dim else "tensor" for d in split}
-    return kinds.pop() if len(kinds) == 1 else "mixed"
-
-
-def pase_split_kind(node, config) -> str:
-    from autopar.report.table import pase_dim_names, pase_reduction_dims
-
-    names = pase_dim_names(node)
-    split = [names[i] for i, s in enumerate(config.splits) if s > 1]
-    if not split:
-        return "replicated"
-    red = pase_reduction_dims(node)
-    batch = names[node.batch_axis]
-    kinds = {"reduction" if d in red else "data" if d == batch else "tensor" for d in split}
-    return kinds.pop() if len(kinds) == 1 else "mixed"
-
-
 def _title(plan) -> str:
-    from autopar.report.table import _fmt_units
+    from autopar.report.format import units_of
 
-    units = _fmt_units(plan)
+    units = units_of(plan)
     head = f"{plan.model_name} on {plan.cluster.get('name', '?')}: {units(plan.cost)}"
     if "data_parallel" in plan.baselines:
         head += f" ({plan.baselines['data_parallel'].cost / plan.cost:.2f}x over data parallel)"
@@ -59,19 +38,10 @@ def _title(plan) -> str:
 def _bars(plan, ax):
     from matplotlib.patches import Patch
 
-    from autopar.report.table import node_numbers, pase_numbers
-
-    if plan.cost_model == "pase":
-        nums = pase_numbers(plan)
-        colors = [KINDS[pase_split_kind(n, plan.assignment[x.name])] for n, x in zip(plan.graph.nodes, nums)]
-        unit = f"{plan.units}, PaSE's FLOP-equivalents"
-    else:
-        from autopar.core.batch import batch_dims
-
-        nums = node_numbers(plan)
-        batch = batch_dims(plan.graph)
-        colors = [KINDS[split_kind(n, plan.assignment[n.name], batch[n.name])] for n in plan.graph.nodes]
-        unit = "seconds" if plan.units == "s" else plan.units
+    nums = plan.rows
+    colors = [KINDS[r.split_kind] for r in nums]
+    unit = (f"{plan.units}, PaSE's FLOP-equivalents" if plan.cost_model == "pase"
+            else "seconds" if plan.units == "s" else plan.units)
     x = range(len(nums))
     compute = [v.compute for v in nums]
     ax.bar(x, compute, color=colors, width=1.0, linewidth=0)
@@ -88,15 +58,14 @@ def _bars(plan, ax):
 def _timeline(plan, ax):
     from matplotlib.patches import Patch
 
-    from autopar.report.table import fmt_seconds, pipeline_numbers
+    from autopar.report.format import fmt_seconds
 
-    pn = pipeline_numbers(plan)
     s_count, m = len(plan.stages), plan.microbatches
-    if pn is not None:
-        times = [s.time for s in pn.stages]
-        syncs = [s.sync for s in pn.stages]
-        sends = [s.send_recv for s in pn.stages]
-    else:  # a plan from a file: its stage times only
+    if plan.stage_rows:
+        times = [s.time for s in plan.stage_rows]
+        syncs = [s.sync for s in plan.stage_rows]
+        sends = [s.send_recv for s in plan.stage_rows]
+    else:  # an older plan file: its stage times only
         times = [s.cost for s in plan.stages]
         syncs = [0.0] * s_count
         sends = [0.0] * s_count
@@ -137,13 +106,13 @@ def draw(plan, path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if plan.graph is None and not plan.stages:
-        raise ValueError("a plan loaded from a file has no graph to draw: plan the model again to draw it")
+    if not plan.rows and not plan.stages:
+        raise ValueError("this plan has no per-node rows to draw (saved by an older autopar): plan the model again")
     if plan.stages:
         fig, ax = plt.subplots(figsize=(12, 1.2 + 0.7 * len(plan.stages)))
         _timeline(plan, ax)
     else:
-        n = len(plan.graph.nodes)
+        n = len(plan.rows)
         fig, ax = plt.subplots(figsize=(max(8.0, min(4 + 0.08 * n, 40)), 5))
         _bars(plan, ax)
     fig.suptitle(_title(plan), fontsize=10)
