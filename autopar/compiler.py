@@ -31,31 +31,33 @@ from autopar.planning.plan import Plan
 _TRACE_LOCK = threading.Lock()
 
 
-def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *, plan=None,
-            cluster=None, outputs: str = "replicate", **plan_kwargs) -> nn.Module:
+def compile(model: nn.Module, example_inputs=(), cluster=None, *, devices: int | None = None,
+            plan=None, outputs: str = "replicate", **plan_kwargs) -> nn.Module:
     """This rank's module for training ``model`` on ``devices`` devices.
 
-    ``devices``: the device count (default: the process group's size, or 1 without one).
-    ``example_inputs``: a tuple of the forward's arguments (global batch), identical on every rank.
-    ``plan``: None (search, on rank 0), an ``autopar.Plan``, or the path of a saved plan
-    (``plan.save``), which is used as it is, without searching. ``cluster``: what the search
-    prices (an ``autopar.Cluster`` or a preset name; default: this machine, ``"cpu"``).
-    ``outputs``: "replicate" (plain whole tensors) or "dtensor" (DTensors as the plan leaves
-    them, not gathered). Other keywords go to ``autopar.plan`` (``cost_model=``, ``search=``, ``memory_capacity=``...).
+    Same arguments, in the same order, as ``autopar.plan``: ``example_inputs`` is a tuple of the
+    forward's arguments (the global batch, identical on every rank); ``cluster`` is what the
+    search prices (default: this machine, the ``cpu`` preset); ``devices`` defaults to the process
+    group's size (1 without one). ``plan``: None (search, on rank 0), an ``autopar.Plan``, or
+    the path of a saved plan, used as it is. ``outputs``: "replicate" (whole tensors, the same on
+    every rank), "local" (this rank's shards, as the plan leaves them) or "dtensor" (those shards
+    as DTensors). Other keywords go to ``autopar.plan``.
 
     The module keeps the model's parameter names (each parameter a DTensor: ``p.full_tensor()``
-    is its whole value), returns ordinary replicated tensors, and trains with any torch optimizer
-    and ``loss.backward()``. ``module.plan`` is the plan it runs. A plan with pipeline stages
-    gives a ``codegen.pipeline.PipelinedModule`` instead: it holds this rank's stage's parameters
-    (same names) and trains with ``loss = module.train_step(*inputs)`` (forward and backward of
-    every microbatch through the schedule) followed by ``optimizer.step()``.
+    is its whole value); ``module.plan`` is its plan and ``module.code`` the program this rank
+    runs. Every compiled module trains the same way: ``loss = module.train_step(*inputs)`` (forward
+    and backward), then ``optimizer.step()``; a single-stage plan also trains with an ordinary
+    ``loss = module(*inputs); loss.backward()``.
     """
-    if example_inputs is None:
-        raise ValueError("autopar.compile needs example_inputs: a tuple of the model's forward arguments")
-    if outputs not in ("replicate", "dtensor"):  # checked on one device too, so a script fails early
-        raise ValueError(f"outputs must be 'replicate' or 'dtensor', not {outputs!r}")
+    if isinstance(example_inputs, int) and not isinstance(example_inputs, bool):
+        raise ValueError("autopar.compile(model, example_inputs, cluster=None, devices=None): the device "
+                         f"count goes in devices= (got {example_inputs} where the example inputs go)")
+    if outputs not in ("replicate", "local", "dtensor"):  # checked on one device too, so a script fails early
+        raise ValueError(f"outputs must be 'replicate', 'local' or 'dtensor', not {outputs!r}")
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
+    if not example_inputs:
+        raise ValueError("autopar.compile needs example_inputs: a tuple of the model's forward arguments")
     devices = _device_count(devices)
     cluster = _cluster(cluster, devices)
     if plan is not None and plan_kwargs:
@@ -69,16 +71,20 @@ def compile(model: nn.Module, devices: int | None = None, example_inputs=None, *
         chosen = _local_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
         single = copy.deepcopy(model)
         single.plan = chosen
+        single.train_step = _single_train_step(single)
         return single
-    if graph.fx_graph is not None and graph.fx_graph.meta.get("autopar_frontend") == "export":
-        from autopar.core.errors import TraceError
-
-        raise TraceError(
-            f"{type(model).__name__} traces only through torch.export, and autopar.compile runs "
-            f"fx-traced models: autopar.trace(model, inputs, frontend='fx') says where torch.fx "
-            f"stops; make that fx-traceable to compile it (autopar.plan and its report work as they are)")
     chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
     return _build(model, graph, chosen, example_inputs, outputs)
+
+
+def _single_train_step(module: nn.Module):
+    def train_step(*args, **kwargs):
+        out = module(*args, **kwargs)
+        loss = out["loss"] if isinstance(out, dict) else getattr(out, "loss", out)
+        loss.backward()
+        return loss.detach()
+
+    return train_step
 
 
 # -- devices and the process group ------------------------------------------------------------
@@ -91,12 +97,12 @@ def _device_count(devices) -> int:
     if not dist.is_initialized():
         if devices > 1:
             raise LaunchRequiredError(
-                f"autopar.compile(devices={devices}) runs one process per device; start it with: "
-                f"{torchrun_command(devices)}  (or call autopar.launch(fn, {devices}) from Python)")
+                f"autopar.compile(..., devices={devices}) runs one process per device; start it with: "
+                f"{torchrun_command(devices)}  (or call autopar.codegen.launch.launch(fn, {devices}) from Python)")
         return devices
     world = dist.get_world_size()
     if world != devices:
-        raise ValueError(f"autopar.compile(devices={devices}) runs under a process group of {world} processes: "
+        raise ValueError(f"autopar.compile(..., devices={devices}) runs under a process group of {world} processes: "
                          f"pass devices={world} or start {devices} processes")
     return devices
 
@@ -192,12 +198,15 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str) -> nn.Modu
     if plan.stages:
         from autopar.codegen import pipeline
 
-        plan.graph = graph
-        module = pipeline.pipeline_module(model, plan, tuple(inputs))
+        if graph.fx_graph.meta.get("autopar_frontend") == "export":
+            raise ValueError("pipelined plans run fx-traced models only for now: plan this model with "
+                             "pipeline=False (autopar.compile(..., pipeline=False))")
+        module = pipeline.pipeline_module(model, plan, tuple(inputs), graph=graph)
     else:
-        from autopar.codegen.dtensor import shard_module
+        from autopar.codegen.mesh import device_mesh
+        from autopar.codegen.module import compile_module
 
-        module = shard_module(model, graph, plan.assignment, tuple(plan.mesh.shape), outputs=outputs)
+        mesh = device_mesh(tuple(plan.mesh.shape))
+        module = compile_module(model, graph, plan.assignment, mesh, outputs=outputs)
     module.plan = plan
     return module
-

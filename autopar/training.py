@@ -82,7 +82,7 @@ def run_worker(rank: int, world: int, spec: str, steps: int, lr: float, plan_pat
 
     try:
         model, inputs, _ = load(spec)
-        module = compile_model(model, world, inputs, plan=plan_path, **plan_kwargs)
+        module = compile_model(model, inputs, devices=world, plan=plan_path, **plan_kwargs)
     except (AutoparError, ValueError) as e:
         return ("error", str(e))
     losses = train_steps(module, inputs, steps, lr)

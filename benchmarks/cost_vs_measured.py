@@ -11,7 +11,7 @@ random plans from the search space), and for each:
   collectives fitted with ``fit_collectives`` on the live 2-process gloo group, the optimizer's
   update measured too, one gradient all-reduce per parameter as the generated module issues
   them), as ``tables.total(choice)``;
-* measures it: ``codegen.dtensor.shard_module`` on 2 gloo processes with one thread each, one
+* measures it: ``codegen.module.shard_module`` on 2 gloo processes with one thread each, one
   training step = zero_grad, forward, backward, AdamW step; the strategies are timed round-robin
   (so that load from other processes on the machine falls on all of them alike), warm-up rounds
   first, then the median over ``repeats`` rounds of the slower rank's time.
@@ -188,7 +188,7 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
     import autopar
     from autopar.cost_models.profiled import ProfiledModel
     from autopar.cost_models.tables import build_tables
-    from autopar.codegen.dtensor import shard_module
+    from autopar.codegen.module import shard_module
 
     cluster = autopar.Cluster.preset("cpu", devices=world)
     mesh = cluster.mesh()
@@ -201,7 +201,7 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
         tables = build_tables(graph, cluster, cm, space="mesh", mode="train", optimizer="adam")
         # for comparison, the model without this benchmark's fixes: no optimizer term, one
         # gradient all-reduce per node (bucket), collectives fitted on a bare dist.all_reduce
-        old = ProfiledModel(cache_path=cache, optimizer=None, comm_via="process_group", per_parameter_sync=False)
+        old = ProfiledModel(cache_path=cache, optimizer=None, comm_via="process_group")
         old_tables = build_tables(graph, cluster, old, space="mesh", mode="train", optimizer="adam")
         strats = strategies(name, graph, tables, mesh)
         runs = []

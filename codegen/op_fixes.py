@@ -28,9 +28,12 @@ MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross
 
 
 def call_name(n: fx.Node) -> str:
-    """The bare name of what an fx node calls: ``view``, ``cross_entropy``, a module path, ..."""
+    """The bare name of what an fx node calls: ``view``, ``cross_entropy``, a module path, ...
+    (an ATen overload by its packet: ``aten.view.default`` -> ``view``)."""
     if n.op == "call_method":
         return str(n.target)
+    if isinstance(n.target, torch._ops.OpOverload):
+        return n.target.overloadpacket.__name__
     if n.op == "call_function":
         return getattr(n.target, "__name__", str(n.target))
     return str(n.target)

@@ -33,7 +33,7 @@ from .placements import LayoutError, NodeLayout, local_shape
 from .strided import local_extent, place_blocks, take_blocks
 
 _TENSOR = object()  # marks where an output tensor goes back
-SHAPE_METHODS = {"view", "reshape", "expand"}
+SHAPE_METHODS = {"view", "reshape", "expand", "_unsafe_view"}
 
 
 @dataclass

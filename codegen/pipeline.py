@@ -43,7 +43,7 @@ Each stage runs on its own devices. With one device per stage the stage submodul
 and rank k runs stage k. With d devices per stage (every stage the same d, the inner axes of the
 plan's mesh; the stages take the outer ones, as ``autopar.planning.stages`` prices them), ranks
 k*d .. k*d+d-1 run stage k: a ``(stages, *sub-mesh)`` DeviceMesh gives each stage its sub-mesh, on
-which ``codegen.dtensor.shard_module`` shards the stage's IR (at microbatch size, the plan's configs
+which ``codegen.module.shard_module`` shards the stage's IR (at microbatch size, the plan's configs
 shifted back onto the sub-mesh), and a "pp" group per sub-mesh position that the schedule sends
 along. A sharded stage takes and returns whole (replicated) tensors, so what crosses a cut is a
 plain tensor and its gradient arrives whole on every rank of the stage before.
@@ -93,7 +93,7 @@ def check_stages(stages: Sequence[Any], node_names: Sequence[str], world_size: i
     one-line ``ValueError``.
     """
     if not stages:
-        raise ValueError("the plan has no pipeline stages; use codegen.dtensor.shard_module")
+        raise ValueError("the plan has no pipeline stages; use codegen.module.shard_module")
     names = [list(getattr(s, "nodes", s)) for s in stages]
     devices = [int(getattr(s, "devices", 1)) for s in stages]
     if world_size is not None and sum(devices) != world_size:
@@ -436,7 +436,7 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     from autopar.core.batch import scale_batch
     from autopar.core.tables import Config
 
-    from .dtensor import shard_module
+    from .module import shard_module
 
     shape = stage_mesh_shape(plan.mesh.shape, per_stage)
     inner = tuple(f"mesh{a}" for a in range(len(shape)))
@@ -488,6 +488,8 @@ def stage_ir(graph, names: list[str], part: StageGraph, gm: fx.GraphModule,
     for v in part.carried_out:
         source = _ir_source(fx_nodes[v], ir_names)
         outputs.append((renamed.get(source, source[0]), 0 if source in renamed else source[1]))
+    for n in module.graph.nodes:  # traced at full batch: codegen propagates the microbatch again
+        n.meta.pop("val", None)
     return Graph(nodes, inputs, outputs or list(graph.outputs), graph.model_name, module)
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autopar.core.buckets import BUCKET_BYTES
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Node
 from autopar.core.layout import (Layout, NodeLayouts, Partial, Shard, dim_placements, format_layout,
@@ -183,12 +184,16 @@ class AnalyticModel:
             nbytes = sum(b / k for _, b, k in params)
             c = collective("all-reduce", nbytes, axes, mesh, cluster)
             if c.p > 1:
+                share = min(1.0, nbytes / BUCKET_BYTES)
+                seconds = collective_time("all-reduce", nbytes, c.p, c.bandwidth, c.latency * share)
                 f = ""
                 if text:
                     parts_txt = " + ".join(f"{b}/{k}" if k > 1 else f"{b}" for _, b, k in params)
                     names = ", ".join(n.removeprefix("param:") for n, _, _ in params)
-                    f = f"N = {parts_txt} = {nbytes:.6g} B ({names}); {c.formula()}"
-                out.terms.append(Term("weight-grad sync (one bucket)", c.seconds, f, "sync"))
+                    f = (f"N = {parts_txt} = {nbytes:.6g} B ({names}); {c.formula()}; in buckets of "
+                         f"{BUCKET_BYTES / 2**20:g} MiB the latency term counts {share:.4g} of itself "
+                         f"= {seconds:.4g} s")
+                out.terms.append(Term("weight-grad sync (bucketed)", seconds, f, "sync"))
         return out
 
     def node_cost(self, node: Node, configs: list[Config], cluster: Cluster,
@@ -222,7 +227,10 @@ class AnalyticModel:
         return np.where(ok, cost, math.inf)
 
     def _grad_sync(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
-        """Weight-gradient all-reduces, one per distinct group of mesh axes (a bucket)."""
+        """Weight-gradient all-reduces per distinct group of mesh axes. The runtime sums them in
+        buckets of ``BUCKET_BYTES`` across nodes (``core.buckets``): each node pays its bytes'
+        bandwidth and its share of a bucket's latency (a per-node table cannot know how many
+        nodes share a bucket; the sum undercounts at most one latency per group of axes)."""
         params = [op for op in node.params if op.spec.dtype in FLOAT_DTYPES]
         out = np.zeros(len(own))
         if not params:
@@ -246,7 +254,8 @@ class AnalyticModel:
             cross = (axes & level).any(axis=1)
             bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
             lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
-            out += np.where(first & (m > 0), collective_time("all-reduce", bucket, p, bw, lat), 0.0)
+            share = np.minimum(1.0, bucket / BUCKET_BYTES)  # the latency, amortized over a bucket
+            out += np.where(first & (m > 0), collective_time("all-reduce", bucket, p, bw, lat * share), 0.0)
         return out
 
     # -- per edge -------------------------------------------------------------------------

@@ -15,15 +15,13 @@ a plan for, built with the functions the model prices with (nothing is re-derive
 * every graph output a node leaves ``Partial``: an all-reduce before it is returned (forward),
   as ``AnalyticModel.output_cost``.
 
-Granularity of the weight-gradient sync. The model prices a node's parameters whose gradients
-are partial over the same mesh axes as ONE bucketed all-reduce (what DDP does), so the latency is
-paid once per bucket. The sharded module (``codegen.dtensor``) reduces each parameter's gradient
-on its own, one all-reduce per parameter tensor. The list keeps both: a ``GradSync`` item per
-bucket, priced as the model prices it, names every tensor in it, and the counts
-(``Collectives.forward`` / ``backward``) count one collective per tensor, which is what a module
-that runs the plan issues; ``Collectives.buckets`` counts the buckets as priced. Where the two
-differ (a node with several parameters reduced over the same axes), the price underestimates the
-issued collectives by ``(tensors - 1)`` latency terms per bucket.
+Granularity of the weight-gradient sync. The module sums the gradients of parameters that are
+partial over the same mesh axes in buckets that span nodes (``core.buckets``, DDP's 25 MiB),
+issued as c10d all-reduces (``allreduce_``): the list has one "grad-sync" item per bucket, built
+with the same bucketing. The cost model prices each node's share of it (its bytes, and its share
+of a bucket's latency), so per node the list and the price differ; in total the price undercounts
+at most one latency per group of axes. Parameters of a training batch norm whose batch is split
+are reduced by that node's own DTensor redistribute, one all-reduce per tensor.
 
 Counts are keyed by the names torch's ``CommDebugMode`` gives the functional collectives
 (``TORCH_NAMES``), so they compare directly with ``codegen.comms.measure``. On a CPU (gloo)
@@ -44,6 +42,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from autopar.core.buckets import make_buckets
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Graph
 from autopar.core.layout import (Layout, Partial, Shard, format_layout, grad_of_input, node_layouts,
@@ -81,12 +80,9 @@ class Item:
 
     @property
     def op(self) -> str:
+        if self.where == "grad-sync":
+            return "allreduce_"  # the reducer's c10d all-reduce of a bucket
         return TORCH_NAMES[self.collective.kind]
-
-    @property
-    def issued(self) -> int:
-        """How many collectives a module running the plan issues for it (one per tensor)."""
-        return len(self.tensors)
 
     def __str__(self) -> str:
         return (f"{self.phase:8s} {self.where:9s} {', '.join(self.tensors)}: "
@@ -113,33 +109,25 @@ class Collectives:
     items: list[Item] = field(default_factory=list)
     nested: list[Reshard] = field(default_factory=list)  # see "Nested shard order" above
 
-    def counts(self, phase: str, backend: str = "nccl", per_tensor: bool = True) -> Counter:
+    def counts(self, phase: str, backend: str = "nccl") -> Counter:
         """CommDebugMode-style counts of ``phase``; ``backend="gloo"``: all-to-all as all-gather
-        (DTensor's fallback on CPU process groups); ``per_tensor=False``: buckets as priced."""
+        (DTensor's fallback on CPU process groups)."""
         c: Counter = Counter()
         for it in self.items:
             if it.phase == phase:
                 op = it.op
                 if backend == "gloo" and op == "all_to_all_single":
                     op = "all_gather_into_tensor"
-                c[op] += it.issued if per_tensor else 1
+                c[op] += 1
         return c
-
-    def _count(self, phase: str, per_tensor: bool = True) -> Counter:
-        return self.counts(phase, per_tensor=per_tensor)
 
     @property
     def forward(self) -> Counter:
-        return self._count("forward")
+        return self.counts("forward")
 
     @property
     def backward(self) -> Counter:
-        return self._count("backward")
-
-    @property
-    def buckets(self) -> tuple[Counter, Counter]:
-        """(forward, backward) counts as priced: one per grad-sync bucket."""
-        return self._count("forward", False), self._count("backward", False)
+        return self.counts("backward")
 
     @property
     def seconds(self) -> float:
@@ -196,7 +184,8 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
                 for stat in ("mean", "var"):
                     out.items.append(Item("forward", "bn-stats", n.name, (f"{n.name}:{stat}",),
                                           stats))
-            out.items += _grad_sync(n, cfg_of(n.name), mesh, cluster)
+    if mode == "train":
+        out.items += _grad_sync(graph, cfg_of, mesh, cluster)
     for name, idx in graph.outputs:
         if name not in nodes:
             continue
@@ -211,23 +200,37 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
     return out
 
 
-def _grad_sync(node, cfg: Config, mesh, cluster: Cluster) -> list[Item]:
-    """``AnalyticModel.node_breakdown``'s "weight-grad sync (one bucket)" terms, with their tensors."""
-    groups: dict[tuple[int, ...], list[tuple[str, float]]] = {}
-    lay = node_layouts(node, cfg, mesh)
-    for op, pl in zip(node.params, lay.params):
-        if op.spec.dtype not in FLOAT_DTYPES:
-            continue
-        g = grad_of_input(pl, node, cfg, mesh)
-        axes = tuple(a for a, x in enumerate(g) if isinstance(x, Partial))
-        if axes:
-            groups.setdefault(axes, []).append((op.source, op.spec.nbytes / shard_factor(pl, mesh)))
+def _grad_sync(graph: Graph, cfg_of, mesh, cluster: Cluster) -> list[Item]:
+    """The reducer's buckets (``core.buckets``): each parameter once, as its first reader reads
+    it (how it is stored), reduced over the mesh axes where that reader's gradient is partial;
+    a training batch norm with its batch split reduces its own parameters, one by one."""
+    params: list[tuple[str, tuple[int, ...], float]] = []
+    own: list[Item] = []
+    seen: set[str] = set()
+    for node in graph.nodes:
+        cfg = cfg_of(node.name)
+        lay = node_layouts(node, cfg, mesh)
+        synced_bn = bn_stats(node, cfg, mesh, cluster) is not None
+        for op, pl in zip(node.params, lay.params):
+            if op.source in seen:
+                continue
+            seen.add(op.source)
+            if op.spec.dtype not in FLOAT_DTYPES:
+                continue
+            g = grad_of_input(pl, node, cfg, mesh)
+            axes = tuple(a for a, x in enumerate(g) if isinstance(x, Partial))
+            nbytes = op.spec.nbytes / shard_factor(pl, mesh)
+            if synced_bn and axes:
+                c = collective("all-reduce", nbytes, axes, mesh, cluster)
+                own.append(Item("backward", "bn-params", node.name, (op.source,), c))
+            else:
+                params.append((op.source, axes, nbytes))
     items = []
-    for axes, params in groups.items():
-        c = collective("all-reduce", sum(b for _, b in params), axes, mesh, cluster)
+    for k, b in enumerate(make_buckets(params)):
+        c = collective("all-reduce", b.nbytes, b.axes, mesh, cluster)
         if c.p > 1:
-            items.append(Item("backward", "grad-sync", node.name, tuple(s for s, _ in params), c))
-    return items
+            items.append(Item("backward", "grad-sync", f"bucket {k}", tuple(b.names), c))
+    return items + own
 
 
 def _dims(pl) -> set:

@@ -9,9 +9,8 @@ optimizer's update of the node's local parameter shards is measured too (``optim
 Everything else (weight-gradient syncs, edge reshards, graph outputs) is the analytic model's,
 priced on the cluster's links, or on links fitted to the live process group when there is one
 (``fit_collectives``: an all-reduce timed at a few sizes through DTensor's redistribute, as the
-generated module issues it; a line fitted for alpha and beta). The gradient sync adds one
-latency per parameter beyond the first in a group (``per_parameter_sync``): the generated module
-reduces each parameter's gradient on its own, where the analytic model prices one bucket.
+generated module issues it; a line fitted for alpha and beta). The gradient sync is the
+analytic model's: bucketed, as the generated module's reducer runs it (``core.buckets``).
 
 Timings are cached in SQLite (``profile_cache``) by device, torch version and op signature, so
 a second plan of the same model measures nothing. An op the runner cannot rebuild, or one whose
@@ -231,7 +230,6 @@ class ProfiledModel(AnalyticModel):
     max_estimate: float = 2.0
     fit_comm: bool = True
     comm_via: str = "dtensor"  # what ``fit_collectives`` times: "dtensor" or "process_group"
-    per_parameter_sync: bool = True  # one gradient all-reduce per parameter, as codegen runs them
     optimizer: str | None = "adam"  # whose update is measured on each node's local params; None: unpriced
     measurements: int = field(default=0, init=False)
     fallbacks: dict = field(default_factory=dict, init=False, repr=False)  # signature -> why
@@ -357,7 +355,6 @@ class ProfiledModel(AnalyticModel):
         t = self.timing(node, config, est)
         rest = [x for x in nc.terms if x.kind != "compute"]
         if mode == "train":
-            rest += self._per_parameter_sync(node, config, cluster, layouts, text)
             rest += self._optimizer_terms(node, config, text)
         if t.error:
             why = f"analytic, not measured: {t.error}"
@@ -371,43 +368,6 @@ class ProfiledModel(AnalyticModel):
                                  f"median(fwd+bwd) - median(fwd) = {t.backward:.4g} s" if text else ""))
         nc.terms = measured + rest
         return nc
-
-    def _per_parameter_sync(self, node: Node, config: Config, cluster: Cluster,
-                            layouts: NodeLayouts | None, text: bool) -> list[Term]:
-        """The latencies the analytic model's one bucket per node leaves out.
-
-        The analytic model all-reduces the gradients of a node's parameters that share a group in
-        one bucket (one latency); autopar's generated module reduces each parameter's gradient in
-        the backward of its own redistribute, one collective per parameter (a linear's weight and
-        bias: two). Each parameter beyond the first in a group adds that group's all-reduce
-        latency, at the links fitted on the live group. Off with ``per_parameter_sync=False``.
-        """
-        from autopar.cost_models.analytic import FLOAT_DTYPES
-        from autopar.cost_models.comm import collective
-        from autopar.core.layout import Partial, grad_of_input, node_layouts
-
-        if not self.per_parameter_sync:
-            return []
-        mesh = cluster.mesh()
-        cfg = to_mesh(config, mesh)
-        if cfg is None:
-            return []
-        lay = layouts or node_layouts(node, cfg, mesh)
-        groups: dict[tuple[int, ...], int] = {}
-        for op, pl in zip(node.params, lay.params):
-            if op.spec.dtype not in FLOAT_DTYPES:
-                continue
-            axes = tuple(a for a, x in enumerate(grad_of_input(pl, node, cfg, mesh)) if isinstance(x, Partial))
-            if axes:
-                groups[axes] = groups.get(axes, 0) + 1
-        out = []
-        for axes, k in groups.items():
-            c = collective("all-reduce", 0.0, axes, mesh, cluster)
-            if k > 1 and c.p > 1:
-                out.append(Term("weight-grad sync (one all-reduce per parameter)", (k - 1) * c.seconds,
-                                f"{k - 1} more all-reduce latencies over {c.p} devices x {c.seconds:.4g} s"
-                                if text else "", "sync"))
-        return out
 
     def _optimizer_terms(self, node: Node, config: Config, text: bool) -> list[Term]:
         o = self.optimizer_timing(node, config)

@@ -3,7 +3,8 @@
     torchrun --standalone --nproc-per-node 2 examples/train_cnn.py [--steps 3] [--plan plan.json]
 
 Every rank builds the same model (seeded), ``autopar.compile`` plans on rank 0 and hands every
-rank its sharded module, and the loop below is an ordinary PyTorch training loop. Rank 0 prints
+rank its sharded module, and the loop below is an ordinary PyTorch training loop (``module.train_step`` is forward +
+backward for every kind of plan, pipelined ones included). Rank 0 prints
 the plan's report, then the loss of every step beside the loss of the same steps of the unsplit
 model on one process: they must be equal.
 """
@@ -30,7 +31,7 @@ def main() -> int:
     rank = dist.get_rank() if dist.is_initialized() else 0
 
     model, (images, labels) = autopar.zoo.get("cnn", batch=8, channels=16, image=16, blocks=2, classes=10)
-    module = autopar.compile(model, None, (images, labels), plan=args.plan)
+    module = autopar.compile(model, (images, labels), plan=args.plan)
     if rank == 0:
         print(module.plan.report())
         print()
@@ -39,8 +40,7 @@ def main() -> int:
     losses = []
     for _ in range(args.steps):
         opt.zero_grad()
-        loss = module(images, labels)  # an ordinary tensor, the same on every rank
-        loss.backward()
+        loss = module.train_step(images, labels)  # forward + backward; the loss, the same on every rank
         opt.step()
         losses.append(loss.item())
 

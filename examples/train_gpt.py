@@ -3,7 +3,8 @@
     torchrun --standalone --nproc-per-node 2 examples/train_gpt.py [--steps 3] [--plan plan.json]
 
 Every rank builds the same model (seeded), ``autopar.compile`` plans on rank 0 and hands every
-rank its sharded module, and the loop below is an ordinary PyTorch training loop. Rank 0 prints
+rank its sharded module, and the loop below is an ordinary PyTorch training loop (``module.train_step`` is forward +
+backward for every kind of plan, pipelined ones included). Rank 0 prints
 the plan's report, then the loss of every step beside the loss of the same steps of the unsplit
 model on one process: they must be equal.
 """
@@ -30,7 +31,7 @@ def main() -> int:
     rank = dist.get_rank() if dist.is_initialized() else 0
 
     model, (tokens, labels) = autopar.zoo.get("gpt", layers=2, width=64, heads=4, seq=32, batch=8, vocab=256)
-    module = autopar.compile(model, None, (tokens, labels), plan=args.plan)
+    module = autopar.compile(model, (tokens, labels), plan=args.plan)
     if rank == 0:
         print(module.plan.report())
         print()
@@ -39,8 +40,7 @@ def main() -> int:
     losses = []
     for _ in range(args.steps):
         opt.zero_grad()
-        loss = module(tokens, labels)  # an ordinary tensor, the same on every rank
-        loss.backward()
+        loss = module.train_step(tokens, labels)  # forward + backward; the loss, the same on every rank
         opt.step()
         losses.append(loss.item())
 

@@ -49,7 +49,7 @@ def test_factories_with_sizes_from_inputs_trace_with_fx_and_leave_torch_as_it_wa
 
 
 def _check(rank, world, model, inputs, plan, ref):
-    check_module(rank, autopar.compile(model, world, inputs, plan=plan), inputs, ref)
+    check_module(rank, autopar.compile(model, inputs, plan=plan), inputs, ref)
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -16,7 +16,7 @@ import pytest
 
 import autopar
 from autopar.codegen.comms import measure
-from autopar.codegen.dtensor import shard_module
+from autopar.codegen.module import shard_module
 from tests.dist_utils import run_gloo
 from tests.test_codegen_ir import linear_cfg, mlp_graph
 from tests.test_codegen_mlp import MLP, ew, plans
@@ -66,11 +66,13 @@ def measured4():
 
 @pytest.mark.dist
 @pytest.mark.parametrize("plan,forward,backward", [
-    # the loss (Partial, Partial) and every gradient: one all-reduce each over the flat group
-    ("data_parallel", {"all_reduce": 1}, {"all_reduce": 6}),
+    # the loss (Partial, Partial): one all-reduce over the flat group; the six gradients: one
+    # bucket (a few KiB) over both axes, the reducer's c10d all-reduce
+    ("data_parallel", {"all_reduce": 1}, {"allreduce_": 1}),
     # forward: row-parallel sums over axis 1, the loss over axis 0; backward: the five weights
-    # and biases replicated on axis 0, and layers_1's additive bias over both axes (one)
-    ("dp_x_megatron", {"all_reduce": 2}, {"all_reduce": 6}),
+    # and biases replicated on axis 0 in one bucket, layers_1's additive bias (partial over both
+    # axes) in another
+    ("dp_x_megatron", {"all_reduce": 2}, {"allreduce_": 2}),
 ])
 def test_collectives_on_a_2x2_mesh(measured4, plan, forward, backward):
     fwd, bwd = measured4[plan]
@@ -85,13 +87,14 @@ def test_megatron_mlp_matches_single_device_on_gloo(measured):
 
 @pytest.mark.dist
 @pytest.mark.parametrize("plan,forward,backward", [
-    ("data_parallel", {"all_reduce": 1}, {"all_reduce": 6}),
-    ("megatron", {"all_reduce": 1}, {"all_reduce": 1}),
+    ("data_parallel", {"all_reduce": 1}, {"allreduce_": 1}),
+    # backward: the row-parallel layer's bias, added once, is the only partial gradient
+    ("megatron", {"all_reduce": 1}, {"allreduce_": 1}),
     # k cut in layers_0/1, n in head: reduce-scatter into relu's shard, all-reduce into relu_1,
     # all-gather of the logits for the loss; backward: all-gather for the reduce-scatter, the
-    # head's input gradient, two biases added once
+    # head's input gradient, and the two biases added once (one bucket)
     ("reduction_split", {"reduce_scatter_tensor": 1, "all_reduce": 1, "all_gather_into_tensor": 1},
-     {"all_gather_into_tensor": 1, "all_reduce": 3}),
+     {"all_gather_into_tensor": 1, "all_reduce": 1, "allreduce_": 1}),
 ])
 def test_collectives_of_a_plan(measured, plan, forward, backward):
     fwd, bwd = measured[plan]

@@ -80,7 +80,7 @@ MODELS = {"inplace": (InPlace, lambda: (torch.randn(8, 8), torch.randn(8, 4))),
 
 
 def _check(rank, world, model, inputs, plan, ref):
-    check_module(rank, autopar.compile(model, world, inputs, plan=plan), inputs, ref)
+    check_module(rank, autopar.compile(model, inputs, plan=plan), inputs, ref)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -96,23 +96,26 @@ def test_compiled_module_trains_like_one_device(name, which, world):
     run_threaded(_check, world, model, inputs, plan, reference_run(model, inputs))
 
 
-def _export_only(rank, world, model, inputs):
-    with pytest.raises(autopar.TraceError, match="traces only through torch.export"):
-        autopar.compile(model, world, inputs)
+class Averaged(nn.Module):
+    """``len(x)`` is no fx operation, so only torch.export traces this model."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc(x).sum() / len(x)
 
 
-def test_a_model_only_torch_export_traces_is_refused_in_one_line():
-    """The export graph's parameters are placeholders the runner cannot feed: refuse, clearly.
-    (``len(x)`` is no fx operation, so only torch.export traces this model.)"""
-
-    class Averaged(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(8, 2)
-
-        def forward(self, x):
-            return self.fc(x).sum() / len(x)
-
-    model, inputs = Averaged(), (torch.randn(4, 8),)
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("which", ["autopar", "data_parallel", "split_everything"])
+def test_a_model_only_torch_export_traces_compiles_and_trains_like_one_device(which, world):
+    """The export graph (ATen ops, parameters as placeholders) runs through the same codegen."""
+    torch.manual_seed(0)
+    model, inputs = Averaged(), (torch.randn(8, 8),)
     assert autopar.trace(model, inputs).fx_graph.meta.get("autopar_frontend") == "export"
-    run_threaded(_export_only, 2, model, inputs)
+    best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
+    plan = {"autopar": best, "data_parallel": best.baselines["data_parallel"],
+            "split_everything": dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh),
+                                                    baselines={})}[which]
+    run_threaded(_check, world, model, inputs, plan, reference_run(model, inputs))

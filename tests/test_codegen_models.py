@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import autopar
-from autopar.codegen.dtensor import shard_module
+from autopar.codegen.module import shard_module
 from autopar.codegen.placements import node_layout
 from tests.dist_utils import run_threaded
 from tests.test_codegen_numerics import check_rank, reference_run

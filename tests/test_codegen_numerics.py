@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autopar.codegen.dtensor import shard_module
+from autopar.codegen.module import shard_module
 
 STEPS = 3
 LR = 1e-2

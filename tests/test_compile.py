@@ -1,7 +1,7 @@
 """``autopar.compile``: plan on rank 0, the same plan on every rank, a module that trains like one device.
 
 Threads on torch's threaded process group stand in for torchrun's processes (one test runs real
-gloo processes through ``autopar.launch``). Every numerics check is against a single-device run of
+gloo processes through ``autopar.codegen.launch.launch``). Every numerics check is against a single-device run of
 the unsplit model (``reference_run``), never against numbers taken from autopar.
 """
 
@@ -27,7 +27,7 @@ def gpt():
 
 
 def _compile_and_train(rank, world, model, inputs, ref, kwargs):
-    module = autopar.compile(model, world, inputs, **kwargs)
+    module = autopar.compile(model, inputs, **kwargs)
     check_module(rank, module, inputs, ref)
     return module.plan.to_json()
 
@@ -56,7 +56,7 @@ def test_compile_with_a_saved_plan_does_not_search(gpt, tmp_path, monkeypatch):
 
 def _expect_error(rank, world, model, inputs, kwargs, kind):
     with pytest.raises(kind) as info:
-        autopar.compile(model, world, inputs, **kwargs)
+        autopar.compile(model, inputs, **kwargs)
     return str(info.value)
 
 
@@ -79,14 +79,14 @@ def test_an_error_while_planning_on_rank0_reaches_every_rank_instead_of_hanging(
 def test_devices_without_a_process_group_name_the_torchrun_command():
     model, inputs = _gpt()
     with pytest.raises(autopar.LaunchRequiredError) as info:
-        autopar.compile(model, 4, inputs)
+        autopar.compile(model, inputs, devices=4)
     assert "torchrun --nproc-per-node 4" in str(info.value)
     assert torchrun_command(2, ["train.py", "--steps", "3"]) == "torchrun --nproc-per-node 2 train.py --steps 3"
 
 
 def test_one_device_without_a_process_group_is_the_model_with_its_plan():
     model, inputs = _gpt()
-    module = autopar.compile(model, 1, inputs)
+    module = autopar.compile(model, inputs, devices=1)
     assert module.plan.devices == 1
     torch.testing.assert_close(module(*inputs), model(*inputs))
     assert [n for n, _ in module.named_parameters()] == [n for n, _ in model.named_parameters()]
@@ -96,18 +96,18 @@ def test_bad_arguments_are_one_line_errors(gpt):
     model, inputs, _ = gpt
     for kwargs, kind in (({"devices": 0}, ValueError), ({"devices": "two"}, ValueError)):
         with pytest.raises(kind):
-            autopar.compile(model, kwargs["devices"], inputs)
+            autopar.compile(model, inputs, devices=kwargs["devices"])
     with pytest.raises(ValueError, match="example_inputs"):
-        autopar.compile(model, 1)
+        autopar.compile(model, devices=1)
     with pytest.raises(ValueError, match="drop the planning options"):
-        autopar.compile(model, 1, inputs, plan="x.json", search="dp")
+        autopar.compile(model, inputs, devices=1, plan="x.json", search="dp")
     with pytest.raises(ValueError, match="outputs must be"):  # on one device too (it was accepted)
-        autopar.compile(model, 1, inputs, outputs="dtensors")
+        autopar.compile(model, inputs, devices=1, outputs="dtensors")
 
 
 def _world_mismatch(rank, world, model, inputs):
     with pytest.raises(ValueError, match="process group of 2"):
-        autopar.compile(model, 4, inputs)
+        autopar.compile(model, inputs, devices=4)
 
 
 def test_devices_must_match_the_process_group(gpt):
@@ -117,7 +117,7 @@ def test_devices_must_match_the_process_group(gpt):
 
 def _gloo_first_loss(rank, world):
     model, inputs = _gpt()
-    module = autopar.compile(model, world, inputs)
+    module = autopar.compile(model, inputs)
     loss = module(*inputs)
     loss.backward()
     return float(loss), module.plan.fingerprint
@@ -136,7 +136,7 @@ def _pipelined_losses(rank, world, plan_path):
     from autopar.training import train_steps
 
     model, inputs = _gpt()
-    module = autopar.compile(model, world, inputs, plan=plan_path)
+    module = autopar.compile(model, inputs, plan=plan_path)
     names = [n for n, _ in module.named_parameters()]
     return train_steps(module, inputs, 3), names, len(module.plan.stages)
 
@@ -163,7 +163,7 @@ def test_compile_runs_a_pipelined_plan_through_torch_pipelining(tmp_path):
 def _dtensor_outputs(rank, world, model, inputs, expected):
     from torch.distributed.tensor import DTensor
 
-    module = autopar.compile(model, world, inputs, outputs="dtensor")
+    module = autopar.compile(model, inputs, outputs="dtensor")
     loss = module(*inputs)
     assert isinstance(loss, DTensor), type(loss)
     torch.testing.assert_close(loss.full_tensor(), expected)
@@ -181,4 +181,4 @@ def test_a_pase_plan_file_is_refused_not_run_replicated(tmp_path):
     pase = autopar.plan(model, inputs, autopar.Cluster(devices=2), cost_model="pase", space="pase:1")
     pase.save(tmp_path / "pase.json")
     with pytest.raises(ValueError, match="cost_model='pase'"):
-        autopar.compile(model, 1, inputs, plan=str(tmp_path / "pase.json"))
+        autopar.compile(model, inputs, devices=1, plan=str(tmp_path / "pase.json"))

@@ -53,7 +53,7 @@ def case():
 
 
 def _check(rank, world, model, inputs, plan, ref):
-    module = autopar.compile(model, world, inputs, plan=plan)
+    module = autopar.compile(model, inputs, plan=plan)
     check_module(rank, module, inputs, ref)
 
 

@@ -17,6 +17,7 @@ import autopar
 # zoo name -> list of (case id, sizes): small sizes, every model of the zoo
 CASES = {
     "mlp": [("mlp", {})],
+    "resmlp": [("resmlp", {"batch": 8, "width": 32, "hidden": 64, "blocks": 2})],
     "cnn": [("cnn", {})],
     "gpt": [("gpt-2", {"layers": 2}), ("gpt-12", {"layers": 12, "width": 64, "seq": 32, "batch": 2}),
             ("gpt-manual", {"layers": 2, "attention": "manual"})],

@@ -58,7 +58,7 @@ def test_one_node_with_flop_counters_flops(batch_first, need_weights):
 
 
 def _check(rank, world, model, inputs, plan, ref):
-    check_module(rank, autopar.compile(model, world, inputs, plan=plan), inputs, ref)
+    check_module(rank, autopar.compile(model, inputs, plan=plan), inputs, ref)
 
 
 @pytest.mark.parametrize("world, batch_first", [(2, True), (4, True), (4, False)])

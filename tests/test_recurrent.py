@@ -60,7 +60,7 @@ def test_one_node_traced_by_fx_with_flop_counters_flops(batch_first, bidirection
 
 
 def _check(rank, world, model, inputs, plan, ref):
-    check_module(rank, autopar.compile(model, world, inputs, plan=plan), inputs, ref)
+    check_module(rank, autopar.compile(model, inputs, plan=plan), inputs, ref)
 
 
 @pytest.mark.parametrize("batch_first, bidirectional, cell", VARIANTS)

@@ -18,7 +18,7 @@ from autopar.planning.plan import SearchInfo
 
 @pytest.fixture(scope="module")
 def piped():
-    model, inputs = autopar.zoo.get("gpt", layers=2, width=512, heads=8, seq=128, batch=16, vocab=8192,
+    model, inputs = autopar.zoo.get("gpt", layers=4, width=1024, heads=16, seq=512, batch=32, vocab=32768,
                                     device="meta")
     slow = dataclasses.replace(autopar.Cluster.preset("2x8xH100"), inter_bandwidth=2e8, name="slow-ib")
     return autopar.plan(model, inputs, slow, pipeline=True), (model, inputs, slow)

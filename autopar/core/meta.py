@@ -6,11 +6,22 @@ holds); it knows torch.fx, nothing of autopar.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch.func import functional_call
+
+
+# functional_call swaps a leaf module's tensors while it runs: two propagations over modules shared
+# between threads (ranks of a threaded process group) must not interleave.
+_SWAP_LOCK = threading.RLock()
+
+
+def exclusive():
+    """Hold while copying a model that a propagation elsewhere may be running over (threads)."""
+    return _SWAP_LOCK
 
 
 def to_meta(v: Any) -> Any:
@@ -35,7 +46,16 @@ class MetaProp(fx.Interpreter):
     def get_attr(self, target, args, kwargs):
         return to_meta(super().get_attr(target, args, kwargs))
 
+    def run(self, *args, **kwargs):
+        with _SWAP_LOCK:
+            return super().run(*args, **kwargs)
+
     def call_module(self, target, args, kwargs):
         m = self.fetch_attr(target)
         state = {k: to_meta(v) for k, v in [*m.named_parameters(), *m.named_buffers()]}
         return functional_call(m, state, tuple(args), dict(kwargs), strict=False)
+
+
+def meta_like(t: torch.Tensor) -> torch.Tensor:
+    """An empty meta tensor of ``t``'s global shape and dtype (a DTensor's whole shape)."""
+    return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")

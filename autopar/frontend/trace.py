@@ -443,6 +443,8 @@ class _FxFrontend(_Builder):
                 (node.target if node is not None else "")
             raise _Failure(self.frontend, e, module, _stack_line(node), "shapes") from e
         self.values = interp.values
+        for node, value in self.values.items():  # as torch.export keeps them: codegen reads sizes here
+            node.meta["val"] = value
 
     def value(self, node: fx.Node) -> Any:
         return self.values.get(node)
@@ -547,6 +549,9 @@ class _ExportFrontend(_Builder):
             elif node.op == "get_attr":
                 self.env[node] = getattr(gm, node.target, None)
         gm.meta["autopar_frontend"] = "export"
+        gm.meta["autopar_state"] = dict(state)  # placeholder -> parameter/buffer name, for codegen
+        gm.meta["autopar_in_spec"] = ep.call_spec.in_spec  # how (args, kwargs) flatten to the inputs
+        gm.meta["autopar_out_spec"] = ep.call_spec.out_spec  # how the outputs nest, as the model returns them
         return Graph(self.nodes, self.inputs, outputs, type(self.model).__name__, gm)
 
     def value(self, node: fx.Node) -> Any:

@@ -14,6 +14,7 @@ from typing import Callable
 # name -> "module:factory"; imported on first use so that `import autopar` stays light.
 _MODELS = {
     "mlp": "autopar.zoo.mlp:mlp",
+    "resmlp": "autopar.zoo.resmlp:resmlp",
     "cnn": "autopar.zoo.cnn:cnn",
     "gpt": "autopar.zoo.gpt:gpt",
     "alexnet": "autopar.zoo.alexnet:alexnet",

@@ -1,0 +1,43 @@
+"""A residual MLP: blocks of ``x + fc2(relu(fc1(x)))``, the Megatron MLP pattern without attention.
+
+The runtime benchmark's first model (issue 15): every block is one tensor-parallel pair
+(column-parallel fc1, row-parallel fc2), so data, tensor and sharded-data parallelism all apply.
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
+
+    def forward(self, x):
+        return x + self.fc2(F.relu(self.fc1(x)))
+
+
+class ResMLP(nn.Module):
+    def __init__(self, width: int, hidden: int, blocks: int, classes: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width, hidden) for _ in range(blocks))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x, labels=None):
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(x)
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits, labels)
+
+
+def resmlp(batch=64, width=512, hidden=2048, blocks=4, classes=16, device="cpu", seed=0):
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = ResMLP(width, hidden, blocks, classes)
+        x = torch.randn(batch, width)
+        labels = torch.randint(0, classes, (batch,))
+    return model, (x, labels)

@@ -1,0 +1,209 @@
+"""The module ``autopar.compile`` returns on each rank: the model's parameters as DTensors, run
+by the rank's generated program (``program.py``), gradients synced by ``runtime.GradReducer``.
+
+Parameters keep their names (the model's children are its children) and are DTensors laid out as
+their first reader wants them (``p.full_tensor()`` is the whole value), so optimizers, state
+dicts and checkpoints see the model's structure. ``forward`` feeds the program this rank's local
+shards and the inputs; ``module.code`` is what this rank runs. One training interface for every
+plan: ``loss = module.train_step(*inputs)`` runs forward and backward (``loss.backward()`` on the
+forward's output works too, except for pipelined plans), then ``optimizer.step()``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.utils import _pytree as pytree
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+from autopar.core.ir import Graph
+from autopar.core.tables import Config
+
+from .placements import LayoutError
+from .program import Program, build
+from .runtime import GradReducer
+
+
+class CompiledModule(nn.Module):
+    """This rank's module: the model's children with DTensor parameters, run by ``program``."""
+
+    def __init__(self, model: nn.Module, program: Program, mesh: DeviceMesh, graph: Graph, signature,
+                 outputs: str = "replicate"):
+        super().__init__()
+        self._outputs = outputs
+        for name, child in model.named_children():
+            self.add_module(name, child)
+        for name, p in model.named_parameters(recurse=False):
+            self.register_parameter(name, p)
+        for name, b in model.named_buffers(recurse=False):
+            self.register_buffer(name, b)
+        object.__setattr__(self, "program", program)  # not a child: its state is ours already
+        self.mesh = mesh
+        self._signature = signature
+        try:
+            self._model_signature = inspect.signature(model.forward)
+        except (TypeError, ValueError):
+            self._model_signature = None
+        self._input_specs = dict(program.input_specs)
+        self._device = torch.device(mesh.device_type, torch.cuda.current_device()) \
+            if mesh.device_type == "cuda" else torch.device("cpu")
+        self._in_spec = graph.fx_graph.meta.get("autopar_in_spec")
+        self._out_spec = graph.fx_graph.meta.get("autopar_out_spec")
+        self._state = [_tensor(self, name) for name in program.state]
+        params = {name: self.get_parameter(name) for name in program.reduce_axes
+                  if isinstance(_tensor(self, name), nn.Parameter) and _tensor(self, name).requires_grad}
+        self.reducer = GradReducer(mesh, {p: program.reduce_axes[n] for n, p in params.items()},
+                                   list(params.values()))
+
+    @property
+    def code(self) -> str:
+        """The Python code of this rank's program (``torch.fx`` generated)."""
+        return self.program.module.code
+
+    def forward(self, *args, **kwargs):
+        inputs = self._bind(args, kwargs)
+        state = [t.to_local() if isinstance(t, DTensor) else t for t in self._state]
+        out = self.program.module(*state, *inputs)
+        if self._out_spec is not None:  # an export graph returns a flat tuple: nest it as the model does
+            out = pytree.tree_unflatten(list(out), self._out_spec)
+        if torch.is_grad_enabled():
+            self.reducer.watch(out)
+        if self._outputs == "dtensor":
+            leaves = iter(self.program.output_placements)
+            out = fx.node.map_aggregate(out, lambda v: _as_dtensor(v, next(leaves), self.mesh))
+        return out
+
+    def train_step(self, *args, **kwargs) -> torch.Tensor:
+        """Forward and backward of one batch; returns the (detached) loss. Then optimizer.step()."""
+        loss = self(*args, **kwargs)
+        loss = loss["loss"] if isinstance(loss, dict) else getattr(loss, "loss", loss)
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            raise ValueError("train_step needs a model whose forward returns the loss (a scalar, or an "
+                             "output with .loss); for other outputs call the module and backward yourself")
+        loss.backward()
+        return loss.detach()
+
+    def _bind(self, args: tuple, kwargs: dict) -> list:
+        names = self.program.inputs
+        if self._in_spec is not None:  # an export graph: (args, kwargs) flattened as traced
+            values = self._flatten_as_traced(args, kwargs)
+            bound = dict(zip(names, values))
+        elif self._signature is not None:
+            bound = self._signature.bind_partial(*args, **kwargs).arguments
+        else:
+            bound = dict(zip(names, args))
+            bound.update(kwargs)
+        out = []
+        for name in names:
+            if name not in bound:
+                raise TypeError(f"missing input {name!r}: this module was compiled for the inputs {names}")
+            v = bound[name]
+            spec = self._input_specs.get(name)
+            if spec is not None and isinstance(v, torch.Tensor) and tuple(v.shape) != tuple(spec.shape):
+                raise ValueError(f"input {name!r} has shape {tuple(v.shape)}; this module was compiled for "
+                                 f"{tuple(spec.shape)}: compile it again with inputs of the new shape "
+                                 "(e.g. drop_last=True in the DataLoader keeps every batch the same size)")
+            if isinstance(v, torch.Tensor) and v.device.type != self.mesh.device_type:
+                v = v.to(self._device)  # inputs follow the module onto this rank's device
+            out.append(v)
+        return out
+
+    def _flatten_as_traced(self, args: tuple, kwargs: dict) -> list:
+        """The call's tensors in the order torch.export flattened the traced call's (args, kwargs),
+        whichever of the two a user passes each argument in now."""
+        n_args = self._in_spec.children_specs[0].num_children
+        keys = self._in_spec.children_specs[1].context
+        if self._model_signature is not None and (len(args) != n_args or set(kwargs) != set(keys)):
+            bound = self._model_signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            params = list(bound.arguments.items())
+            args = tuple(v for _, v in params[:n_args])
+            kwargs = {k: bound.arguments[k] for k in keys}
+        leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        if spec != self._in_spec:
+            raise TypeError(f"this module was compiled for inputs shaped like {self._in_spec}, "
+                            f"called with {spec}")
+        return leaves
+
+
+def _as_dtensor(v, placements, mesh: DeviceMesh):
+    if placements is None or not isinstance(v, torch.Tensor):
+        return v
+    return DTensor.from_local(v, mesh, placements, run_check=False)
+
+
+def _tensor(module: nn.Module, name: str) -> torch.Tensor:
+    owner, _, leaf = name.rpartition(".")
+    m = module.get_submodule(owner) if owner else module
+    return getattr(m, leaf)
+
+
+def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh,
+                   outputs: str = "replicate") -> CompiledModule:
+    """This rank's module for ``graph`` under ``assignment`` on ``mesh`` (``model`` is copied)."""
+    if graph.fx_graph is None:
+        raise LayoutError("compile needs graph.fx_graph, the traced GraphModule the IR came from")
+    from autopar.core.meta import exclusive
+
+    with exclusive():  # another rank's thread may be propagating shapes through the same modules
+        model = copy.deepcopy(model)
+    if mesh.device_type != "cpu":  # this rank's shards live on its device (cuda:LOCAL_RANK)
+        from .mesh import local_device
+
+        model = model.to(local_device("nccl"))
+    program = build(graph, assignment, mesh, model, outputs)  # on the plain copy: it reads shapes only
+    _distribute_state(model, mesh, program.stored)
+    try:
+        signature = inspect.signature(model.forward) if graph.fx_graph.meta.get("autopar_frontend") != "export" \
+            else None
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None and any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values()):
+        signature = None
+    return CompiledModule(model, program, mesh, graph, signature, outputs)
+
+
+def _distribute_state(model: nn.Module, mesh: DeviceMesh, stored) -> None:
+    """Every parameter and buffer as a DTensor; a tied one (one tensor, several names) once."""
+    replicate = tuple(Replicate() for _ in range(mesh.ndim))
+    for named, make in ((model.named_parameters, _parameter), (model.named_buffers, _buffer)):
+        aliases: dict[int, list[str]] = {}
+        tensors: dict[int, torch.Tensor] = {}
+        for name, t in named(remove_duplicate=False):
+            aliases.setdefault(id(t), []).append(name)
+            tensors[id(t)] = t
+        for key, names in aliases.items():
+            placements = next((stored[n] for n in names if n in stored), replicate)
+            new = make(tensors[key], mesh, placements)
+            for name in names:
+                path, _, leaf = name.rpartition(".")
+                owner = model.get_submodule(path) if path else model
+                (owner._parameters if make is _parameter else owner._buffers)[leaf] = new
+
+
+def _parameter(p: torch.Tensor, mesh: DeviceMesh, placements) -> nn.Parameter:
+    return nn.Parameter(distribute_tensor(p.detach(), mesh, placements), requires_grad=p.requires_grad)
+
+
+def _buffer(b: torch.Tensor, mesh: DeviceMesh, placements) -> torch.Tensor:
+    return distribute_tensor(b, mesh, placements)
+
+
+def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], mesh_shape: tuple[int, ...],
+                 device_mesh: DeviceMesh | None = None, outputs: str = "replicate") -> CompiledModule:
+    """``compile_module`` on a mesh of ``mesh_shape`` (built on the process group's devices) or on
+    ``device_mesh`` (a caller's, e.g. one pipeline stage's sub-mesh)."""
+    from .mesh import device_mesh as make_mesh
+
+    mesh = device_mesh if device_mesh is not None else make_mesh(tuple(mesh_shape))
+    if tuple(mesh.shape) != tuple(mesh_shape):
+        raise LayoutError(f"device mesh {tuple(mesh.shape)} is not the plan's mesh {tuple(mesh_shape)}")
+    return compile_module(model, graph, assignment, mesh, outputs)
+
+
+__all__ = ["CompiledModule", "compile_module", "shard_module"]

@@ -1,0 +1,414 @@
+"""The per-rank program: the traced graph rewritten once into a GraphModule on local shards.
+
+Every IR node becomes one call on this rank's shards (``NodeCall``: the traced op with its shape
+arguments localized and the per-op repairs of ``ops.LocalCall``), preceded by a ``Reshard`` for
+each operand whose layout differs from its producer's (forward and backward collectives, from the
+IR and the plan). Values that are not tensors (sizes, shapes) are the traced constants, so the
+program's shapes are static: the batch it was compiled for. Parameters and buffers come in as
+placeholders (the caller passes their local shards), then the user's inputs; outputs leave as
+whole tensors (``outputs="replicate"``) or as the plan leaves them (``"local"``).
+
+It reads the graph either frontend made (torch.fx: torch functions, methods and leaf modules;
+torch.export: ATen ops with parameters as placeholders): one builder for both.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate
+from torch.utils import _pytree as pytree
+
+from autopar.core.ir import Graph, Node
+from autopar.core.meta import MetaProp, meta_like
+from autopar.core.tables import Config
+
+from .batchnorm import needs_sync
+from .inplace import written_argument
+from .op_fixes import causal_rows, mean_scale, vocab_shard
+from .operands import NO_KEY, OperandMatcher, Use, operand_key
+from .ops import LocalCall
+from .placements import LayoutError, NodeLayout, Placements, node_layout
+from .runtime import Reshard, ReshardSpec, grad_target, needs_reshard
+from .strided import chunk_index
+
+
+@dataclass
+class Program:
+    """The built program and what its caller must feed it."""
+
+    module: fx.GraphModule
+    state: list[str]  # qualified names of the parameters/buffers fed first, in placeholder order
+    inputs: list[str]  # the user's inputs (the forward's argument names), after the state, in order
+    input_specs: dict[str, Any] = field(default_factory=dict)  # input name -> its traced TensorSpec
+    stored: dict[str, Placements] = field(default_factory=dict)  # how each is stored (first reader's layout)
+    reduce_axes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # param -> axes its grad sums over
+    sync_bn: set[str] = field(default_factory=set)  # parameters a synced batch norm reads itself
+    layouts: dict[str, NodeLayout] = field(default_factory=dict)
+    output_placements: list = field(default_factory=list)  # per output leaf (fx order): placements or None
+
+
+@dataclass
+class _Value:
+    """A value of the program: its node (or a constant) and, per tensor leaf, its placements."""
+
+    node: Any
+    placements: Any = None  # Placements for a tensor; a tree of them for a tuple; None otherwise
+
+
+class NodeCall(nn.Module):
+    """One IR node on local shards (``module.code`` shows ``self.<node>(...)``)."""
+
+    def __init__(self, call: LocalCall, label: str):
+        super().__init__()
+        self.call = call
+        self.label = label
+
+    def forward(self, *tensors):
+        return self.call.rebuild(self.call(*tensors))
+
+    def extra_repr(self) -> str:
+        return self.label
+
+
+class SyncBatchNorm(nn.Module):
+    """A training batch norm with its batch split: global statistics (``batchnorm.py``)."""
+
+    def __init__(self, owner: list, node: Node, layout: NodeLayout, mesh: DeviceMesh):
+        super().__init__()
+        self._owner = owner  # [the compiled module's batch-norm child], not registered twice
+        self.node, self.layout, self.mesh = node, layout, mesh
+
+    def forward(self, x):
+        from torch.distributed.tensor import DTensor
+
+        from .batchnorm import sync_batch_norm
+
+        xp = self.layout.inputs[0]
+        y = sync_batch_norm(self._owner[0], DTensor.from_local(x, self.mesh, xp, run_check=False),
+                            self.node, self.layout, self.mesh)
+        return y.to_local()
+
+
+def traced_values(graph: Graph, model: nn.Module) -> dict[fx.Node, Any]:
+    """Every fx node's traced value (meta tensors, sizes), which both frontends keep in
+    ``node.meta["val"]``; a graph that lost them (pickled to another process) is propagated again
+    on meta tensors (user inputs from the IR's specs, state from ``model``'s shapes)."""
+    gm = graph.fx_graph
+    nodes = list(gm.graph.nodes)
+    if all("val" in n.meta for n in nodes if n.op == "placeholder"):
+        return {n: n.meta.get("val") for n in nodes}
+    state = state_names(graph)
+    args = []
+    for n in nodes:
+        if n.op != "placeholder":
+            continue
+        if n.name in state:
+            owner, _, leaf = state[n.name].rpartition(".")
+            args.append(meta_like(getattr(model.get_submodule(owner) if owner else model, leaf)))
+        else:
+            spec = graph.inputs.get(n.name)
+            args.append(torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device="meta")
+                        if spec is not None else None)
+    interp = MetaProp(gm)
+    with torch.no_grad(), torch.device("meta"):
+        interp.run(*args)
+    return interp.values
+
+
+def state_names(graph: Graph) -> dict[str, str]:
+    """Placeholder name -> qualified parameter/buffer name, for graphs that pass state as inputs."""
+    return dict(graph.fx_graph.meta.get("autopar_state", {}))
+
+
+def build(graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh, model: nn.Module,
+          outputs: str = "replicate") -> Program:
+    """This rank's program for ``graph`` under ``assignment`` on ``mesh``; ``model`` is the
+    compiled module (its children are called by fx leaf-module nodes)."""
+    return _Builder(graph, assignment, mesh, model, outputs).run()
+
+
+class _Builder:
+    def __init__(self, graph, assignment, mesh, model, outputs):
+        if outputs not in ("replicate", "local", "dtensor"):
+            raise ValueError(f"outputs must be 'replicate', 'local' or 'dtensor', not {outputs!r}")
+        self.graph, self.mesh, self.model, self.outputs = graph, mesh, model, outputs
+        self.shape = tuple(mesh.shape)
+        self.coord = mesh.get_coordinate() or [0] * mesh.ndim
+        self.layouts = {n.name: node_layout(n, assignment.get(n.name), self.shape) for n in graph.nodes}
+        self.src = graph.fx_graph
+        self.values = traced_values(graph, model)
+        self.state_of = state_names(graph)
+        self.new = fx.Graph()
+        self.root = nn.Module()
+        self.env: dict[fx.Node, _Value] = {}
+        self.stored: dict[str, Placements] = {}
+        self.grad_of: dict[str, Placements] = {}  # the gradient layout every read must give back
+        self.state_nodes: dict[str, fx.Node] = {}
+        self.inputs: list[str] = []
+        self.input_specs: dict[str, Any] = {}
+        self.sync_bn: set[str] = set()
+        self.canonical = _aliases(model)  # a tied tensor has several names: one placeholder
+        self._stored_placements()
+
+    # -- state ----------------------------------------------------------------------------------
+    def _stored_placements(self) -> None:
+        """Each parameter is stored as its first reader wants it; later readers reshard."""
+        for node in self.graph.nodes:
+            lay = self.layouts[node.name]
+            for op, pl, g in zip(node.params, lay.params, lay.param_grads):
+                name = self.canonical.get(op.source.removeprefix("param:"), op.source.removeprefix("param:"))
+                if name not in self.stored:
+                    self.stored[name], self.grad_of[name] = pl, g
+
+    def _state(self, name: str) -> fx.Node:
+        name = self.canonical.get(name, name)
+        if name not in self.state_nodes:
+            with self.new.inserting_before(self._first_input()):
+                self.state_nodes[name] = self.new.placeholder("s_" + name.replace(".", "_"))
+            self.stored.setdefault(name, self._replicated())
+            self.grad_of.setdefault(name, self.stored[name])
+        return self.state_nodes[name]
+
+    def _first_input(self):
+        return next((n for n in self.new.nodes if n.op == "placeholder" and n.name.startswith("x_")),
+                    None) or next(iter(self.new.nodes), None)
+
+    def _replicated(self) -> Placements:
+        return tuple(Replicate() for _ in self.shape)
+
+    # -- the walk --------------------------------------------------------------------------------
+    def run(self) -> Program:
+        for n in self.src.graph.nodes:
+            if n.op == "placeholder":
+                self._placeholder(n)
+            elif n.op == "get_attr":
+                self._get_attr(n)
+            elif n.op == "output":
+                self._output(n)
+            elif n.name in self.layouts:
+                self._ir_node(n, self.graph.node(n.name))
+            else:
+                self._other(n)
+        module = fx.GraphModule(self.root, self.new, class_name="RankProgram")
+        module.graph.eliminate_dead_code()
+        module.recompile()
+        state = [n.name for n in module.graph.nodes if n.op == "placeholder" and n.name.startswith("s_")]
+        by_node = {v.name: k for k, v in self.state_nodes.items()}
+        names = [by_node[s] for s in state]
+        reduce_axes = {k: tuple(a for a, p in enumerate(self.grad_of[k]) if p.is_partial())
+                       for k in names if k not in self.sync_bn}
+        return Program(module, names, self.inputs, self.input_specs, dict(self.stored),
+                       reduce_axes, self.sync_bn, self.layouts, self.output_placements)
+
+    def _placeholder(self, n: fx.Node) -> None:
+        if n.name in self.state_of:
+            name = self.canonical.get(self.state_of[n.name], self.state_of[n.name])
+            self.env[n] = _Value(self._state(name), self.stored.get(name, self._replicated()))
+            return
+        ph = self.new.placeholder("x_" + n.name)
+        self.inputs.append(str(n.target))
+        if n.name in self.graph.inputs:
+            self.input_specs[str(n.target)] = self.graph.inputs[n.name]
+        self.env[n] = _Value(ph, self._replicated() if isinstance(self.values.get(n), torch.Tensor) else None)
+
+    def _get_attr(self, n: fx.Node) -> None:
+        v = self.values.get(n)
+        if isinstance(v, torch.Tensor) and _is_state(self.model, n.target):
+            name = self.canonical.get(n.target, n.target)
+            self.env[n] = _Value(self._state(name), self.stored.get(name, self._replicated()))
+        else:  # a constant the tracer stored on its GraphModule
+            const = getattr(self.src, n.target)
+            name = "c_" + n.target.replace(".", "_")
+            if isinstance(const, torch.Tensor):
+                self.root.register_buffer(name, const.detach().clone(), persistent=False)
+            else:
+                setattr(self.root, name, const)
+            self.env[n] = _Value(self.new.get_attr(name), self._replicated() if isinstance(const, torch.Tensor) else None)
+
+    def _output(self, n: fx.Node) -> None:
+        placements = []
+
+        def leave(a):
+            if not isinstance(a, fx.Node):
+                placements.append(None)
+                return a
+            v = self.env[a]
+            if not _is_pl(v.placements):
+                placements.append(None)
+                return v.node
+            if self.outputs == "replicate":
+                placements.append(self._replicated())
+                return self._reshard(v, Use(self._replicated(), self._replicated()))
+            placements.append(v.placements)
+            return v.node
+
+        self.new.output(fx.node.map_arg(n.args[0], leave))
+        self.output_placements = placements
+
+    def _other(self, n: fx.Node) -> None:
+        """An fx node that is no IR node: a traced constant (a size), an index into a node's tuple
+        output, or a tensor op the IR left out (run on whole tensors unless it passes one through)."""
+        value = self.values.get(n)
+        if not _has_tensor(value):
+            self.env[n] = _Value(value)
+            return
+        if (n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], fx.Node)
+                and not isinstance(self.values.get(n.args[0]), torch.Tensor)):  # an item of a tuple
+            src = self.env[n.args[0]]
+            idx = n.args[1]
+            pl = src.placements[idx] if isinstance(src.placements, (list, tuple)) and not _is_pl(src.placements) \
+                else src.placements
+            self.env[n] = _Value(self.new.call_function(operator.getitem, (src.node, idx)), pl)
+            return
+        tensors = [a for a in n.all_input_nodes if _is_pl(self.env[a].placements)]
+        if len(tensors) == 1 and isinstance(value, torch.Tensor):
+            pl = self.env[tensors[0]].placements  # a pass-through (contiguous, clone, to, detach)
+        else:
+            pl = self._replicated()
+        args = pytree.tree_map(lambda a: self._arg_whole(a, len(tensors) != 1), (n.args, n.kwargs))
+        new = self.new.create_node(n.op, n.target, args[0], args[1], name=n.name)
+        self.env[n] = _Value(new, pl if isinstance(value, torch.Tensor) else None)
+
+    def _arg_whole(self, a, whole: bool):
+        if not isinstance(a, fx.Node):
+            return a
+        v = self.env[a]
+        if whole and _is_pl(v.placements):
+            return self._reshard(v, Use(self._replicated(), self._replicated()))
+        return v.node
+
+    # -- IR nodes --------------------------------------------------------------------------------
+    def _ir_node(self, n: fx.Node, node: Node) -> None:
+        layout = self.layouts[node.name]
+        module = self.model.get_submodule(n.target) if n.op == "call_module" else None
+        if needs_sync(node, layout, module):
+            self._sync_bn(n, node, layout, module)
+            return
+        # sizes and other non-tensor values become the traced constants, wherever they are nested
+        # (a slice's bound, a shape list); tensors stay nodes and become the call's arguments
+        bound = fx.node.map_arg((n.args, n.kwargs), self._constant_unless_tensor)
+        flat, spec = pytree.tree_flatten(bound)
+        operands = OperandMatcher(node, layout)
+        consts, slots, args, uses = list(flat), [], [], []
+        for i, a in enumerate(flat):
+            if not isinstance(a, fx.Node):
+                continue
+            v = self.env[a]
+            key = operand_key(a, self.layouts, self.state_of)
+            use = operands.match(key, self.values[a].ndim)
+            param = key.source[6:] if key is not NO_KEY and key.source.startswith("param:") else None
+            slots.append(i)
+            param = self.canonical.get(param, param) if param is not None else None
+            args.append(self._reshard(v, use, param=param if param in self.stored else None))
+            uses.append(use)
+            consts[i] = None
+        names = []
+        if module is not None:
+            for name, _ in list(module.named_parameters()) + list(module.named_buffers()):
+                qualified = f"{n.target}.{name}" if n.target else name
+                use = operands.param(qualified)
+                names.append(name)
+                canon = self.canonical.get(qualified, qualified)
+                args.append(self._reshard(_Value(self._state(qualified), self.stored[canon]), use, param=canon))
+                uses.append(use)
+        index = lambda dim, lay=layout: chunk_index(dim, lay.axis_dims, self.shape, self.coord)  # noqa: E731
+        written = written_argument(n, module)
+        drop = {j for j, u in enumerate(uses) if any(self.coord[a] != 0 for a in u.additive)}
+        call = LocalCall(n, node, layout, module, consts, spec, slots, names, mean_scale(n, node, layout), drop,
+                         vocab_shard(node, layout, self.shape, self.coord), causal_rows(node, layout, index),
+                         [(u.spec, u.strided) for u in uses], index, writes_first=written is not None)
+        label = f"{_describe(n)}; split {_split_words(node, layout)}"
+        self.root.add_module(n.name, NodeCall(call, label))
+        out = self.new.call_module(n.name, tuple(args))
+        self.env[n] = _Value(out, self._output_placements(n, layout))
+        if written is not None and written in self.env:
+            self.env[written] = self.env[n]  # later readers of the written tensor see the new value
+
+    def _constant_unless_tensor(self, a: fx.Node):
+        v = self.env[a]
+        if _is_pl(v.placements):
+            return a
+        return v.node if not isinstance(v.node, fx.Node) else self.values.get(a)
+
+    def _output_placements(self, n: fx.Node, layout: NodeLayout):
+        value = self.values.get(n)
+        leaves, spec = pytree.tree_flatten(value)
+        outs = iter(layout.outputs)
+        pl = [next(outs) if isinstance(t, torch.Tensor) else None for t in leaves]
+        return pytree.tree_unflatten(pl, spec) if not isinstance(value, torch.Tensor) else pl[0]
+
+    def _sync_bn(self, n, node, layout, module) -> None:
+        x = self.env[n.args[0]]
+        use = Use(layout.inputs[0], layout.input_grads[0])
+        owner = [self.model.get_submodule(n.target)]
+        self.root.add_module(n.name, SyncBatchNorm(owner, node, layout, self.mesh))
+        for name, _ in module.named_parameters():
+            self.sync_bn.add(f"{n.target}.{name}")
+        self.env[n] = _Value(self.new.call_module(n.name, (self._reshard(x, use),)), layout.outputs[0])
+
+    def _reshard(self, v: _Value, use: Use, param: str | None = None) -> fx.Node:
+        """``v`` in the layout ``use`` wants, its gradient given back as its producer wants it
+        (for a parameter: as its first reader's gradient, so that reads add up)."""
+        if param is not None:
+            param = self.canonical.get(param, param)
+        back = self.grad_of[param] if param is not None else grad_target(v.placements)
+        spec = ReshardSpec(self.mesh, v.placements, use.placements, use.grads, back)
+        if not needs_reshard(spec):
+            return v.node
+        name = f"reshard_{len([m for m in self.root.children() if isinstance(m, Reshard)])}"
+        self.root.add_module(name, Reshard(spec))
+        return self.new.call_module(name, (v.node,))
+
+
+def _aliases(model: nn.Module) -> dict[str, str]:
+    """Every parameter/buffer name -> the first name of its tensor (tied weights share one)."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for named in (model.named_parameters, model.named_buffers):
+        for name, t in named(remove_duplicate=False):
+            out[name] = first.setdefault(id(t), name)
+    return out
+
+
+def _is_pl(p) -> bool:
+    return isinstance(p, tuple) and bool(p) and not isinstance(p[0], (tuple, list)) and p[0] is not None \
+        and hasattr(p[0], "is_shard")
+
+
+def _has_tensor(v) -> bool:
+    return any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(v))
+
+
+def _is_state(model: nn.Module, target: str) -> bool:
+    try:
+        model.get_parameter(target)
+        return True
+    except AttributeError:
+        try:
+            model.get_buffer(target)
+            return True
+        except AttributeError:
+            return False
+
+
+def _describe(n: fx.Node) -> str:
+    if n.op == "call_module":
+        return f"module {n.target}"
+    if n.op == "call_method":
+        return f"method {n.target}"
+    return f"{getattr(n.target, '__module__', '') or ''}.{getattr(n.target, '__name__', n.target)}".lstrip(".")
+
+
+def _split_words(node: Node, layout: NodeLayout) -> str:
+    words = [f"{d}/{c}" for d, c in layout.split_counts.items() if c > 1]
+    return ", ".join(words) if words else "none"
+
+
+__all__ = ["Program", "build", "NodeCall", "LayoutError"]

@@ -1,0 +1,202 @@
+"""What the generated program calls besides the model's own ops: reshards and gradient buckets.
+
+``Reshard`` moves a local shard from one layout to another with DTensor's redistribute (the walk
+the cost model prices), forward and backward, as one autograd step on plain tensors: no DTensor
+flows through the program, so ops between reshards dispatch as plain torch ops.
+
+``GradReducer`` all-reduces the gradients of parameters read replicated by a split node (the
+data-parallel gradient sync) the way DDP does it: parameters in buckets of about 25 MB in the
+order the backward produces their gradients, each bucket's all-reduce started asynchronously as
+soon as its last gradient is accumulated (overlapping the rest of the backward), all waited for
+when the backward ends. DDP itself cannot be used: its parameters are DTensors, and different
+parameters reduce over different groups of mesh axes (a tensor-parallel weight only over the
+data axes, a replicated one over all of them). Sums, not averages: the program computes the
+global loss, so each rank's gradient is a partial sum of the true one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.utils import _pytree as pytree
+
+from autopar.core.buckets import BUCKET_BYTES, make_buckets
+
+Placements = tuple[Placement, ...]
+
+
+def fmt(placements: Placements) -> str:
+    return "(" + ", ".join("R" if p.is_replicate() else "P" if p.is_partial() else f"S({p.dim})"
+                           for p in placements) + ")"
+
+
+def grad_target(placements: Placements) -> Placements:
+    """What a producer expects its output's gradient to be: its own layout, a partial sum
+    replaced by a replica (the gradient of a sum is the same on every term)."""
+    return tuple(Replicate() if p.is_partial() else p for p in placements)
+
+
+class _Redistribute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, spec):
+        ctx.spec = spec
+        with torch.no_grad():
+            return _move(x, spec.mesh, spec.src, spec.dst)
+
+    @staticmethod
+    def backward(ctx, g):
+        s = ctx.spec
+        with torch.no_grad():
+            return _move(g.contiguous(), s.mesh, s.grad_in, s.grad_out), None
+
+
+def _move(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements) -> torch.Tensor:
+    if src == dst:
+        return x
+    return DTensor.from_local(x, mesh, src, run_check=False).redistribute(mesh, dst).to_local()
+
+
+@dataclass(frozen=True, eq=False)
+class ReshardSpec:
+    mesh: DeviceMesh
+    src: Placements  # the producer's layout
+    dst: Placements  # the layout the reader wants
+    grad_in: Placements  # how the reader's gradient comes back
+    grad_out: Placements  # how the producer wants it
+
+
+class Reshard(nn.Module):
+    """One layout change of one value, forward and backward (``module.code`` shows each)."""
+
+    def __init__(self, spec: ReshardSpec):
+        super().__init__()
+        self.spec = spec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Redistribute.apply(x, self.spec)
+
+    def extra_repr(self) -> str:
+        s = self.spec
+        return f"{fmt(s.src)} -> {fmt(s.dst)}, grad {fmt(s.grad_in)} -> {fmt(s.grad_out)}"
+
+
+def needs_reshard(spec: ReshardSpec) -> bool:
+    return spec.src != spec.dst or spec.grad_in != spec.grad_out
+
+
+def slice_input(x: torch.Tensor, mesh: DeviceMesh, dst: Placements) -> torch.Tensor:
+    """This rank's shard of a whole (replicated) input: a local slice, no communication."""
+    return _move(x, mesh, tuple(Replicate() for _ in dst), dst)
+
+
+class GradReducer:
+    """Bucketed, overlapped all-reduce of parameter gradients (see the module docstring)."""
+
+    def __init__(self, mesh: DeviceMesh, reduce_axes: dict[nn.Parameter, tuple[int, ...]],
+                 order: list[nn.Parameter], bucket_bytes: int = BUCKET_BYTES):
+        self.mesh = mesh
+        ids = {id(p): p for p in order}
+        plan = make_buckets([(str(id(p)), reduce_axes.get(p, ()), p.to_local().numel() * p.element_size())
+                             for p in order], bucket_bytes)
+        self.buckets = [[ids[int(k)] for k in b.names] for b in plan]
+        self.bucket_axes = [b.axes for b in plan]
+        self.bucket_of = {p: i for i, ps in enumerate(self.buckets) for p in ps}
+        self.groups = {axes: _group(mesh, axes) for axes in set(self.bucket_axes)}
+        self._ready: list[int] = [0] * len(self.buckets)
+        self._work: list[tuple[object, torch.Tensor, int]] = []
+        self._queued = False
+        self._base: dict[nn.Parameter, torch.Tensor] = {}  # gradients already reduced (accumulation)
+        self._started = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.bucket_of]
+
+    def watch(self, out) -> None:
+        """Call on the forward's outputs: when their backward starts, gradients already held
+        (accumulation over several backwards, microbatches of a pipeline) are set aside, so that
+        only what this backward adds is summed over the ranks."""
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(self._begin)
+
+    def _begin(self, grad):
+        if not self._started:
+            self._started = True
+            if not self._queued:
+                self._queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            for p in self.bucket_of:
+                if p.grad is not None:
+                    self._base[p] = p.grad._local_tensor.clone()
+        return grad
+
+    def _on_grad(self, p: nn.Parameter) -> None:
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+        b = self.bucket_of[p]
+        self._ready[b] += 1
+        if self._ready[b] == len(self.buckets[b]):
+            self._launch(b)
+
+    def _launch(self, b: int) -> None:
+        grads = [self._new_part(p) for p in self.buckets[b] if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
+        work = dist.all_reduce(flat, group=self.groups[self.bucket_axes[b]], async_op=True)
+        self._work.append((work, flat, b))
+
+    def _new_part(self, p: nn.Parameter) -> torch.Tensor:
+        g = p.grad._local_tensor
+        base = self._base.get(p)
+        return g if base is None else g - base
+
+    def _finish(self) -> None:
+        for b, count in enumerate(self._ready):
+            if 0 < count < len(self.buckets[b]):  # a parameter unused this step: reduce what came
+                self._launch(b)
+        for work, flat, b in self._work:
+            work.wait()
+            offset = 0
+            for p in self.buckets[b]:
+                if p.grad is None:
+                    continue
+                g = p.grad._local_tensor
+                n = g.numel()
+                part = flat[offset:offset + n].view_as(g)
+                base = self._base.get(p)
+                g.copy_(part if base is None else base + part)
+                offset += n
+        self._work.clear()
+        self._base.clear()
+        self._ready = [0] * len(self.buckets)
+        self._queued = False
+        self._started = False
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+def _group(mesh: DeviceMesh, axes: tuple[int, ...]) -> dist.ProcessGroup:
+    """The process group of the mesh axes ``axes`` (a flattened sub-mesh for several)."""
+    if len(axes) == 1:
+        return mesh.get_group(axes[0])
+    names = mesh.mesh_dim_names
+    if names is None:
+        raise ValueError("a gradient reduction over several mesh axes needs a mesh with dim names")
+    return mesh[tuple(names[a] for a in axes)]._flatten().get_group()
+
+
+def partial_axes(placements: Placements) -> tuple[int, ...]:
+    return tuple(a for a, p in enumerate(placements) if isinstance(p, Partial))
+
+
+def shard_dims(placements: Placements) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for a, p in enumerate(placements):
+        if isinstance(p, Shard):
+            out.setdefault(p.dim, []).append(a)
+    return out
