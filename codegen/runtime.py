@@ -144,7 +144,10 @@ class GradReducer:
 
     def _launch(self, b: int) -> None:
         grads = [self._new_part(p) for p in self.buckets[b] if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
+        if len(grads) == 1 and grads[0].is_contiguous():
+            flat = grads[0].view(-1)  # alone: reduced in place (a delta of accumulation is a copy already)
+        else:
+            flat = torch.cat([g.reshape(-1) for g in grads])
         work = dist.all_reduce(flat, group=self.groups[self.bucket_axes[b]], async_op=True)
         self._work.append((work, flat, b))
 
@@ -167,7 +170,10 @@ class GradReducer:
                 n = g.numel()
                 part = flat[offset:offset + n].view_as(g)
                 base = self._base.get(p)
-                g.copy_(part if base is None else base + part)
+                if base is not None:
+                    g.copy_(base + part)
+                elif part.data_ptr() != g.data_ptr():
+                    g.copy_(part)
                 offset += n
         self._work.clear()
         self._base.clear()

@@ -1,0 +1,197 @@
+"""autopar's compiled module beside PyTorch's own implementation of the same strategy, in one run.
+
+    .venv/bin/python -m benchmarks.runtime [--nproc 2 4] [--steps 12] [--warmup 3] [--no-write]
+
+On ``nproc`` local gloo processes (one thread each, ``OMP_NUM_THREADS=1``), for each model:
+
+* ``DDP``: ``DistributedDataParallel`` on each rank's slice of the batch, vs autopar's
+  data-parallel plan (the ``data_parallel`` baseline of its plan, compiled);
+* ``TP``: ``parallelize_module`` with ``ColwiseParallel`` on every fc1 and ``RowwiseParallel`` on
+  every fc2 (the Megatron MLP; the GPT's fused qkv is not head-aligned for PyTorch's styles, so
+  attention stays replicated in both), vs autopar with the same layout pinned (the rest solved
+  by its exact DP on the same tables);
+* ``FSDP2``: ``fully_shard`` on every block and the root, vs autopar's nearest plan, data parallel
+  (autopar's space has no sharded-data parallelism yet);
+* autopar's own plan for the ``cpu`` cluster of ``nproc`` devices.
+
+A step is forward + backward + AdamW, fenced by barriers; the figure is the median of ``steps``
+steps after ``warmup``, on rank 0. Ratios are autopar / PyTorch (lower is better); the predicted
+ratio of autopar's own plan over its data-parallel plan sits beside the measured one. Results go
+to ``benchmarks/runtime.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "runtime.md"
+MODELS = {
+    "resmlp": dict(blocks=4, width=512, hidden=2048, batch=64),
+    "gpt": dict(layers=2, width=256, heads=4, seq=128, batch=16, vocab=512),
+}
+
+
+def _time(step, sync, steps: int, warmup: int) -> float:
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        dist.barrier()
+        t = time.perf_counter()
+        step()
+        sync()
+        dist.barrier()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _pins(graph, plan, tp_linears: list[str]):
+    """autopar's plan with every fc1 column-split and fc2 row-split on the mesh, the rest by DP."""
+    import dataclasses
+
+    from autopar.core.tables import restrict
+    from autopar.search.dp import dp
+
+    tables = plan.tables
+    keep = []
+    for i, node in enumerate(graph.nodes):
+        cfgs = tables.configs[i]
+        want = None
+        if node.module in tp_linears:
+            kind = "n" if node.module.endswith("fc1") else "k"
+            names = [d.name for d in node.dims]
+            want = [j for j, c in enumerate(cfgs)
+                    if all((s == plan.devices) == (d == kind) or (s == 1 and d != kind)
+                           for d, s in zip(names, c.splits))]
+        keep.append(want or list(range(len(cfgs))))
+    sub = restrict(tables, keep)
+    sol = dp(sub)
+    choice = [keep[i][c] for i, c in enumerate(sol.choice)]
+    assignment = {name: tables.configs[i][c] for i, (name, c) in enumerate(zip(tables.nodes, choice))}
+    return dataclasses.replace(plan, assignment=assignment, baselines={}, cost=tables.total(choice))
+
+
+def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import autopar
+
+    torch.set_num_threads(1)
+    import faulthandler
+
+    faulthandler.dump_traceback_later(float(os.environ.get("RUNTIME_HANG_S", "1800")), exit=True)
+    out = {}
+    for name, sizes in MODELS.items():
+        model, inputs = autopar.zoo.get(name, **sizes)
+        local = tuple(t.chunk(world)[rank] for t in inputs)
+        mlps = [m for m, _ in model.named_modules() if m.endswith("fc1") or m.endswith("fc2")]  # same order on every rank
+        best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
+        tp_plan = _pins(best.graph, best, mlps)
+        results = {}
+
+        def run(label, module, batch, step_fn=None):
+            opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
+
+            def step():
+                opt.zero_grad()
+                if step_fn is not None:
+                    step_fn(batch)
+                else:
+                    module(*batch).backward()
+                opt.step()
+
+            results[label] = _time(step, lambda: None, steps, warmup)
+            if rank == 0:
+                print(f"  {name} {label}: {results[label] * 1e3:.1f} ms", flush=True)
+
+        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
+        run("DDP", ddp, local)
+        del ddp
+        mod = autopar.compile(model, inputs, plan=best.baselines["data_parallel"])
+        run("autopar DP", mod, inputs, lambda b: mod.train_step(*b))
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh("cpu", (world,))
+        tp = copy.deepcopy(model)
+        parallelize_module(tp, mesh, {m: ColwiseParallel() if m.endswith("fc1") else RowwiseParallel()
+                                      for m in mlps})
+        run("TP", tp, inputs)
+        mod = autopar.compile(model, inputs, plan=tp_plan)
+        run("autopar TP", mod, inputs, lambda b: mod.train_step(*b))
+        try:
+            from torch.distributed.fsdp import fully_shard
+
+            fs = copy.deepcopy(model)
+            for m in fs.modules():
+                if type(m).__name__ == "Block":
+                    fully_shard(m, mesh=mesh)
+            fully_shard(fs, mesh=mesh)
+            run("FSDP2", fs, local)
+        except Exception as e:  # noqa: BLE001 - report it, keep the other figures
+            results["FSDP2"] = f"failed: {type(e).__name__}: {str(e)[:80]}"
+        mod = autopar.compile(model, inputs, plan=best)
+        run("autopar", mod, inputs, lambda b: mod.train_step(*b))
+        dp_cost = best.baselines["data_parallel"].cost
+        results["predicted speed-up over DP"] = dp_cost / best.cost
+        results["plan"] = best.search.name
+        out[name] = results
+        dist.barrier()
+    return out
+
+
+def table(runs: dict) -> str:
+    lines = ["| procs | model | DDP | autopar DP | ratio | TP | autopar TP | ratio | FSDP2 | autopar own plan | "
+             "vs fastest PyTorch | measured speed-up over autopar DP | predicted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for nproc, per_model in runs.items():
+        for name, r in per_model.items():
+            ms = {k: v * 1e3 for k, v in r.items() if isinstance(v, float) and "predicted" not in k}
+            fsdp = r.get("FSDP2")
+            fastest = min(v for k, v in ms.items() if k in ("DDP", "TP", "FSDP2"))
+            fsdp_cell = f"{fsdp * 1e3:.1f}" if isinstance(fsdp, float) else str(fsdp)
+            cells = [str(nproc), name, f"{ms['DDP']:.1f}", f"{ms['autopar DP']:.1f}",
+                     f"{ms['autopar DP'] / ms['DDP']:.2f}", f"{ms['TP']:.1f}", f"{ms['autopar TP']:.1f}",
+                     f"{ms['autopar TP'] / ms['TP']:.2f}", fsdp_cell, f"{ms['autopar']:.1f}",
+                     f"{ms['autopar'] / fastest:.2f}", f"{ms['autopar DP'] / ms['autopar']:.2f}",
+                     f"{r['predicted speed-up over DP']:.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nproc", type=int, nargs="*", default=[2, 4])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from autopar.codegen.launch import launch
+
+    runs = {}
+    for n in args.nproc:
+        runs[n] = launch(worker, n, args.steps, args.warmup, timeout=3600)[0]
+        print(table({n: runs[n]}), flush=True)
+    text = table(runs)
+    print(text)
+    if not args.no_write:
+        RESULTS.write_text("# Runtime: autopar beside PyTorch's own parallelism\n\n"
+                           "`python -m benchmarks.runtime` (see its docstring); step times in ms, medians of "
+                           f"{args.steps} steps after {args.warmup} warm-up steps, one run.\n\n" + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
