@@ -56,7 +56,8 @@ def _check(models, inputs, rtol=1e-5):
         # a gradient that cancels to ~0 (a bias before a norm) is rounding noise at the model's scale
         scale = max(float(p.grad.abs().max()) for p in m.parameters())
         for name, p in m.named_parameters():
-            torch.testing.assert_close(grads[name].grad[i], p.grad, rtol=rtol, atol=rtol * scale,
+            got = grads[name].grad.view(len(models), *p.shape)[i]  # the fused layout is model-major
+            torch.testing.assert_close(got, p.grad, rtol=rtol, atol=rtol * scale,
                                        msg=f"model {i} {name}")
     torch.testing.assert_close(out.detach(), torch.stack(want), rtol=rtol, atol=1e-6)
     return fused

@@ -1,8 +1,8 @@
 """``fuse(models, example_inputs)``: K models of one architecture as one module (HFTA's idea,
 done by an fx rewrite instead of by hand).
 
-The fused module's parameters carry the K models' values stacked along a leading dim, under the
-models' own names (``fused.state_dict()["fc1.weight"][k]`` is model k's ``fc1.weight``); its
+The fused module's parameters carry the K models' values model-major under the models' own
+names (``fused.state_dict()["fc1.weight"].view(K, *shape)[k]`` is model k's ``fc1.weight``); its
 forward takes the inputs all K models read (or, with ``inputs="stacked"``, one per model along
 a leading dim) and returns the K models' outputs stacked, e.g. a (K,) tensor of losses. Summing
 those losses gives every model its own gradients (no model reads another's parameters), so
@@ -29,7 +29,7 @@ class FusedModule(fx.GraphModule):
 
     k: int
     inputs: str
-    model_keys: list[str]
+    model_shapes: dict[str, tuple[int, ...]]  # one model's state: names and shapes
     concrete_shapes: bool
 
     def model_state_dict(self, index: int) -> dict[str, torch.Tensor]:
@@ -37,7 +37,8 @@ class FusedModule(fx.GraphModule):
         if not 0 <= index < self.k:
             raise IndexError(f"model index {index} out of range for {self.k} fused models")
         state = self.state_dict()
-        return {name: state[name][index].detach().clone() for name in self.model_keys}
+        return {name: state[name].view((self.k,) + shape)[index].detach().clone()
+                for name, shape in self.model_shapes.items()}
 
     def unfuse(self) -> list[dict[str, torch.Tensor]]:
         """The K models' state dicts, each under its model's own parameter and buffer names."""
@@ -73,6 +74,6 @@ def fuse(models: Sequence[nn.Module], example_inputs, *, inputs: str = "shared")
     gm = Rewriter(traced, models, inputs == "stacked", rules.call_rule, nn_rules.module_rule).run()
     fused = FusedModule(gm, gm.graph, gm.__class__.__name__)
     fused.k, fused.inputs, fused.concrete_shapes = len(models), inputs, traced.concrete_shapes
-    fused.model_keys = list(models[0].state_dict().keys())
+    fused.model_shapes = {name: tuple(t.shape) for name, t in models[0].state_dict().items()}
     fused.train(models[0].training)
     return fused

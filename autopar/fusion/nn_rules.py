@@ -8,6 +8,9 @@ channels side by side), or spelled as their functional form (Flatten, Softmax, t
 
 from __future__ import annotations
 
+import operator
+
+import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
@@ -95,8 +98,8 @@ def f_conv(rw, n, args, kwargs):
         return _fold_call(rw, x, lambda f: rw.fn(n.target, f, w, b, stride, padding, dilation, groups)), True
     if isinstance(padding, str):
         rw.fail("a convolution with string padding on per-model weights")
-    return rw.fn(layers.conv, x, rw.expand(w), rw.expand(b) if b is not None else None, stride, padding, dilation,
-                 groups, rw.is_stacked(x)), True
+    flat = (lambda t: rw.method("flatten", rw.expand(t), 0, 1) if t is not None else None)
+    return rw.fn(layers.conv, x, flat(w), flat(b), stride, padding, dilation, groups, rw.is_stacked(x), rw.k), True
 
 
 def f_layer_norm(rw, n, args, kwargs):
@@ -112,10 +115,10 @@ def f_batch_norm(rw, n, args, kwargs):
     names = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
     defaults = (None, None, None, None, None, False, 0.1, 1e-5)
     x, rm, rv, w, b, training, momentum, eps = (arg(args, kwargs, i, k, d) for i, (k, d) in enumerate(zip(names, defaults)))
-    stacked = [rw.expand(t) if t is not None else None for t in (rm, rv, w, b)]
     if rm is not None and not rw.is_stacked(rm):
         rw.fail("batch_norm updating running statistics all models share")
-    return rw.fn(layers.batch_norm, x, *stacked, training, momentum, eps, rw.is_stacked(x), rw.k), True
+    flat = [rw.method("flatten", rw.expand(t)) if t is not None else None for t in (rm, rv, w, b)]
+    return rw.fn(layers.batch_norm, x, *flat, training, momentum, eps, rw.is_stacked(x), rw.k), True
 
 
 def f_embedding(rw, n, args, kwargs):
@@ -123,7 +126,9 @@ def f_embedding(rw, n, args, kwargs):
     pad = arg(args, kwargs, 2, "padding_idx")
     if not rw.is_stacked(w):
         return rw.graph.create_node(n.op, n.target, args, kwargs), True
-    return rw.fn(layers.embedding, idx, w, pad, rw.is_stacked(idx)), True
+    v = rw.shape(w)[1]
+    offsets = rw.fn(operator.mul, rw.fn(torch.arange, rw.k), v)
+    return rw.fn(layers.embedding, idx, rw.method("flatten", w, 0, 1), offsets, pad, rw.is_stacked(idx)), True
 
 
 def f_channels(rw, n, args, kwargs):

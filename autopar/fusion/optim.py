@@ -1,8 +1,8 @@
 """One optimizer step for K fused models, each with its own hyper-parameters.
 
-Every parameter of a fused module holds K models' values along dim 0; a hyper-parameter given
-per model (a list of K values) becomes a (K, 1, ..., 1) tensor that scales each model's slice,
-so the K updates run as one set of kernels. The arithmetic follows torch.optim's single-tensor
+Every parameter of a fused module holds K models' values model-major (viewed as (K, -1), row k
+is model k's); a hyper-parameter given per model (a list of K values) becomes a (K, 1) column
+that scales each model's row, so the K updates run as one set of kernels. The arithmetic follows torch.optim's single-tensor
 AdamW / Adam / SGD step by step (the same scalars computed in double precision, then applied
 per model), so a fused run matches K separate torch.optim runs to float32 rounding.
 """
@@ -34,7 +34,14 @@ def _pairs(value, k: int, name: str) -> list[tuple[float, float]]:
 
 
 def _column(values: Sequence[float], p: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(values, dtype=p.dtype, device=p.device).reshape((len(values),) + (1,) * (p.dim() - 1))
+    return torch.tensor(values, dtype=p.dtype, device=p.device).reshape(len(values), 1)
+
+
+def _rows(p: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(parameter, gradient) as (K, -1) views: row k is model k's."""
+    if p.numel() % k or not p.is_contiguous():
+        raise ValueError(f"a parameter of shape {tuple(p.shape)} does not hold {k} models' values contiguously")
+    return p.view(k, -1), p.grad.reshape(k, -1)
 
 
 class FusedAdamW(torch.optim.Optimizer):
@@ -62,29 +69,39 @@ class FusedAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             k, lrs, wds, eps = group["k"], group["lr"], group["weight_decay"], group["eps"]
             b1s, b2s = [b[0] for b in group["betas"]], [b[1] for b in group["betas"]]
-            for p in group["params"]:
-                if p.grad is None:
+            columns: dict = {}  # (step, dtype, device) -> this step's per-model factors, made once
+
+            def factors(step: int, p: torch.Tensor) -> dict:
+                key = (step, p.dtype, p.device)
+                if key not in columns:
+                    col = (lambda values: _column(values, p))
+                    columns[key] = dict(
+                        decay=col([1 - lr * wd for lr, wd in zip(lrs, wds)]), wd=col(wds),
+                        one_minus_b1=col([1 - b for b in b1s]), b2=col(b2s), one_minus_b2=col([1 - b for b in b2s]),
+                        step_size=col([lr / (1 - b1 ** step) for lr, b1 in zip(lrs, b1s)]),
+                        bc2_sqrt=col([math.sqrt(1 - b2 ** step) for b2 in b2s]), eps=col(eps))
+                return columns[key]
+
+            for param in group["params"]:
+                if param.grad is None:
                     continue
-                if p.shape[0] != k:
-                    raise ValueError(f"a parameter of shape {tuple(p.shape)} is not stacked over {k} models")
-                grad, state = p.grad, self.state[p]
+                p, grad = _rows(param, k)
+                state = self.state[param]
                 if not state:
                     state["step"] = 0
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                step = state["step"]
+                f = factors(state["step"], p)
                 if group["decoupled"]:
                     if any(wds):
-                        p.mul_(_column([1 - lr * wd for lr, wd in zip(lrs, wds)], p))
+                        p.mul_(f["decay"])
                 elif any(wds):
-                    grad = grad.add(p * _column(wds, p))
-                state["exp_avg"].lerp_(grad, _column([1 - b for b in b1s], p))
-                state["exp_avg_sq"].mul_(_column(b2s, p)).addcmul_(grad, grad * _column([1 - b for b in b2s], p))
-                step_size = [lr / (1 - b1 ** step) for lr, b1 in zip(lrs, b1s)]
-                bc2_sqrt = [math.sqrt(1 - b2 ** step) for b2 in b2s]
-                denom = (state["exp_avg_sq"].sqrt() / _column(bc2_sqrt, p)).add_(_column(eps, p))
-                p.sub_(state["exp_avg"] / denom * _column(step_size, p))
+                    grad = grad.add(p * f["wd"])
+                state["exp_avg"].lerp_(grad, f["one_minus_b1"])
+                state["exp_avg_sq"].mul_(f["b2"]).addcmul_(grad, grad * f["one_minus_b2"])
+                denom = (state["exp_avg_sq"].sqrt() / f["bc2_sqrt"]).add_(f["eps"])
+                p.sub_(state["exp_avg"] / denom * f["step_size"])
         return loss
 
 
@@ -113,14 +130,14 @@ class FusedSGD(torch.optim.Optimizer):
             lrs, moms, wds = group["lr"], group["momentum"], group["weight_decay"]
             # torch ignores dampening where there is no momentum: the buffer is then the gradient
             damps = [d if m != 0 else 0.0 for d, m in zip(group["dampening"], moms)]
-            for p in group["params"]:
-                if p.grad is None:
+            for param in group["params"]:
+                if param.grad is None:
                     continue
-                d_p = p.grad
+                p, d_p = _rows(param, group["k"])
                 if any(wds):
                     d_p = d_p.add(p * _column(wds, p))
                 if any(moms):
-                    state = self.state[p]
+                    state = self.state[param]
                     buf = state.get("momentum_buffer")
                     if buf is None:
                         buf = state["momentum_buffer"] = d_p.detach().clone()

@@ -145,7 +145,12 @@ class Rewriter:
         if not _has_path(self.root, target):  # a constant fx made while tracing: shared
             _set_path(self.root, target, _fetch(self.src, target))
             return self.mark(self.graph.get_attr(target), value, stacked=False)
-        return self.mark(self.graph.get_attr(target), value, stacked=isinstance(value, torch.Tensor))
+        node = self.graph.get_attr(target)
+        if isinstance(value, torch.Tensor):
+            held = _fetch(self.root, target)
+            if tuple(held.shape) != (self.k,) + tuple(value.shape):  # a fused layer's flat layout
+                node = self.method("view", node, self.k, *value.shape)
+        return self.mark(node, value, stacked=isinstance(value, torch.Tensor))
 
     # -- the fused module tree: model 0's, with every layer holding K models' state --------------
     def _build_root(self) -> None:
