@@ -29,6 +29,20 @@ def compile(model, devices=None, example_inputs=None, **kwargs):
     return _compile(model, devices, example_inputs, **kwargs)
 
 
+def fuse(models, example_inputs, **kwargs):
+    """K models of one architecture as one module (see ``autopar.fusion.fuse``)."""
+    from autopar.fusion import fuse as _fuse
+
+    return _fuse(models, example_inputs, **kwargs)
+
+
+def compile_many(models, devices, example_inputs, **kwargs):
+    """Plan, schedule and train many models at once (see ``autopar.many.compile_many``)."""
+    from autopar.many import compile_many as _compile_many
+
+    return _compile_many(models, devices, example_inputs, **kwargs)
+
+
 def launch(fn, nprocs, *args, **kwargs):
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` local gloo CPU processes; results by rank."""
     from autopar.codegen.launch import launch as _launch
@@ -37,7 +51,7 @@ def launch(fn, nprocs, *args, **kwargs):
 
 
 __all__ = [
-    "Cluster", "Plan", "compile", "launch", "plan", "LaunchRequiredError",
+    "Cluster", "Plan", "compile", "compile_many", "fuse", "launch", "plan", "LaunchRequiredError",
     "AutoparError", "Dim", "Edge", "Graph", "InfeasibleError", "Node", "Operand",
     "PlanMismatchError", "TensorSpec", "TraceError", "trace", "zoo",
 ]
