@@ -56,6 +56,11 @@ def joint(jobs: list[Job], devices: int, time_limit: float = 10.0, hint: Schedul
                 prev_end = e
             m.add(makespan >= prev_end).only_enforce_if(choose[(j, o)])
     m.add_cumulative(intervals, demands, devices)
+    # the lower bound on the tick grid (rounded lengths): a schedule that meets it is proven optimal
+    work = sum(min(job.options[o].devices * dur[(j, o)] * job.units for o in _fitting(job, devices))
+               for j, job in enumerate(jobs))
+    chain = max(min(dur[(j, o)] * job.units for o in _fitting(job, devices)) for j, job in enumerate(jobs))
+    m.add(makespan >= max(math.ceil(work / devices), chain))
     m.minimize(makespan)
     if hint is not None:
         _add_hint(m, jobs, hint, tick, choose, starts, dur)
@@ -77,7 +82,7 @@ def joint(jobs: list[Job], devices: int, time_limit: float = 10.0, hint: Schedul
     slots = assign_devices(jobs, devices, _left_shift(jobs, devices, timed))
     optimal = status == cp_model.OPTIMAL
     out = Schedule(slots, devices, "joint (CP-SAT)", "optimal" if optimal else "feasible",
-                   time.perf_counter() - start_clock, bound=solver.best_objective_bound * tick)
+                   time.perf_counter() - start_clock, bound=max(lb, solver.best_objective_bound * tick))
     if hint is not None and hint.makespan < out.makespan:
         return _fallback(hint, start_clock, "CP-SAT's best was not better than the hint")
     return out
