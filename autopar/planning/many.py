@@ -158,34 +158,27 @@ def device_counts(devices: int) -> list[int]:
 
 def plan_options(module, inputs, cluster: Cluster, *, cost_model: str, optimizer: str | None, parallel: str,
                  host_bandwidth: float, batch: int | None) -> tuple[list[OptionPlan], ShardPlan | None]:
-    """The job's options: one per device count where a plan fits, and shards where none fits one."""
+    """The job's options: one per device count where a plan fits, and shards where none fits one.
+
+    With the analytic model and ``parallel="autopar"``, each device count gets ``autopar.plan``'s
+    best plan (pipelines included). Otherwise the tables are priced here by the cost model
+    object itself, measuring nothing on a live process group (this runs on one rank only)."""
     from autopar.frontend.trace import trace
-    from autopar.planning.planner import plan
 
     graph = trace(module, inputs, progress=False)
     options, shards = [], None
-    batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) or "BatchNorm" in type(m).__name__
-                     for m in module.modules())
+    batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+    model = None if (parallel == "autopar" and cost_model == "analytic") else make_cost_model(cost_model, optimizer)
     for g in device_counts(cluster.devices):
         if parallel == "ddp" and g > 1 and (batch_norm or (batch is not None and batch % g)):
             continue  # data parallelism splits the batch evenly, and would change batch-norm statistics
         sub = cluster.with_devices(g)
-        try:
-            p = plan(module, inputs, sub, cost_model=cost_model, graph=graph, optimizer=optimizer,
-                             baselines=(parallel == "ddp" and g > 1), pipeline="auto" if parallel == "autopar" else False)
-        except InfeasibleError:
-            continue
-        if g == 1:
-            options.append(OptionPlan(1, p.cost, p.memory_per_device, "one device"))
-        elif parallel == "ddp":
-            dp = p.baselines["data_parallel"]
-            if dp.memory_per_device <= sub.memory_capacity:
-                options.append(OptionPlan(g, dp.cost, dp.memory_per_device, "data parallel"))
-        else:
-            kind = f"pipeline, {len(p.stages)} stages" if p.stages else "autopar plan"
-            options.append(OptionPlan(g, p.cost, p.memory_per_device, kind))
+        priced = (_plan_option(module, inputs, graph, sub, optimizer) if model is None
+                  else _table_option(graph, sub, model, optimizer, parallel))
+        if priced is not None:
+            options.append(priced)
     if not any(o.devices == 1 for o in options):
-        profiles = node_profiles(graph, cluster, make_cost_model(cost_model, optimizer), optimizer)
+        profiles = node_profiles(graph, cluster, model or make_cost_model(cost_model, optimizer), optimizer)
         try:
             shards = cut_shards(profiles, cluster.memory_capacity, host_bandwidth)
             options.insert(0, OptionPlan(1, shards.step_seconds, max(s.memory for s in shards.shards) * 2,
@@ -193,6 +186,39 @@ def plan_options(module, inputs, cluster: Cluster, *, cost_model: str, optimizer
         except InfeasibleError:
             pass
     return options, shards
+
+
+def _plan_option(module, inputs, graph, sub: Cluster, optimizer) -> OptionPlan | None:
+    from autopar.planning.planner import plan
+
+    try:
+        p = plan(module, inputs, sub, cost_model="analytic", graph=graph, optimizer=optimizer, baselines=False)
+    except InfeasibleError:
+        return None
+    if sub.devices == 1:
+        return OptionPlan(1, p.cost, p.memory_per_device, "one device")
+    kind = f"pipeline, {len(p.stages)} stages" if p.stages else "autopar plan"
+    return OptionPlan(sub.devices, p.cost, p.memory_per_device, kind)
+
+
+def _table_option(graph, sub: Cluster, model, optimizer, parallel: str) -> OptionPlan | None:
+    from autopar.cost_models.tables import build_tables
+    from autopar.planning.planner import data_parallel_choice, run_search
+
+    tables = build_tables(graph, sub, model, space="mesh", mode="train", optimizer=optimizer)
+    if sub.devices == 1:
+        choice, kind = [0] * len(tables.nodes), "one device"
+    elif parallel == "ddp":
+        choice, kind = data_parallel_choice(graph, tables), "data parallel"
+    else:
+        try:
+            choice, kind = run_search(tables, "auto", 60.0).choice, "autopar plan"
+        except InfeasibleError:
+            return None
+    memory = float(tables.total_memory(choice))
+    if memory > sub.memory_capacity:
+        return None
+    return OptionPlan(sub.devices, float(tables.total(choice)), memory, kind)
 
 
 def plan_many(models, example_inputs, cluster: Cluster, *, steps: int = 100, units: int = 4,
