@@ -11,8 +11,6 @@ model's losses match its solo run, 1 when one differs, 2 on bad input.
 
 from __future__ import annotations
 
-import argparse
-
 RTOL = 1e-5  # float32 rounding over a few steps: fused kernels and split batches sum in other orders
 
 
@@ -40,7 +38,8 @@ def _floats(text: str, what: str) -> list[float]:
 
 
 def build_grid(spec: str, lrs: list[float], vary: str | None):
-    """(models, per-model inputs, names, hparams): one model per (size, learning rate)."""
+    """(models, per-model inputs, names, hparams): one model per (size, learning rate), each size's
+    models built alike (the MODEL's seed), so that only the learning rate differs between them."""
     from autopar.model_spec import load
 
     sizes: list[str] = [""]
@@ -56,12 +55,8 @@ def build_grid(spec: str, lrs: list[float], vary: str | None):
         if key:
             sep = "," if spec.count(":") >= 2 else ":"
             one = f"{spec}{sep}{key.strip()}={size}"
-        for i, lr in enumerate(lrs):
-            if one.startswith("zoo:"):
-                one_seeded = f"{one}{',' if one.count(':') >= 2 else ':'}seed={i}"
-            else:
-                one_seeded = one
-            model, x, _ = load(one_seeded)
+        for lr in lrs:  # every learning rate from the same initial weights, as a sweep compares them
+            model, x, _ = load(one)
             models.append(model)
             inputs.append(x)
             names.append((f"{key}={size} " if key else "") + f"lr={lr:g}")
@@ -102,16 +97,16 @@ def add_parser(sub) -> None:
                        description="Build one model per learning rate (and per value of --vary), plan them "
                        "together (fusion where the cost model predicts it faster, a device count per job, the joint "
                        "schedule), train them on --nproc local CPU processes, then train each model alone and print "
-                       "the final losses side by side.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       "the final losses side by side.")
     s.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
-    s.add_argument("--lr", default="1e-3,2e-3,4e-3,8e-3", help="AdamW learning rates, comma-separated")
+    s.add_argument("--lr", default="1e-3,2e-3,4e-3,8e-3",
+                   help="AdamW learning rates, comma-separated (default 1e-3,2e-3,4e-3,8e-3)")
     s.add_argument("--vary", metavar="KEY=V1,V2", help="a zoo size to vary too, e.g. width=32,64")
-    s.add_argument("--nproc", type=int, default=2, help="local CPU processes (the devices)")
-    s.add_argument("--steps", type=int, default=20, help="training steps per model")
-    s.add_argument("--fuse", default="auto", help="auto (the cost model decides), no, or a group size")
+    s.add_argument("--nproc", type=int, default=2, help="local CPU processes, the devices (default 2)")
+    s.add_argument("--steps", type=int, default=20, help="training steps per model (default 20)")
+    s.add_argument("--fuse", default="auto", help="auto (the cost model decides, the default), no, or a group size")
     s.add_argument("--cost-model", default=None, choices=["profiled", "analytic"],
                    help="what prices fusion and device counts (default: profiled on this CPU)")
     s.add_argument("--svg", metavar="OUT", help="draw the per-device timeline to this file")
-    s.add_argument("--timeout", type=float, default=600.0, help="stop the processes after this many seconds")
+    s.add_argument("--timeout", type=float, default=600.0, help="stop the processes after this many seconds (600)")
     s.set_defaults(func=run)

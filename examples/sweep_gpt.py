@@ -34,9 +34,8 @@ def main() -> int:
 
     models, names, hparams = [], [], []
     for width in WIDTHS:
-        for seed, lr in enumerate(LEARNING_RATES):
-            model, inputs = autopar.zoo.get("gpt", layers=2, width=width, heads=2, seq=32, batch=8, vocab=128,
-                                            seed=seed)
+        for lr in LEARNING_RATES:  # each width's four models start from the same weights
+            model, inputs = autopar.zoo.get("gpt", layers=2, width=width, heads=2, seq=32, batch=8, vocab=128)
             models.append(model)
             names.append(f"gpt width={width} lr={lr:g}")
             hparams.append({"lr": lr, "eps": ADAM_EPS})  # AdamW, one learning rate per model

@@ -120,3 +120,19 @@ def test_plan_many_shards_the_large_models_and_schedules_everything():
     text = plan.report()
     for needle in ("lower bound", "Sharded-LRTF", "joint CP-SAT", "shards:", "device  3 |"):
         assert needle in text
+
+
+def test_models_reading_their_own_data_are_fused_with_stacked_inputs():
+    import torch
+
+    from autopar.planning.many import job_module
+
+    models = [autopar.zoo.get("mlp", seed=s)[0] for s in range(3)]
+    inputs = [autopar.zoo.get("mlp", seed=10 + s)[1] for s in range(3)]  # a batch per model
+    plan = plan_many(models, inputs, Cluster.preset("cpu", devices=2), steps=4, units=2, fuse=3, parallel="ddp",
+                     time_limit=1.0)
+    (job,) = plan.jobs
+    assert job.fused and job.inputs == "stacked"
+    module, data = job_module(models, inputs, job)
+    want = torch.stack([m(*x) for m, x in zip(models, inputs)])
+    torch.testing.assert_close(module(*data), want, rtol=1e-5, atol=1e-6)

@@ -34,7 +34,8 @@ def test_the_grid_is_sizes_times_learning_rates():
     assert names == ["layers=1 lr=0.001", "layers=1 lr=0.002", "layers=2 lr=0.001", "layers=2 lr=0.002"]
     assert [len(m.layers) for m in models] == [1, 1, 2, 2]
     assert [h["lr"] for h in hparams] == [1e-3, 2e-3, 1e-3, 2e-3]
-    assert not models[0].layers[0].weight.equal(models[1].layers[0].weight)  # each model its own seed
+    assert models[0].layers[0].weight.equal(models[1].layers[0].weight)  # a size's models start alike
+    assert models[0] is not models[1]
 
 
 def test_the_comparison_says_different_when_one_step_differs():

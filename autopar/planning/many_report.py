@@ -27,14 +27,14 @@ def report(plan) -> str:
             lines.append(f"  {who}: {choice.why}")
             lines.append(f"    per step of all {choice.models}: {sizes}")
     lines.append("")
-    lines.append(f"{'job':<28} {'options: devices -> one step':<52} {'chosen':>14}")
+    lines.append("jobs (one step on each device count it can run on; * the joint schedule's choice):")
     chosen = plan.joint.options()
     for j, job in enumerate(plan.jobs):
-        opts = ", ".join(f"{o.devices} ({o.kind}) {fmt_seconds(o.step_seconds)}" for o in job.options)
-        pick = job.options[chosen[j]]
-        lines.append(f"{job.name[:28]:<28} {opts[:52]:<52} {f'{pick.devices} x {pick.kind}'[:14]:>14}")
+        opts = ", ".join(f"{'*' if i == chosen[j] else ''}{o.devices} ({o.kind}) {fmt_seconds(o.step_seconds)}"
+                         for i, o in enumerate(job.options))
+        lines.append(f"  {job.name}: {opts}")
         if job.shards is not None:
-            lines.append(f"{'':<28} shards: {job.shards.describe()}")
+            lines.append(f"    shards: {job.shards.describe()}")
     work, chain = plan.bound
     lines.append("")
     lines.append(f"lower bound: {fmt_seconds(max(work, chain))} (total work / devices {fmt_seconds(work)}, "
