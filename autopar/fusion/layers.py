@@ -212,7 +212,8 @@ class FusedEmbedding(nn.Module):
                              "fuse embeddings without them")
         self.k, self.num_embeddings, self.padding_idx = len(layers), m.num_embeddings, m.padding_idx
         self.weight = _param([x.weight for x in layers], flat=True)
-        self.register_buffer("offsets", torch.arange(self.k) * self.num_embeddings, persistent=False)
+        self.register_buffer("offsets", torch.arange(self.k, device=self.weight.device) * self.num_embeddings,
+                             persistent=False)
 
     def forward(self, idx, stacked: bool = True):
         return embedding(idx, self.weight, self.offsets, self.padding_idx, stacked)

@@ -127,7 +127,7 @@ def f_embedding(rw, n, args, kwargs):
     if not rw.is_stacked(w):
         return rw.graph.create_node(n.op, n.target, args, kwargs), True
     v = rw.shape(w)[1]
-    offsets = rw.fn(operator.mul, rw.fn(torch.arange, rw.k), v)
+    offsets = rw.fn(operator.mul, rw.fn(torch.arange, rw.k, device=rw.fn(getattr, idx, "device")), v)
     return rw.fn(layers.embedding, idx, rw.method("flatten", w, 0, 1), offsets, pad, rw.is_stacked(idx)), True
 
 

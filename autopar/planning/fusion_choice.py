@@ -78,19 +78,19 @@ def step_on_one_device(module, example_inputs, cluster: Cluster, cost_model, opt
     return float(tables.total(choice)), float(tables.total_memory(choice))
 
 
-def make_cost_model(name: str, optimizer: str | None, rounds: int = 5):
-    """A cost model object by name: 'analytic', or 'profiled' (measured here, cached on disk;
-    each op's time the least of ``rounds`` medians, see ``steady_profiled_model``)."""
+def make_cost_model(name: str, optimizer: str | None, rounds: int = 5, device: str = "cpu"):
+    """A cost model object by name: 'analytic', or 'profiled' (measured on ``device``, cached on
+    disk; each op's time the least of ``rounds`` medians, see ``steady_profiled_model``)."""
     if name == "analytic":
         from autopar.cost_models.analytic import AnalyticModel
 
         return AnalyticModel()
     if name == "profiled":
-        return steady_profiled_model(optimizer, rounds)
+        return steady_profiled_model(optimizer, rounds, device)
     raise ValueError(f"cost model for fusion must be 'analytic' or 'profiled', not {name!r}")
 
 
-def steady_profiled_model(optimizer: str | None, rounds: int = 5):
+def steady_profiled_model(optimizer: str | None, rounds: int = 5, device: str = "cpu"):
     """The profiled model, each op timed as the least of ``rounds`` medians of 5 runs.
 
     Fusion is decided by differences of a few percent between two pricings of the same work, and
@@ -115,15 +115,15 @@ def steady_profiled_model(optimizer: str | None, rounds: int = 5):
             ok = [t for t in runs if not t.error]
             return min(ok, key=lambda t: t.forward) if ok else runs[0]
 
-    return SteadyProfiledModel(optimizer=optimizer, fit_comm=False)
+    return SteadyProfiledModel(optimizer=optimizer, fit_comm=False, device=device)
 
 
 def choose_fusion(models, example_inputs, cluster: Cluster, *, cost_model="profiled",
                   optimizer: str | None = "adamw", sizes: list[int] | None = None, inputs: str = "shared",
-                  fused_inputs=None) -> FusionChoice:
+                  fused_inputs=None, device: str = "cpu") -> FusionChoice:
     """Price ``models`` (one architecture) one by one and fused in groups; pick the cheapest.
 
-    ``cost_model``: "profiled" (measured on this machine), "analytic", or a cost model object.
+    ``cost_model``: "profiled" (measured on this machine's ``device``), "analytic", or a cost model object.
     ``inputs``/``fused_inputs``: how the fused module takes its data ("shared": the models'
     common example inputs; "stacked": ``fused_inputs``, the models' inputs stacked)."""
     from autopar.fusion import fuse
@@ -132,7 +132,7 @@ def choose_fusion(models, example_inputs, cluster: Cluster, *, cost_model="profi
     sizes = sorted(set(sizes or group_sizes(k_all)) | {1})
     if any(s < 1 or s > k_all for s in sizes):
         raise ValueError(f"group sizes must be between 1 and {k_all}, got {sizes}")
-    model = make_cost_model(cost_model, optimizer) if isinstance(cost_model, str) else cost_model
+    model = make_cost_model(cost_model, optimizer, device=device) if isinstance(cost_model, str) else cost_model
     label = cost_model if isinstance(cost_model, str) else getattr(cost_model, "name", type(cost_model).__name__)
     capacity = cluster.memory_capacity
     step: dict[int, tuple[float, float]] = {}
