@@ -44,3 +44,9 @@ bench-speed: setup
 .PHONY: bench-exact
 bench-exact: setup
 	$(PY) -m benchmarks.dp_vs_ilp
+
+# Many models at once (issue 16): fused vs one by one vs vmap on this CPU beside autopar's choice, and
+# Sharded-LRTF vs the joint CP-SAT schedule on a simulated 8xV100: writes benchmarks/many_models.md
+.PHONY: bench-many
+bench-many: setup
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.many_models

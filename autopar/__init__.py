@@ -28,7 +28,21 @@ def compile(model, example_inputs=(), cluster=None, **kwargs):
     return _compile(model, example_inputs, cluster, **kwargs)
 
 
+def fuse(models, example_inputs, **kwargs):
+    """K models of one architecture as one module (see ``autopar.fusion.fuse``)."""
+    from autopar.fusion import fuse as _fuse
+
+    return _fuse(models, example_inputs, **kwargs)
+
+
+def compile_many(models, devices, example_inputs, **kwargs):
+    """Plan, schedule and train many models at once (see ``autopar.many.compile_many``)."""
+    from autopar.many import compile_many as _compile_many
+
+    return _compile_many(models, devices, example_inputs, **kwargs)
+
+
 __all__ = [
     "AutoparError", "Cluster", "InfeasibleError", "LaunchRequiredError", "Plan", "PlanMismatchError",
-    "TraceError", "compile", "plan", "trace", "zoo",
+    "TraceError", "compile", "compile_many", "fuse", "plan", "trace", "zoo",
 ]

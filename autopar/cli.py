@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                    + registry.choices_help({k: e for k, e in registry.COST_MODELS.items() if e.space == "mesh"}))
     r.add_argument("--timeout", type=float, default=600.0, help="stop the processes after this many seconds")
     r.set_defaults(func=_cmd_run)
+    from autopar.sweep import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub)  # `autopar sweep`: autopar/sweep.py
     s = sub.add_parser("show", help="print the report of a saved plan (autopar plan ... --json OUT)")
     s.add_argument("plan", metavar="PLAN.json")
     s.add_argument("--explain", action="store_true", help="also print the arithmetic, if the plan kept it")

@@ -32,7 +32,7 @@ _TRACE_LOCK = threading.Lock()
 
 
 def compile(model: nn.Module, example_inputs=(), cluster=None, *, devices: int | None = None,
-            plan=None, outputs: str = "replicate", **plan_kwargs) -> nn.Module:
+            plan=None, outputs: str = "replicate", inputs: str = "global", **plan_kwargs) -> nn.Module:
     """This rank's module for training ``model`` on ``devices`` devices.
 
     Same arguments, in the same order, as ``autopar.plan``: ``example_inputs`` is a tuple of the
@@ -41,7 +41,10 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, devices: int |
     group's size (1 without one). ``plan``: None (search, on rank 0), an ``autopar.Plan``, or
     the path of a saved plan, used as it is. ``outputs``: "replicate" (whole tensors, the same on
     every rank), "local" (this rank's shards, as the plan leaves them) or "dtensor" (those shards
-    as DTensors). Other keywords go to ``autopar.plan``.
+    as DTensors). ``inputs``: "global" (every rank passes the whole batch; the module keeps its
+    slice) or "local" (each rank passes only its slice over the data-parallel mesh axes, as with
+    DDP: ``module.data_parallel`` is the (replicas, rank) for a ``DistributedSampler``,
+    ``module.local_batch(*whole)`` cuts it from a whole batch). Other keywords go to ``autopar.plan``.
 
     The module keeps the model's parameter names (each parameter a DTensor: ``p.full_tensor()``
     is its whole value); ``module.plan`` is its plan and ``module.code`` the program this rank
@@ -54,6 +57,8 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, devices: int |
                          f"count goes in devices= (got {example_inputs} where the example inputs go)")
     if outputs not in ("replicate", "local", "dtensor"):  # checked on one device too, so a script fails early
         raise ValueError(f"outputs must be 'replicate', 'local' or 'dtensor', not {outputs!r}")
+    if inputs not in ("global", "local"):
+        raise ValueError(f"inputs must be 'global' (every rank the whole batch) or 'local' (its slice), not {inputs!r}")
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     if not example_inputs:
@@ -74,7 +79,7 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, devices: int |
         single.train_step = _single_train_step(single)
         return single
     chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
-    return _build(model, graph, chosen, example_inputs, outputs)
+    return _build(model, graph, chosen, example_inputs, outputs, inputs)
 
 
 def _single_train_step(module: nn.Module):
@@ -194,7 +199,7 @@ def _rebuild(kind: str, message: str) -> Exception:
 
 # -- codegen -------------------------------------------------------------------------------------
 
-def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str) -> nn.Module:
+def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str = "global") -> nn.Module:
     if plan.stages:
         from autopar.codegen import pipeline
 
@@ -207,6 +212,6 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str) -> nn.Modu
         from autopar.codegen.module import compile_module
 
         mesh = device_mesh(tuple(plan.mesh.shape))
-        module = compile_module(model, graph, plan.assignment, mesh, outputs=outputs)
+        module = compile_module(model, graph, plan.assignment, mesh, outputs=outputs, inputs=local)
     module.plan = plan
     return module

@@ -104,14 +104,70 @@ class CompiledModule(nn.Module):
                 raise TypeError(f"missing input {name!r}: this module was compiled for the inputs {names}")
             v = bound[name]
             spec = self._input_specs.get(name)
-            if spec is not None and isinstance(v, torch.Tensor) and tuple(v.shape) != tuple(spec.shape):
+            if spec is not None and isinstance(v, torch.Tensor) and tuple(v.shape) != self._expected(name, spec):
+                what = "this rank's slice of" if name in self.program.input_placements else "the whole"
                 raise ValueError(f"input {name!r} has shape {tuple(v.shape)}; this module was compiled for "
-                                 f"{tuple(spec.shape)}: compile it again with inputs of the new shape "
-                                 "(e.g. drop_last=True in the DataLoader keeps every batch the same size)")
+                                 f"{what} batch of shape {self._expected(name, spec)}: compile it again with "
+                                 "inputs of the new shape (drop_last=True in the DataLoader keeps every batch "
+                                 "the same size)")
             if isinstance(v, torch.Tensor) and v.device.type != self.mesh.device_type:
                 v = v.to(self._device)  # inputs follow the module onto this rank's device
             out.append(v)
         return out
+
+    def _expected(self, name: str, spec) -> tuple[int, ...]:
+        shape = list(spec.shape)
+        parts = self._parts(name)
+        if shape and parts > 1:
+            shape[0] //= parts
+        return tuple(shape)
+
+    def _parts(self, name: str) -> int:
+        pl = self.program.input_placements.get(name)
+        if pl is None:
+            return 1
+        out = 1
+        for a, p in enumerate(pl):
+            if p.is_shard():
+                out *= self.mesh.shape[a]
+        return out
+
+    @property
+    def data_parallel(self) -> tuple[int, int]:
+        """(replicas, this rank's index) of the batch slices with ``inputs="local"``: what a
+        ``DistributedSampler(num_replicas=..., rank=...)`` needs. Rank r's slice is chunk ``index``
+        of ``torch.chunk(whole_batch, replicas)``: its coordinates on the mesh axes that shard the
+        batch, the lowest axis major (DTensor's order). When inputs are sliced over different axes
+        (a plan may read the labels otherwise than the data), ``local_batch`` cuts each its way."""
+        found = {self._slice_of(name) for name in self.program.input_placements}
+        if len(found) > 1:
+            raise ValueError("the inputs are sliced over different mesh axes: use module.local_batch(*batch)")
+        return found.pop() if found else (1, 0)
+
+    def _slice_of(self, name: str) -> tuple[int, int]:
+        pl = self.program.input_placements.get(name)
+        if pl is None:
+            return 1, 0
+        coord = self.mesh.get_coordinate() or [0] * self.mesh.ndim
+        replicas, index = 1, 0
+        for a, p in enumerate(pl):
+            if p.is_shard():
+                replicas *= self.mesh.shape[a]
+                index = index * self.mesh.shape[a] + coord[a]
+        return replicas, index
+
+    def local_batch(self, *args, **kwargs):
+        """This rank's slices of a whole batch, as ``forward`` takes them with ``inputs="local"``
+        (positional arguments in the traced order; for tests and small runs: a real loader hands
+        each rank its own slice, see ``data_parallel``)."""
+        names = self.program.inputs
+
+        def cut(name, t):
+            replicas, index = self._slice_of(name)
+            return t.chunk(replicas)[index] if isinstance(t, torch.Tensor) and t.dim() and replicas > 1 else t
+
+        return (tuple(cut(names[i] if i < len(names) else "", a) for i, a in enumerate(args)),
+                {k: cut(k, v) for k, v in kwargs.items()})
 
     def _flatten_as_traced(self, args: tuple, kwargs: dict) -> list:
         """The call's tensors in the order torch.export flattened the traced call's (args, kwargs),
@@ -144,7 +200,7 @@ def _tensor(module: nn.Module, name: str) -> torch.Tensor:
 
 
 def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh,
-                   outputs: str = "replicate") -> CompiledModule:
+                   outputs: str = "replicate", inputs: str = "global") -> CompiledModule:
     """This rank's module for ``graph`` under ``assignment`` on ``mesh`` (``model`` is copied)."""
     if graph.fx_graph is None:
         raise LayoutError("compile needs graph.fx_graph, the traced GraphModule the IR came from")
@@ -156,7 +212,7 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
         from .mesh import local_device
 
         model = model.to(local_device("nccl"))
-    program = build(graph, assignment, mesh, model, outputs)  # on the plain copy: it reads shapes only
+    program = build(graph, assignment, mesh, model, outputs, inputs)  # on the plain copy: it reads shapes
     _distribute_state(model, mesh, program.stored)
     try:
         signature = inspect.signature(model.forward) if graph.fx_graph.meta.get("autopar_frontend") != "export" \

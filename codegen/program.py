@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import Replicate, Shard
 from torch.utils import _pytree as pytree
 
 from autopar.core.ir import Graph, Node
@@ -52,6 +52,7 @@ class Program:
     sync_bn: set[str] = field(default_factory=set)  # parameters a synced batch norm reads itself
     layouts: dict[str, NodeLayout] = field(default_factory=dict)
     output_placements: list = field(default_factory=list)  # per output leaf (fx order): placements or None
+    input_placements: dict[str, Placements] = field(default_factory=dict)  # inputs="local": each input's slice
 
 
 @dataclass
@@ -128,14 +129,17 @@ def state_names(graph: Graph) -> dict[str, str]:
 
 
 def build(graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh, model: nn.Module,
-          outputs: str = "replicate") -> Program:
+          outputs: str = "replicate", inputs: str = "global") -> Program:
     """This rank's program for ``graph`` under ``assignment`` on ``mesh``; ``model`` is the
-    compiled module (its children are called by fx leaf-module nodes)."""
-    return _Builder(graph, assignment, mesh, model, outputs).run()
+    compiled module (its children are called by fx leaf-module nodes). ``inputs``: "global" (every
+    rank passes the whole batch) or "local" (each its slice over the data-parallel axes)."""
+    if inputs not in ("global", "local"):
+        raise ValueError(f"inputs must be 'global' or 'local', not {inputs!r}")
+    return _Builder(graph, assignment, mesh, model, outputs, inputs).run()
 
 
 class _Builder:
-    def __init__(self, graph, assignment, mesh, model, outputs):
+    def __init__(self, graph, assignment, mesh, model, outputs, inputs="global"):
         if outputs not in ("replicate", "local", "dtensor"):
             raise ValueError(f"outputs must be 'replicate', 'local' or 'dtensor', not {outputs!r}")
         self.graph, self.mesh, self.model, self.outputs = graph, mesh, model, outputs
@@ -156,6 +160,9 @@ class _Builder:
         self.sync_bn: set[str] = set()
         self.canonical = _aliases(model)  # a tied tensor has several names: one placeholder
         self._stored_placements()
+        self.local_inputs = inputs == "local"
+        self.input_layout = self._data_axes_of_inputs()
+        self.input_placements: dict[str, Placements] = {}
 
     # -- state ----------------------------------------------------------------------------------
     def _stored_placements(self) -> None:
@@ -166,6 +173,17 @@ class _Builder:
                 name = self.canonical.get(op.source.removeprefix("param:"), op.source.removeprefix("param:"))
                 if name not in self.stored:
                     self.stored[name], self.grad_of[name] = pl, g
+
+    def _data_axes_of_inputs(self) -> dict[str, Placements]:
+        """Per user input: sharded on its first axis (the batch) over the mesh axes where its
+        first reader shards that axis, replicated elsewhere: the slice a rank loads itself."""
+        out: dict[str, Placements] = {}
+        for node in self.graph.nodes:
+            for op, pl in zip(node.inputs, self.layouts[node.name].inputs):
+                if op.source.startswith("input:") and op.source[6:] not in out:
+                    out[op.source[6:]] = tuple(p if isinstance(p, Shard) and p.dim == 0 else Replicate()
+                                               for p in pl)
+        return out
 
     def _state(self, name: str) -> fx.Node:
         name = self.canonical.get(name, name)
@@ -205,7 +223,7 @@ class _Builder:
         reduce_axes = {k: tuple(a for a, p in enumerate(self.grad_of[k]) if p.is_partial())
                        for k in names if k not in self.sync_bn}
         return Program(module, names, self.inputs, self.input_specs, dict(self.stored),
-                       reduce_axes, self.sync_bn, self.layouts, self.output_placements)
+                       reduce_axes, self.sync_bn, self.layouts, self.output_placements, self.input_placements)
 
     def _placeholder(self, n: fx.Node) -> None:
         if n.name in self.state_of:
@@ -216,7 +234,14 @@ class _Builder:
         self.inputs.append(str(n.target))
         if n.name in self.graph.inputs:
             self.input_specs[str(n.target)] = self.graph.inputs[n.name]
-        self.env[n] = _Value(ph, self._replicated() if isinstance(self.values.get(n), torch.Tensor) else None)
+        if not isinstance(self.values.get(n), torch.Tensor):
+            self.env[n] = _Value(ph, None)
+            return
+        pl = self._replicated()
+        if self.local_inputs:  # each rank passes its own slice of the batch over the data axes
+            pl = self.input_layout.get(n.name, pl)
+            self.input_placements[str(n.target)] = pl
+        self.env[n] = _Value(ph, pl)
 
     def _get_attr(self, n: fx.Node) -> None:
         v = self.values.get(n)

@@ -56,14 +56,16 @@ def check_rank(rank, world, model, inputs, graph, assignment, mesh_shape, ref: R
     check_module(rank, shard_module(model, graph, assignment, mesh_shape), inputs, ref, steps)
 
 
-def check_module(rank, sharded, inputs, ref: Reference, steps: int = STEPS) -> None:
-    """Train ``sharded`` (this rank's module) as ``reference_run`` trained one copy, and compare."""
+def check_module(rank, sharded, inputs, ref: Reference, steps: int = STEPS, feed=None) -> None:
+    """Train ``sharded`` (this rank's module) as ``reference_run`` trained one copy, and compare.
+    ``feed``: what this rank passes the module (default ``inputs``, the whole batch)."""
+    feed = inputs if feed is None else feed
     names = [n for n, _ in sharded.named_parameters()]
     assert names == list(ref.params), f"parameter names changed: {names}"
     opt = torch.optim.AdamW(sharded.parameters(), lr=LR, eps=EPS)
     for step in range(steps):
         opt.zero_grad()
-        loss = sharded(*inputs)
+        loss = sharded(*feed)
         assert type(loss) is torch.Tensor, "the sharded module must return plain tensors"
         torch.testing.assert_close(loss, ref.losses[step], rtol=RTOL, atol=ATOL,
                                    msg=lambda m: f"rank {rank} step {step} loss: {m}")

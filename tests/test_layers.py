@@ -1,6 +1,6 @@
 """The packages' layers, checked on the source: imports go one way (issue 13).
 
-    core  <-  frontend, cost_models, search, codegen, pase  <-  report  <-  planning  <-  api/cli
+    core  <-  frontend, fusion, cost_models, search, codegen, pase  <-  report  <-  planning  <-  api/cli
 
 ``core`` (ir, tables, layout, cluster, errors, space, ...) imports nothing of autopar above it; the
 middle layer's packages import only core (they never know of each other: a cost model does not
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # where each importable package's files live (setup.cfg's package_dir)
 SOURCES = {"autopar": ROOT / "autopar", "autopar.cost_models": ROOT / "cost_models",
            "autopar.search": ROOT / "search", "autopar.codegen": ROOT / "codegen"}
-LAYERS = ("core", "zoo", "frontend", "cost_models", "search", "codegen", "pase", "report", "planning")
+LAYERS = ("core", "zoo", "frontend", "fusion", "cost_models", "search", "codegen", "pase", "report", "planning")
 ALLOWED = {
     "core": set(),
     "zoo": set(),
@@ -31,9 +31,10 @@ ALLOWED = {
     "cost_models": {"core"},
     "search": {"core"},
     "codegen": {"core"},
+    "fusion": {"core"},
     "pase": {"core"},
     "report": {"core", "pase"},
-    "planning": {"core", "frontend", "cost_models", "search", "pase", "report"},
+    "planning": {"core", "frontend", "fusion", "cost_models", "search", "pase", "report"},
     "api": set(LAYERS),
 }
 
