@@ -208,10 +208,10 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
                              "pipeline=False (autopar.compile(..., pipeline=False))")
         module = pipeline.pipeline_module(model, plan, tuple(inputs), graph=graph)
     else:
-        from autopar.codegen.mesh import device_mesh
+        from autopar.codegen.mesh import device_mesh, model_device_type
         from autopar.codegen.module import compile_module
 
-        mesh = device_mesh(tuple(plan.mesh.shape))
+        mesh = device_mesh(tuple(plan.mesh.shape), model_device_type(model))
         module = compile_module(model, graph, plan.assignment, mesh, outputs=outputs, inputs=local)
     module.plan = plan
     return module

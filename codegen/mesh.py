@@ -1,7 +1,8 @@
 """The device mesh a compiled module runs on, on the devices its process group drives.
 
 NCCL drives GPUs: the mesh is a "cuda" mesh and this rank's shards live on ``cuda:LOCAL_RANK``
-(torchrun's convention); gloo drives CPUs: a "cpu" mesh. Every ascending group of mesh dims gets
+(torchrun's convention); gloo drives CPUs: a "cpu" mesh, unless the model already sits on a GPU
+(gloo carries CUDA tensors too), which keeps it there. Every ascending group of mesh dims gets
 a flattened sub-mesh, so DTensor runs a redistribution over several axes as one collective
 (what the cost model prices) and the gradient buckets of such a group have a process group.
 """
@@ -32,9 +33,18 @@ def local_device(backend: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def device_mesh(shape: tuple[int, ...]) -> DeviceMesh:
-    kind = device_type()
-    if kind == "cuda":
+def model_device_type(model) -> str | None:
+    """"cuda" when the model's parameters are on a GPU (a gloo group can carry CUDA tensors), else None."""
+    for p in list(model.parameters())[:1]:
+        if p.device.type == "cuda":
+            return "cuda"
+    return None
+
+
+def device_mesh(shape: tuple[int, ...], kind: str | None = None) -> DeviceMesh:
+    """The plan's mesh over the process group; ``kind`` overrides the backend's device type."""
+    kind = kind or device_type()
+    if kind == "cuda" and device_type() == "cuda":
         local_device()
     mesh = init_device_mesh(kind, shape, mesh_dim_names=tuple(f"mesh{a}" for a in range(len(shape))))
     if mesh.ndim >= 2:

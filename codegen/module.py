@@ -209,9 +209,9 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
     with exclusive():  # another rank's thread may be propagating shapes through the same modules
         model = copy.deepcopy(model)
     if mesh.device_type != "cpu":  # this rank's shards live on its device (cuda:LOCAL_RANK)
-        from .mesh import local_device
+        from .mesh import device_type, local_device
 
-        model = model.to(local_device("nccl"))
+        model = model.to(local_device("nccl") if device_type() == "cuda" else torch.device("cuda"))
     program = build(graph, assignment, mesh, model, outputs, inputs)  # on the plain copy: it reads shapes
     _distribute_state(model, mesh, program.stored)
     try:

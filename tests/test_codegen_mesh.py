@@ -26,3 +26,18 @@ def test_nccl_ranks_use_their_local_rank_s_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: chosen.append(i))
     assert local_device("nccl") == torch.device("cuda", 3)
     assert chosen == [3]  # and it becomes the current device, as torchrun scripts expect
+
+
+def test_a_model_already_on_a_gpu_keeps_its_shards_there():
+    from autopar.codegen.mesh import model_device_type
+
+    cpu = torch.nn.Linear(2, 2)
+    assert model_device_type(cpu) is None
+    meta = torch.nn.Linear(2, 2, device="meta")
+    assert model_device_type(meta) is None
+    cuda_like = torch.nn.Linear(2, 2)
+    cuda_like.weight = torch.nn.Parameter(torch.empty(2, 2, device="meta"))
+    # the choice reads the first parameter's device type; a cuda one is what keeps the mesh on cuda
+    fake = type("P", (), {"device": torch.device("cuda", 0)})()
+    holder = type("M", (), {"parameters": lambda self: iter([fake])})()
+    assert model_device_type(holder) == "cuda"
