@@ -35,8 +35,6 @@ def test_a_model_already_on_a_gpu_keeps_its_shards_there():
     assert model_device_type(cpu) is None
     meta = torch.nn.Linear(2, 2, device="meta")
     assert model_device_type(meta) is None
-    cuda_like = torch.nn.Linear(2, 2)
-    cuda_like.weight = torch.nn.Parameter(torch.empty(2, 2, device="meta"))
     # the choice reads the first parameter's device type; a cuda one is what keeps the mesh on cuda
     fake = type("P", (), {"device": torch.device("cuda", 0)})()
     holder = type("M", (), {"parameters": lambda self: iter([fake])})()
