@@ -118,3 +118,38 @@ def own_rows(args: tuple, first: int, rows: int):
     idx = args[0] - first
     outside = (idx < 0) | (idx >= rows)
     return (idx.masked_fill(outside, 0), *args[1:]), outside
+
+
+def whole_dropout(n: fx.Node, node: Node, layout: NodeLayout, module) -> float | None:
+    """The drop probability of an element-wise dropout to run as one device would: every rank
+    draws the mask of the WHOLE tensor (same seed, same draws as the single-device model, which
+    CPU dropout makes with ``empty_like(x).bernoulli_(1 - p)``) and keeps its shard's part. So a
+    sharded tensor's shards get different masks and a replicated one the same mask everywhere (a
+    local draw per rank would give shards of one batch the same mask, and replicas different
+    ones). None when the local op is right as it is (not training, nothing split, feature dropout,
+    a minor-dim cut)."""
+    import torch.nn as nn
+
+    if node.op != "dropout" or not node.attrs.get("training", True):
+        return None
+    p = float(node.attrs.get("p", 0.5))
+    if not 0.0 < p < 1.0 or all(c == 1 for c in layout.split_counts.values()):
+        return None
+    plain = (type(module) is nn.Dropout) if n.op == "call_module" else call_name(n) == "dropout"
+    if not plain or any(layout.input_strided) or any(layout.output_strided):
+        return None
+    spec = node.inputs[0].spec
+    if any(layout.split_counts.get(d, 1) > 1 for axis in spec.axes for d in axis[1:]):
+        return None
+    return p
+
+
+def dropout_slice(x: torch.Tensor, node: Node, layout: NodeLayout, index, p: float) -> torch.Tensor:
+    """``x`` (this rank's shard) dropped with its part of the whole tensor's mask."""
+    spec = node.inputs[0].spec
+    mask = torch.empty(spec.shape, dtype=x.dtype, device=x.device).bernoulli_(1 - p)
+    for axis, dims in enumerate(spec.axes):
+        if dims and layout.split_counts.get(dims[0], 1) > 1:
+            chunk = spec.shape[axis] // layout.split_counts[dims[0]]
+            mask = mask.narrow(axis, index(dims[0]) * chunk, chunk)
+    return x * mask.div_(1 - p)

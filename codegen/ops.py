@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 
 from autopar.core.ir import Node, TensorSpec
 
-from .op_fixes import call_name, causal_mask, own_rows
+from .op_fixes import call_name, causal_mask, dropout_slice, own_rows
 from .placements import LayoutError, NodeLayout, local_shape
 from .strided import local_extent, place_blocks, take_blocks
 
@@ -62,6 +62,7 @@ class LocalCall:
     out_flat: list[Any] | None = None  # the last call's output leaves (tensors as _TENSOR)
     out_spec: Any = None
     writes_first: bool = False  # an in-place call: it writes into its first tensor (``inplace``)
+    whole_dropout: float | None = None  # p of a dropout run with the whole tensor's mask (op_fixes)
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Run locally; return the tensor leaves of the output, as ``local_map`` wants them."""
@@ -81,7 +82,10 @@ class LocalCall:
         outside = None
         if self.vocab is not None:
             args, outside = own_rows(args, *self.vocab)
-        out = self._invoke(args, kwargs, tensors[len(self.slots):])
+        if self.whole_dropout is not None:
+            out = dropout_slice(tensors[0], self.node, self.layout, self.index, self.whole_dropout)
+        else:
+            out = self._invoke(args, kwargs, tensors[len(self.slots):])
         if outside is not None:
             out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         if self.mean_scale != 1.0:

@@ -31,7 +31,7 @@ from autopar.core.tables import Config
 
 from .batchnorm import needs_sync
 from .inplace import written_argument
-from .op_fixes import causal_rows, mean_scale, vocab_shard
+from .op_fixes import causal_rows, mean_scale, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
 from .ops import LocalCall
 from .placements import LayoutError, NodeLayout, Placements, node_layout
@@ -348,7 +348,8 @@ class _Builder:
         drop = {j for j, u in enumerate(uses) if any(self.coord[a] != 0 for a in u.additive)}
         call = LocalCall(n, node, layout, module, consts, spec, slots, names, mean_scale(n, node, layout), drop,
                          vocab_shard(node, layout, self.shape, self.coord), causal_rows(node, layout, index),
-                         [(u.spec, u.strided) for u in uses], index, writes_first=written is not None)
+                         [(u.spec, u.strided) for u in uses], index, writes_first=written is not None,
+                         whole_dropout=whole_dropout(n, node, layout, module))
         label = f"{_describe(n)}; split {_split_words(node, layout)}"
         self.root.add_module(n.name, NodeCall(call, label))
         out = self.new.call_module(n.name, tuple(args))
