@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 # bound eagerly: importing the submodule autopar.frontend.trace must not shadow the function
 from autopar.frontend.trace import trace  # noqa: E402
 
-def plan(model, example_inputs, cluster=8, **kwargs) -> Plan:
+def plan(model, example_inputs=(), cluster=8, **kwargs) -> Plan:
     """Find the best parallelization strategy (see ``autopar.planning.planner.plan``)."""
     from autopar.planning.planner import plan as _plan
 

@@ -15,8 +15,8 @@ def _cmd_trace(args) -> int:
     import autopar
     from autopar import model_spec
 
-    model, inputs, name = model_spec.load(args.model)
-    graph = autopar.trace(model, inputs)
+    model, inputs, kwargs, name = model_spec.load_call(args.model)
+    graph = autopar.trace(model, inputs, kwargs)
     graph.model_name = graph.model_name or name
     print(graph)
     return 0
@@ -36,16 +36,16 @@ def _plan(args, model_arg=None, **overrides):
     import autopar
     from autopar import model_spec
 
-    model, inputs, name = model_spec.load(model_arg or args.model)
+    model, inputs, example_kwargs, name = model_spec.load_call(model_arg or args.model)
     kwargs = dict(cost_model=args.cost_model, space=args.space, search=args.search, mode=args.mode,
-                  model_name=name)
+                  model_name=name, example_kwargs=example_kwargs)
     if getattr(args, "memory", None) is not None:
         if not args.memory > 0:
             raise ValueError(f"--memory is GiB per device and must be > 0, not {args.memory:g}")
         kwargs["memory_capacity"] = args.memory * 2**30
     kwargs.update(overrides)
     cluster = _cluster(args)
-    kwargs["graph"] = autopar.trace(model, inputs)  # a status line on a terminal, silent elsewhere
+    kwargs["graph"] = autopar.trace(model, inputs, example_kwargs)  # a status line on a terminal, silent elsewhere
     from autopar.core.progress import phase
 
     with phase(f"planning {name} on {cluster.devices} devices ({kwargs['cost_model']} model)"):
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="autopar",
         description="Automatic parallelization-strategy search for PyTorch models.",
         epilog="MODEL is zoo:NAME[:key=value,...] (e.g. zoo:gpt:layers=4) or path/to/file.py:factory, "
-        "where factory() returns (model, example_inputs).",
+        "where factory() returns (model, example_inputs), (model, {keyword inputs}) or (model, args, kwargs).",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     t = sub.add_parser("trace", help="trace MODEL and print its operator graph")

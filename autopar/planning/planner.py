@@ -67,13 +67,15 @@ def run_search(tables: CostTables, search: str, time_limit: float) -> Solution:
         return ilp(tables, time_limit=time_limit)
 
 
-def plan(model, example_inputs, cluster=8, *, cost_model: str = "analytic", space: str = "mesh",
+def plan(model, example_inputs=(), cluster=8, *, example_kwargs=None, cost_model: str = "analytic", space: str = "mesh",
          search: str = "auto", mode: str = "train", optimizer: str | None = "adam",
          memory_capacity: float | None = None, time_limit: float = 60.0, graph: Graph | None = None,
          model_name: str = "", pase_profile: str | None = None, pase_rate: tuple[float, float] = (10.0, 16.0),
          baselines: bool = True, pipeline: bool | str = "auto") -> Plan:
     """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``; see DESIGN.md.
 
+    ``example_inputs``/``example_kwargs``: the call, as ``autopar.trace`` takes it (positional inputs,
+    keyword inputs, or one dict of keyword inputs).
     ``cluster``: an ``autopar.Cluster``, a preset name (``"8xA100"``) or a device count.
     ``memory_capacity`` (bytes per device) overrides the cluster's. ``search``: auto, dp, ilp, brute.
     ``cost_model="pase"`` uses PaSE's model (``pase_rate`` = its TFLOP/s and GB/s) on PaSE's view of
@@ -100,7 +102,7 @@ def plan(model, example_inputs, cluster=8, *, cost_model: str = "analytic", spac
     if graph is None:
         from autopar.frontend.trace import trace
 
-        graph = trace(model, example_inputs)
+        graph = trace(model, example_inputs, example_kwargs)
     name = model_name or graph.model_name or type(model).__name__
     common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
                   mesh=cluster.mesh(), cost_model=cost_model, space=space, mode=mode)
