@@ -48,7 +48,25 @@ def parse_space(space: str) -> tuple[str, int]:
     raise ValueError(f"unknown space {space!r}; use 'mesh', 'pase' (cutoff 4) or 'pase:N'")
 
 
-def run_search(tables: CostTables, search: str, time_limit: float) -> Solution:
+def run_search(tables: CostTables, search: str, time_limit: float, whole: frozenset[str] = frozenset()) -> Solution:
+    """The search on ``tables`` with the nodes named in ``whole`` fixed to their replicated config.
+
+    ``whole``: cheap values many layers read (``autopar.planning.whole.kept_whole``: masks, position
+    tables); fixed, they no longer tie the layers together in the exact search. Every node left with
+    one config is folded into its neighbours' costs (exact). The solution says in ``detail`` when
+    nodes were fixed: it is optimal among plans that keep them whole."""
+    from autopar.planning.whole import fix_and_fold, replicated_index
+
+    fixed = {i: replicated_index(tables, i) for i, name in enumerate(tables.nodes)
+             if name in whole and len(tables.configs[i]) > 1}
+    sol = _search(fix_and_fold(tables, fixed), search, time_limit)
+    if fixed:
+        sol.choice = [fixed.get(i, c) for i, c in enumerate(sol.choice)]
+        sol.detail = f"among plans that keep {len(fixed)} values read by many layers (masks, position tables) whole"
+    return sol
+
+
+def _search(tables: CostTables, search: str, time_limit: float) -> Solution:
     from autopar.search.common import SearchTooLargeError
     from autopar.search.dp import dp
     from autopar.search.ilp import ilp
@@ -129,14 +147,17 @@ def _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, tim
         tables.memory_capacity = float(memory_capacity)
     unsupported = {n.name: n.unsupported for n in graph.nodes if n.unsupported}
     base = _analytic_baselines(graph, tables, cluster, common, unsupported) if with_baselines else {}
+    from autopar.planning.whole import kept_whole
+
+    whole = frozenset(kept_whole(graph))
     start = time.perf_counter()
     try:
-        sol = run_search(tables, search, time_limit)
+        sol = run_search(tables, search, time_limit, whole)
     except InfeasibleError as e:
         least = _least_memory(tables)
         if pipeline is not False and cluster.devices > 1:
             piped = _with_pipeline(graph, cluster, mode, optimizer, tables, None, search, time_limit, common,
-                                   unsupported, base, start)
+                                   unsupported, base, start, whole)
             if piped is not None:
                 return piped
         raise InfeasibleError(
@@ -144,25 +165,28 @@ def _plan_analytic(graph, cluster, mode, optimizer, memory_capacity, search, tim
             f"on {cluster.devices} devices; the least autopar can reach is {least / 2**30:.3g} GiB per device "
             f"(splitting every node as finely as it can): add devices or memory", least) from e
     seconds = time.perf_counter() - start
-    plan = _make_plan(graph, tables, sol, SearchInfo.exact(sol.search, seconds, sol.gap), common, unsupported, base)
+    info = SearchInfo.exact(sol.search, seconds, sol.gap)
+    info.detail = sol.detail or info.detail
+    plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
     if pipeline is True or (pipeline == "auto" and cluster.nodes > 1):
         piped = _with_pipeline(graph, cluster, mode, optimizer, tables, plan, search, time_limit, common,
-                               unsupported, base, start)
+                               unsupported, base, start, whole)
         if piped is not None and piped.cost < plan.cost:
             return piped
         if plan.search.proven_optimal:  # what is proven is proven over single-stage plans only
-            plan.search.detail = "among single-stage plans; pipeline options priced heuristically"
+            plan.search.detail = "; ".join(filter(None, (
+                "among single-stage plans; pipeline options priced heuristically", sol.detail)))
     return plan
 
 
 def _with_pipeline(graph, cluster, mode, optimizer, tables, single, search, time_limit, common, unsupported,
-                   base, start) -> Plan | None:
+                   base, start, whole=frozenset()) -> Plan | None:
     """The best pipelined plan, or None when no stage split fits."""
     from autopar.planning.stages import best_pipeline, stage_assignment
     from autopar.planning.plan import Stage
 
     found = best_pipeline(graph, cluster, mode, optimizer, tables.memory_capacity,
-                          lambda t: run_search(t, search, time_limit))
+                          lambda t: run_search(t, search, time_limit, whole))
     if found is None:
         return None
     sol, option = found
@@ -242,10 +266,10 @@ def _analytic_baselines(graph, tables, cluster, common, unsupported) -> dict[str
             keep.append(memo[key] or [dp_choice[i]])
         sub = restrict(tables, keep)
         sub.memory_capacity = math.inf  # a baseline is priced as written, fitting or not
-        from autopar.search.dp import dp
+        from autopar.planning.whole import kept_whole
 
         start = time.perf_counter()
-        sol = dp(sub)
+        sol = run_search(sub, "dp", math.inf, frozenset(kept_whole(graph)))
         sol.choice = [keep[i][c] for i, c in enumerate(sol.choice)]
         out["expert"] = _make_plan(graph, tables, _evaluate(tables, sol.choice),
                                    SearchInfo("dp (pinned)", time.perf_counter() - start, status="fixed",
