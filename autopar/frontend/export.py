@@ -51,7 +51,8 @@ class ExportFrontend(Builder):
         self.call = call
         self.out_leaves: list[tuple[str, Any]] = []  # (path, example leaf) as the hook saw them
         self.out_spec: pytree.TreeSpec | None = None
-        self.notes: list[str] = []
+        self.notes: list[str] = []  # about the export (batch); the outputs' own are made by the hook
+        self.out_notes: list[str] = []
 
     def graph(self) -> Graph:
         ep, dynamic = self._export()
@@ -91,7 +92,7 @@ class ExportFrontend(Builder):
         batched = tuple(leaf.placeholder for leaf in in_leaves if leaf.path in paths and leaf.placeholder)
         graph.call = CallSpec(pytree.tree_structure((self.call.args, self.call.kwargs)), in_leaves,
                               self.out_spec, out_leaves, size, batched, dynamic, _batch_range(ep, dynamic),
-                              training=self.model.training, notes=self.notes)
+                              training=self.model.training, notes=self.out_notes + self.notes)
         return graph
 
     def _input_leaves(self, sig) -> tuple[InputLeaf, ...]:
@@ -164,12 +165,12 @@ class ExportFrontend(Builder):
         except ValueError:  # a pytree node registered without keys: positions then
             flat_values, spec = pytree.tree_flatten(output)
             leaves = [(f"[{i}]", v) for i, v in enumerate(flat_values)]
-        self.out_spec, self.out_leaves = spec, []
+        self.out_spec, self.out_leaves, self.out_notes = spec, [], []  # each export run sees them afresh
         for path, v in leaves:
             if not isinstance(v, torch.Tensor) and not _is_constant(v):
-                v = Dropped(f"a {type(v).__name__}, which torch's pytree cannot flatten into tensors "
-                            f"(a generation cache: training does not use it); returned as None")
-                self.notes.append(f"output {path} dropped: {v.reason}")
+                v = Dropped(f"a {type(v).__name__}, not a tensor torch's pytree can flatten (such as a "
+                            f"generation cache, which a training step does not use); returned as None")
+                self.out_notes.append(f"output {path} dropped: {v.reason}")
             self.out_leaves.append((path, v))
         tensors = tuple(v for _, v in self.out_leaves if isinstance(v, torch.Tensor))
         if not tensors:
