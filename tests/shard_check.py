@@ -135,8 +135,6 @@ def _check(graph: Graph, values: dict[str, Any], node: Node, dim: str, parts: in
         if name in SIZE_ARGS:
             local = _cut(outs[0], node.outputs[0].axes, sizes, dim, r, parts).shape
             args = (args[0], list(local)) + tuple(args[2:])
-        elif name == "split" and "x" in sizes and dim == "x":
-            args = (args[0], args[1] // parts) + tuple(args[2:])
         elif name in ("conv2d", "conv1d") and dim == "g":  # the group count is localized too
             args = tuple(args[:6]) + (args[6] // parts,)
         with torch.no_grad():

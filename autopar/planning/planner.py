@@ -52,17 +52,19 @@ def run_search(tables: CostTables, search: str, time_limit: float, whole: frozen
     """The search on ``tables`` with the nodes named in ``whole`` fixed to their replicated config.
 
     ``whole``: cheap values many layers read (``autopar.planning.whole.kept_whole``: masks, position
-    tables); fixed, they no longer tie the layers together in the exact search. Every node left with
-    one config is folded into its neighbours' costs (exact). The solution says in ``detail`` when
-    nodes were fixed: it is optimal among plans that keep them whole."""
+    tables); fixed, they no longer tie the layers together in the exact search, and every node left
+    with one config is folded into its neighbours' costs (exact). The solution says in ``detail``
+    that it is optimal among plans that keep them whole. Without such nodes the tables are searched
+    as they are."""
     from autopar.planning.whole import fix_and_fold, replicated_index
 
     fixed = {i: replicated_index(tables, i) for i, name in enumerate(tables.nodes)
              if name in whole and len(tables.configs[i]) > 1}
+    if not fixed:  # nothing to keep whole: the tables as they are (the same optimum, the same ties)
+        return _search(tables, search, time_limit)
     sol = _search(fix_and_fold(tables, fixed), search, time_limit)
-    if fixed:
-        sol.choice = [fixed.get(i, c) for i, c in enumerate(sol.choice)]
-        sol.detail = f"among plans that keep {len(fixed)} values read by many layers (masks, position tables) whole"
+    sol.choice = [fixed.get(i, c) for i, c in enumerate(sol.choice)]
+    sol.detail = f"among plans that keep {len(fixed)} values read by many layers (masks, position tables) whole"
     return sol
 
 

@@ -2,16 +2,14 @@
 
 The joined axis of a cat is unsplittable: its pieces have different sizes, so a shard of the whole
 is not a shard of each piece. Empty pieces do not count: ``cat([empty_cache, k], -2)`` (a
-transformers key/value cache in a training step) is ``k``, and its axis splits. A split into equal
-pieces (GPT-2's fused ``qkv.split(64, dim=2)``, ``chunk``) gives the cut axis the merged dims
-``("p", "x")``: the piece, unsplittable, then the position within it, which is each output's axis,
-so a head split of q, k and v flows back to the fused projection (as a strided cut of its output).
-Unequal pieces keep the cut axis whole. Every other axis is a free dim shared by all the tensors.
+transformers key/value cache in a training step) is ``k``, and its axis splits. The cut axis of
+a split stays whole too; each piece splits again downstream (GPT-2's ``qkv.split(64, dim=2)``
+pieces split by heads in the ``view(b, s, h, d)`` that follows). Every other axis is a free dim
+shared by all the tensors.
 """
 
 from __future__ import annotations
 
-from autopar.core.ir import Dim
 from autopar.frontend.rules.base import Call, Result, generic_names, names_axes, norm_axis, same_dims
 
 
@@ -38,22 +36,16 @@ def split(call: Call) -> Result:
     axis = norm_axis(int(call.args.get("dim", 0)), x.ndim)
     squeeze = call.fixed.get("kind") == "unbind"
     names = generic_names(x.ndim)
-    sizes = tuple(1 if squeeze else o.shape[axis] for o in call.outs)
-    equal = not squeeze and len(set(sizes)) == 1 and len(sizes) > 1
-    dims = same_dims(names, x.shape, unsplittable={names[axis]})
-    in_axes = list(names_axes(names))
-    if equal:  # the cut axis is (piece, position in piece); the position is each output's axis
-        dims[axis:axis + 1] = [Dim("p", len(sizes), splittable=False), Dim("x", sizes[0])]
-        in_axes[axis] = ("p", "x")
     outs = []
     for _ in call.outs:
-        axes = list(names_axes(names))
+        axes = [(n,) for n in names]
         if squeeze:
             del axes[axis]
         else:
-            axes[axis] = ("x",) if equal else ()
+            axes[axis] = ()
         outs.append(tuple(axes))
-    return Result("split", dims, [(x, tuple(in_axes))], outs, 0,
+    sizes = tuple(1 if squeeze else o.shape[axis] for o in call.outs)
+    return Result("split", same_dims(names, x.shape, unsplittable={names[axis]}), [(x, names_axes(names))], outs, 0,
                   {"axis": axis, "sizes": sizes, "squeeze": squeeze}, bytes_read=0, bytes_written=0)
 
 
