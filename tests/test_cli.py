@@ -90,6 +90,7 @@ def three():
 '''
 
 
+@pytest.mark.slow  # three command-line runs
 def test_model_files_may_give_keyword_inputs(tmp_path):
     f = tmp_path / "models.py"
     f.write_text(FACTORIES)
