@@ -15,8 +15,8 @@ def _cmd_trace(args) -> int:
     import autopar
     from autopar import model_spec
 
-    model, inputs, name = model_spec.load(args.model)
-    graph = autopar.trace(model, inputs)
+    model, inputs, kwargs, name = model_spec.load_call(args.model)
+    graph = autopar.trace(model, inputs, kwargs)
     graph.model_name = graph.model_name or name
     print(graph)
     return 0
@@ -36,9 +36,10 @@ def _plan(args, model_arg=None, **overrides):
     import autopar
     from autopar import model_spec
 
-    model, inputs, name = model_spec.load(model_arg or args.model)
+    model, inputs, example_kwargs, name = model_spec.load_call(model_arg or args.model)
     kwargs = dict(cost_model=args.cost_model, space=args.space, search=args.search, mode=args.mode,
-                  model_name=name, pipeline={"auto": "auto", "on": True, "off": False}[args.pipeline],
+                  model_name=name, example_kwargs=example_kwargs,
+                  pipeline={"auto": "auto", "on": True, "off": False}[args.pipeline],
                   explain=getattr(args, "explain", False))
     if getattr(args, "memory", None) is not None:
         if not args.memory > 0:
@@ -46,7 +47,7 @@ def _plan(args, model_arg=None, **overrides):
         kwargs["memory_capacity"] = args.memory * 2**30
     kwargs.update(overrides)
     cluster = _cluster(args)
-    kwargs["graph"] = autopar.trace(model, inputs)  # a status line on a terminal, silent elsewhere
+    kwargs["graph"] = autopar.trace(model, inputs, example_kwargs)  # a status line on a terminal, silent elsewhere
     from autopar.core.progress import phase
 
     with phase(f"planning {name} on {cluster.devices} devices ({kwargs['cost_model']} model)"):
@@ -91,14 +92,14 @@ def _cmd_show(args) -> int:
 def _cmd_run(args) -> int:
     """Train a few steps of the sharded module on local CPU processes, beside one process."""
     from autopar.codegen.launch import launch
-    from autopar.model_spec import load
+    from autopar.model_spec import load_call
     from autopar.training import LossComparison, run_worker, single_process_losses
 
     if args.nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
-    model, inputs, _ = load(args.model)  # a bad MODEL fails here, in one line, before any process starts
+    model, inputs, kwargs, _ = load_call(args.model)  # a bad MODEL fails here, in one line, before any process starts
     plan_kwargs = {} if args.plan else {"cluster": args.cluster, "cost_model": args.cost_model}
     results = launch(run_worker, args.nproc, args.model, args.steps, args.lr, args.plan, plan_kwargs,
                      timeout=args.timeout)
@@ -107,7 +108,8 @@ def _cmd_run(args) -> int:
         raise AutoparError(errors[0])
     print(results[0][2])
     print()
-    comparison = LossComparison(results[0][1], single_process_losses(model, inputs, args.steps, args.lr), args.nproc)
+    comparison = LossComparison(results[0][1], single_process_losses(model, inputs, args.steps, args.lr, kwargs),
+                                args.nproc)
     print(comparison.table())
     return 0 if comparison.equal else 1
 
@@ -136,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="autopar",
         description="Automatic parallelization-strategy search for PyTorch models.",
         epilog="MODEL is zoo:NAME[:key=value,...] (e.g. zoo:gpt:layers=4) or path/to/file.py:factory, "
-        "where factory() returns (model, example_inputs).",
+        "where factory() returns (model, example_inputs), (model, {keyword inputs}) or (model, args, kwargs).",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     t = sub.add_parser("trace", help="trace MODEL and print its operator graph")

@@ -31,12 +31,14 @@ from autopar.planning.plan import Plan
 _TRACE_LOCK = threading.Lock()
 
 
-def compile(model: nn.Module, example_inputs=(), cluster=None, *, devices: int | None = None,
+def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs=None, devices: int | None = None,
             plan=None, outputs: str = "replicate", inputs: str = "global", **plan_kwargs) -> nn.Module:
     """This rank's module for training ``model`` on ``devices`` devices.
 
     Same arguments, in the same order, as ``autopar.plan``: ``example_inputs`` is a tuple of the
-    forward's arguments (the global batch, identical on every rank); ``cluster`` is what the
+    forward's positional arguments and ``example_kwargs`` a dict of its keyword ones (or pass one
+    dict as ``example_inputs``), the global batch, identical on every rank; the module is then
+    called the same way (``module(input_ids=..., labels=...)``) and returns what the model returns; ``cluster`` is what the
     search prices (default: this machine, the ``cpu`` preset); ``devices`` defaults to the process
     group's size (1 without one). ``plan``: None (search, on rank 0), an ``autopar.Plan``, or
     the path of a saved plan, used as it is. ``outputs``: "replicate" (whole tensors, the same on
@@ -59,10 +61,13 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, devices: int |
         raise ValueError(f"outputs must be 'replicate', 'local' or 'dtensor', not {outputs!r}")
     if inputs not in ("global", "local"):
         raise ValueError(f"inputs must be 'global' (every rank the whole batch) or 'local' (its slice), not {inputs!r}")
+    if isinstance(example_inputs, dict) and example_kwargs is None:
+        example_inputs, example_kwargs = (), example_inputs
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
-    if not example_inputs:
-        raise ValueError("autopar.compile needs example_inputs: a tuple of the model's forward arguments")
+    if not example_inputs and not example_kwargs:
+        raise ValueError("autopar.compile needs example_inputs: a tuple of the model's forward arguments "
+                         "(and/or example_kwargs, a dict of its keyword arguments)")
     devices = _device_count(devices)
     cluster = _cluster(cluster, devices)
     if plan is not None and plan_kwargs:
@@ -71,7 +76,7 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, devices: int |
 
     with _TRACE_LOCK:
         rank0 = not dist.is_initialized() or dist.get_rank() == 0
-        graph = trace(model, tuple(example_inputs), progress=None if rank0 else False)
+        graph = trace(model, tuple(example_inputs), example_kwargs, progress=None if rank0 else False)
     if devices == 1:  # nothing to split (and no mesh to build), process group or not
         chosen = _local_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
         single = copy.deepcopy(model)

@@ -1,12 +1,14 @@
 """Resolve the MODEL argument of the command line: ``zoo:NAME[:key=value,...]`` or ``file.py:factory``.
 
-A factory is a function of no arguments returning ``(model, example_inputs)``, the same contract as
-``autopar.zoo.get``.
+A factory is a function of no arguments returning ``(model, example_inputs)`` (the contract of
+``autopar.zoo.get``; ``example_inputs`` a tuple of positional inputs, one tensor, or a dict of
+keyword inputs as Hugging Face models take them) or ``(model, args, kwargs)``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
 
 from autopar import zoo
@@ -22,7 +24,16 @@ def _value(text: str):
 
 
 def load(spec: str):
-    """Return ``(model, example_inputs, name)`` for a MODEL argument; ValueError if it is bad."""
+    """``(model, example_inputs, name)`` for commands that take positional inputs only; ValueError if bad."""
+    model, args, kwargs, name = load_call(spec)
+    if kwargs:
+        raise ValueError(f"{spec} gives keyword inputs ({', '.join(kwargs)}), which this command does not take "
+                         f"yet: use `autopar trace` or `autopar plan`, or return positional inputs")
+    return model, args, name
+
+
+def load_call(spec: str):
+    """Return ``(model, args, kwargs, name)`` for a MODEL argument; ValueError if it is bad."""
     if spec.startswith("zoo:"):
         name, _, args = spec[4:].partition(":")
         kwargs = {}
@@ -32,7 +43,7 @@ def load(spec: str):
                 raise ValueError(f"bad size {item!r} in {spec!r}: write key=value, e.g. zoo:gpt:layers=4")
             kwargs[key.strip()] = _value(val.strip())
         model, inputs = zoo.get(name, **kwargs)
-        return model, inputs, name
+        return model, _positional(inputs), {}, name
     path, sep, fn = spec.rpartition(":")
     if not sep or not path.endswith(".py"):
         raise ValueError(f"bad MODEL {spec!r}: use zoo:NAME[:key=value,...] or path/to/file.py:factory")
@@ -46,7 +57,19 @@ def load(spec: str):
     if not callable(factory):
         raise ValueError(f"{path} has no function {fn!r} (MODEL {spec!r})")
     result = factory()
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise ValueError(f"{spec} must return (model, example_inputs), got {type(result).__name__}")
+    if not (isinstance(result, tuple) and len(result) in (2, 3)):
+        raise ValueError(f"{spec} must return (model, example_inputs) or (model, args, kwargs), "
+                         f"got {type(result).__name__}")
+    if len(result) == 3:
+        model, args, kwargs = result
+        if not isinstance(kwargs, Mapping):
+            raise ValueError(f"{spec} returned (model, args, kwargs) with kwargs a {type(kwargs).__name__}, not a dict")
+        return model, _positional(args), dict(kwargs), file.stem
     model, inputs = result
-    return model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,), file.stem
+    if isinstance(inputs, Mapping):  # keyword inputs, as Hugging Face models are called
+        return model, (), dict(inputs), file.stem
+    return model, _positional(inputs), {}, file.stem
+
+
+def _positional(inputs) -> tuple:
+    return tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)

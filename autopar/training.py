@@ -20,28 +20,29 @@ ADAM_EPS = 1e-6
 RTOL = 1e-4  # per-step losses of the two runs agree to float32 rounding, accumulated over steps
 
 
-def train_steps(module: nn.Module, inputs, steps: int = 3, lr: float = 1e-3) -> list[float]:
-    """``steps`` AdamW steps of a module whose forward returns the loss; the loss of each step.
-
-    A pipelined module (``train_step``) runs forward and backward in its schedule.
-    """
+def train_steps(module: nn.Module, inputs, steps: int = 3, lr: float = 1e-3, kwargs=None) -> list[float]:
+    """``steps`` AdamW steps of a module whose forward returns the loss (a scalar, or an output
+    with a ``loss``); the loss of each step. A compiled module's ``train_step`` runs forward and
+    backward whatever its plan."""
     opt = torch.optim.AdamW(module.parameters(), lr=lr, eps=ADAM_EPS)
+    kwargs = kwargs or {}
     losses = []
     for _ in range(steps):
         opt.zero_grad()
         if hasattr(module, "train_step"):
-            loss = module.train_step(*inputs)
+            loss = module.train_step(*inputs, **kwargs)
         else:
-            loss = module(*inputs)
+            out = module(*inputs, **kwargs)
+            loss = out["loss"] if isinstance(out, dict) else getattr(out, "loss", out)
             loss.backward()
         opt.step()
         losses.append(loss.detach().item())
     return losses
 
 
-def single_process_losses(model: nn.Module, inputs, steps: int = 3, lr: float = 1e-3) -> list[float]:
+def single_process_losses(model: nn.Module, inputs, steps: int = 3, lr: float = 1e-3, kwargs=None) -> list[float]:
     """The same steps on an unsplit copy of ``model`` (the model itself is left untouched)."""
-    return train_steps(copy.deepcopy(model), inputs, steps, lr)
+    return train_steps(copy.deepcopy(model), inputs, steps, lr, kwargs)
 
 
 @dataclass
@@ -78,12 +79,12 @@ def run_worker(rank: int, world: int, spec: str, steps: int, lr: float, plan_pat
     """
     from autopar import compile as compile_model
     from autopar.core.errors import AutoparError
-    from autopar.model_spec import load
+    from autopar.model_spec import load_call
 
     try:
-        model, inputs, _ = load(spec)
-        module = compile_model(model, inputs, devices=world, plan=plan_path, **plan_kwargs)
+        model, inputs, kwargs, _ = load_call(spec)
+        module = compile_model(model, inputs, example_kwargs=kwargs, devices=world, plan=plan_path, **plan_kwargs)
     except (AutoparError, ValueError) as e:
         return ("error", str(e))
-    losses = train_steps(module, inputs, steps, lr)
+    losses = train_steps(module, inputs, steps, lr, kwargs)
     return ("ok", losses, module.plan.report() if rank == 0 else None)

@@ -91,3 +91,54 @@ def _update_running(module, mean: DTensor, var: DTensor, count: int) -> None:
     rm, rv = module.running_mean.to_local(), module.running_var.to_local()
     rm.mul_(1 - m).add_(mean.to_local().detach(), alpha=m)
     rv.mul_(1 - m).add_(unbiased.detach(), alpha=m)
+
+
+def needs_sync_op(n, node: Node, layout: NodeLayout) -> bool:
+    """A training ``aten.batch_norm`` call (a torch.export graph) whose batch dim is cut."""
+    import torch._ops
+
+    if node.op != "batch_norm" or not isinstance(n.target, torch._ops.OpOverload):
+        return False
+    if n.target.overloadpacket.__name__ != "batch_norm" or not bool(_arg(n, 5, "training", False)):
+        return False
+    batch = node.dims[0].name
+    return any(d == batch for d in layout.axis_dims)
+
+
+def _arg(n, i: int, key: str, default):
+    return n.args[i] if len(n.args) > i else n.kwargs.get(key, default)
+
+
+def sync_batch_norm_local(x, weight, bias, running_mean, running_var, momentum: float, eps: float,
+                          node: Node, layout: NodeLayout, mesh: DeviceMesh):
+    """``aten.batch_norm`` in training with its batch split, on local tensors: the statistics
+    summed over the batch axes (DTensor's all-reduce, differentiable), the affine parameters read
+    locally (their gradients are partial over the batch axes and the gradient reducer sums them),
+    the running statistics updated in place as the single-device op does."""
+    owner = list(layout.axis_dims)
+    batch, channel = node.dims[0].name, node.dims[1].name
+    cvec: Placements = tuple(Shard(0) if d == channel else Replicate() for d in owner)
+    cpart: Placements = tuple(Partial() if d == batch else p for d, p in zip(owner, cvec))
+    spec = node.inputs[0].spec
+    count = spec.numel // spec.shape[1]
+    dims = [i for i in range(x.dim()) if i != 1]
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+
+    cgrad = grad_placements(cvec, owner)  # each rank's use of the totals adds to their gradient
+
+    def total(local):
+        return DTensor.from_local(local, mesh, cpart, run_check=False).redistribute(mesh, cvec).to_local(
+            grad_placements=cgrad)
+
+    mean = total(x.sum(dim=dims) / count)
+    var = total(((x - mean.view(shape)) ** 2).sum(dim=dims) / count)
+    y = (x - mean.view(shape)) * torch.rsqrt(var + eps).view(shape)
+    if weight is not None:
+        y = y * weight.view(shape)
+    if bias is not None:
+        y = y + bias.view(shape)
+    if running_mean is not None and running_var is not None:
+        with torch.no_grad():
+            running_mean.mul_(1 - momentum).add_(mean.detach(), alpha=momentum)
+            running_var.mul_(1 - momentum).add_(var.detach() * (count / max(count - 1, 1)), alpha=momentum)
+    return y

@@ -52,8 +52,8 @@ class CompiledModule(nn.Module):
         self._input_specs = dict(program.input_specs)
         self._device = torch.device(mesh.device_type, torch.cuda.current_device()) \
             if mesh.device_type == "cuda" else torch.device("cpu")
-        self._in_spec = graph.fx_graph.meta.get("autopar_in_spec")
-        self._out_spec = graph.fx_graph.meta.get("autopar_out_spec")
+        self._call = getattr(graph, "call", None)  # how the model is called and what it returns
+        self._export = graph.fx_graph.meta.get("autopar_frontend") == "export"
         self._state = [_tensor(self, name) for name in program.state]
         params = {name: self.get_parameter(name) for name in program.reduce_axes
                   if isinstance(_tensor(self, name), nn.Parameter) and _tensor(self, name).requires_grad}
@@ -69,8 +69,8 @@ class CompiledModule(nn.Module):
         inputs = self._bind(args, kwargs)
         state = [t.to_local() if isinstance(t, DTensor) else t for t in self._state]
         out = self.program.module(*state, *inputs)
-        if self._out_spec is not None:  # an export graph returns a flat tuple: nest it as the model does
-            out = pytree.tree_unflatten(list(out), self._out_spec)
+        if self._export and self._call is not None:  # flat graph outputs: nest them as the model does
+            out = self._call.unflatten(list(out) if isinstance(out, (tuple, list)) else [out])
         if torch.is_grad_enabled():
             self.reducer.watch(out)
         if self._outputs == "dtensor":
@@ -90,9 +90,14 @@ class CompiledModule(nn.Module):
 
     def _bind(self, args: tuple, kwargs: dict) -> list:
         names = self.program.inputs
-        if self._in_spec is not None:  # an export graph: (args, kwargs) flattened as traced
-            values = self._flatten_as_traced(args, kwargs)
-            bound = dict(zip(names, values))
+        if self._call is not None:  # the call as traced: positional and keyword, one-line errors
+            args, kwargs = self._as_traced(args, kwargs)
+            tensors = self._call.check(args, kwargs) if not self.program.input_placements else \
+                self._call.flatten(args, kwargs)  # local slices: the shapes are checked below
+            leaves = [leaf.placeholder for leaf in self._call.inputs if leaf.placeholder]
+            bound = dict(zip(leaves, tensors))
+            for name in names:
+                bound.setdefault(name, None)  # a traced constant (fx keeps it as a placeholder)
         elif self._signature is not None:
             bound = self._signature.bind_partial(*args, **kwargs).arguments
         else:
@@ -114,6 +119,24 @@ class CompiledModule(nn.Module):
                 v = v.to(self._device)  # inputs follow the module onto this rank's device
             out.append(v)
         return out
+
+    def _as_traced(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The call with each argument where the traced call had it (positional or keyword), so
+        ``module(x, labels=y)`` runs a module traced as ``model(x, y)``."""
+        spec = self._call.in_spec
+        n = spec.children_specs[0].num_children
+        keys = list(spec.children_specs[1].context or [])
+        if (len(args) == n and set(kwargs) == set(keys)) or self._model_signature is None:
+            return args, kwargs
+        try:
+            bound = self._model_signature.bind(*args, **kwargs)
+        except TypeError:
+            return args, kwargs  # let flatten say what does not match, in one line
+        bound.apply_defaults()
+        params = list(self._model_signature.parameters)
+        if any(p not in bound.arguments for p in params[:n]) or any(k not in bound.arguments for k in keys):
+            return args, kwargs
+        return tuple(bound.arguments[p] for p in params[:n]), {k: bound.arguments[k] for k in keys}
 
     def _expected(self, name: str, spec) -> tuple[int, ...]:
         shape = list(spec.shape)
@@ -168,23 +191,6 @@ class CompiledModule(nn.Module):
 
         return (tuple(cut(names[i] if i < len(names) else "", a) for i, a in enumerate(args)),
                 {k: cut(k, v) for k, v in kwargs.items()})
-
-    def _flatten_as_traced(self, args: tuple, kwargs: dict) -> list:
-        """The call's tensors in the order torch.export flattened the traced call's (args, kwargs),
-        whichever of the two a user passes each argument in now."""
-        n_args = self._in_spec.children_specs[0].num_children
-        keys = self._in_spec.children_specs[1].context
-        if self._model_signature is not None and (len(args) != n_args or set(kwargs) != set(keys)):
-            bound = self._model_signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            params = list(bound.arguments.items())
-            args = tuple(v for _, v in params[:n_args])
-            kwargs = {k: bound.arguments[k] for k in keys}
-        leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-        if spec != self._in_spec:
-            raise TypeError(f"this module was compiled for inputs shaped like {self._in_spec}, "
-                            f"called with {spec}")
-        return leaves
 
 
 def _as_dtensor(v, placements, mesh: DeviceMesh):

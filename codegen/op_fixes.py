@@ -70,21 +70,22 @@ def _reduction_kwarg(n: fx.Node, node: Node) -> str:
     return str(n.kwargs.get("reduction", "mean"))
 
 
-def vocab_shard(node: Node, layout: NodeLayout, mesh_shape, coord) -> tuple[int, int] | None:
-    """(first row, rows) of this device's shard of a vocabulary-split embedding, else None."""
+def vocab_shard(node: Node, layout: NodeLayout, mesh_shape, coord) -> tuple[int, int, int | None] | None:
+    """(first row, rows, padding row or None) of this device's shard of a vocabulary-split
+    embedding, else None."""
     if node.op != "embedding":
         return None
     vocab = next((d for d in node.dims if d.reduction), None)
     if vocab is None or layout.split_counts.get(vocab.name, 1) == 1:
         return None
-    if node.attrs.get("padding_idx") is not None:
-        raise LayoutError(f"node {node.name}: a vocabulary split with padding_idx is not supported")
+    pad = node.attrs.get("padding_idx")
+    pad = None if pad is None or int(pad) < 0 else int(pad)
     index = 0  # the shard index: the mesh axes cutting the vocabulary, first one major
     for a, dim in enumerate(layout.axis_dims):
         if dim == vocab.name:
             index = index * mesh_shape[a] + coord[a]
     rows = vocab.size // layout.split_counts[vocab.name]
-    return index * rows, rows
+    return index * rows, rows, pad
 
 
 def causal_rows(node: Node, layout: NodeLayout, index: Callable[[str], int]):
@@ -113,11 +114,26 @@ def causal_mask(n: fx.Node, args, kwargs, first: int, rows: int):
     return (), bound
 
 
-def own_rows(args: tuple, first: int, rows: int):
-    """Indices (the call's first argument) shifted into this shard; the ones it does not own."""
-    idx = args[0] - first
+def own_rows(n: fx.Node, args: tuple, kwargs: dict, first: int, rows: int, pad: int | None):
+    """The embedding call on this shard: its indices (the integer tensor argument: first for
+    ``F.embedding`` and a module, second for ``aten.embedding``) shifted into the shard, the
+    padding row given in shard coordinates (-1 / None where another shard holds it); and the
+    indices it does not own, whose rows the caller zeroes."""
+    pos = next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and not a.is_floating_point())
+    idx = args[pos] - first
     outside = (idx < 0) | (idx >= rows)
-    return (idx.masked_fill(outside, 0), *args[1:]), outside
+    args = list(args)
+    args[pos] = idx.masked_fill(outside, 0)
+    local_pad = pad - first if pad is not None and first <= pad < first + rows else None
+    if pad is not None:
+        aten = isinstance(n.target, torch._ops.OpOverload)
+        if aten:
+            args[2] = -1 if local_pad is None else local_pad
+        elif "padding_idx" in kwargs or len(args) <= 2:
+            kwargs = {**kwargs, "padding_idx": local_pad}
+        else:
+            args[2] = local_pad
+    return tuple(args), kwargs, outside, local_pad
 
 
 def whole_dropout(n: fx.Node, node: Node, layout: NodeLayout, module) -> float | None:

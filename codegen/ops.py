@@ -55,7 +55,7 @@ class LocalCall:
     param_names: list[str]
     mean_scale: float = 1.0
     drop: set[int] = field(default_factory=set)  # tensors this device adds as zero (additive)
-    vocab: tuple[int, int] | None = None  # (first row, rows) of this device's embedding shard
+    vocab: tuple[int, int, int | None] | None = None  # (first row, rows, padding row) of this embedding shard
     causal_rows: tuple[int, int] | None = None  # (first query row, rows) of a split causal sdpa
     strided_in: list[tuple[TensorSpec, tuple]] = field(default_factory=list)  # per tensor arg
     index: Callable[[str], int] | None = None  # this device's chunk of a dim (strided cuts)
@@ -63,6 +63,7 @@ class LocalCall:
     out_spec: Any = None
     writes_first: bool = False  # an in-place call: it writes into its first tensor (``inplace``)
     whole_dropout: float | None = None  # p of a dropout run with the whole tensor's mask (op_fixes)
+    groups: int | None = None  # a grouped conv whose groups are split: how many this device runs
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Run locally; return the tensor leaves of the output, as ``local_map`` wants them."""
@@ -77,11 +78,14 @@ class LocalCall:
             leaves[slot] = t
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         args, kwargs = localize_shape_args(self.fx_node, self.node, self.layout, args, kwargs)
+        if self.groups is not None and self.fx_node.op != "call_module":
+            args, kwargs = local_groups(self.fx_node, args, kwargs, self.groups)
         if self.causal_rows is not None:
             args, kwargs = causal_mask(self.fx_node, args, kwargs, *self.causal_rows)
         outside = None
+        self._pad = None
         if self.vocab is not None:
-            args, outside = own_rows(args, *self.vocab)
+            args, kwargs, outside, self._pad = own_rows(self.fx_node, args, kwargs, *self.vocab)
         if self.whole_dropout is not None:
             out = dropout_slice(tensors[0], self.node, self.layout, self.index, self.whole_dropout)
         else:
@@ -114,6 +118,19 @@ class LocalCall:
         n = self.fx_node
         if n.op == "call_module":
             state = dict(zip(self.param_names, params))
+            if self.groups is not None and type(self.module) in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
+                m = self.module
+                ndim = m.weight.dim() - 2
+                conv = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[ndim - 1]
+                x = args[0]
+                if m.padding_mode != "zeros":
+                    x = torch.nn.functional.pad(x, m._reversed_padding_repeated_twice, mode=m.padding_mode)
+                    return conv(x, state["weight"], state.get("bias"), m.stride, 0, m.dilation, self.groups)
+                return conv(x, state["weight"], state.get("bias"), m.stride, m.padding, m.dilation, self.groups)
+            if self.vocab is not None and type(self.module) is nn.Embedding:  # its padding row, on this shard
+                m = self.module
+                return torch.nn.functional.embedding(args[0], state["weight"], self._pad, m.max_norm, m.norm_type,
+                                                     m.scale_grad_by_freq, m.sparse)
             out = direct_call(self.module, state, args, kwargs)
             if out is not NotImplemented:
                 return out
@@ -145,6 +162,18 @@ def direct_call(module: nn.Module, state: dict, args, kwargs):
         return torch.nn.functional.embedding(x, state["weight"], module.padding_idx, module.max_norm,
                                              module.norm_type, module.scale_grad_by_freq, module.sparse)
     return NotImplemented
+
+
+def local_groups(n: fx.Node, args, kwargs, groups: int):
+    """A convolution call with this device's number of groups (``aten.convolution``'s 9th
+    argument, ``F.convNd``'s and ``aten.convNd``'s 7th)."""
+    aten = isinstance(n.target, torch._ops.OpOverload)
+    pos = 8 if aten and n.target.overloadpacket.__name__ in ("convolution", "_convolution") else 6
+    if len(args) > pos:
+        args = (*args[:pos], groups, *args[pos + 1:])
+    else:
+        kwargs = {**kwargs, "groups": groups}
+    return args, kwargs
 
 
 def _is_float(t: Any) -> bool:

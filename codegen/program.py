@@ -29,7 +29,7 @@ from autopar.core.ir import Graph, Node
 from autopar.core.meta import MetaProp, meta_like
 from autopar.core.tables import Config
 
-from .batchnorm import needs_sync
+from .batchnorm import needs_sync, needs_sync_op
 from .inplace import written_argument
 from .op_fixes import causal_rows, mean_scale, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
@@ -95,6 +95,23 @@ class SyncBatchNorm(nn.Module):
         y = sync_batch_norm(self._owner[0], DTensor.from_local(x, self.mesh, xp, run_check=False),
                             self.node, self.layout, self.mesh)
         return y.to_local()
+
+
+class SyncBatchNormOp(nn.Module):
+    """An exported training batch norm with its batch split (``batchnorm.sync_batch_norm_local``)."""
+
+    def __init__(self, node: Node, layout: NodeLayout, mesh: DeviceMesh, momentum: float, eps: float):
+        super().__init__()
+        self.node, self.layout, self.mesh, self.momentum, self.eps = node, layout, mesh, momentum, eps
+
+    def forward(self, x, weight=None, bias=None, running_mean=None, running_var=None):
+        from .batchnorm import sync_batch_norm_local
+
+        return sync_batch_norm_local(x, weight, bias, running_mean, running_var, self.momentum, self.eps,
+                                     self.node, self.layout, self.mesh)
+
+    def extra_repr(self) -> str:
+        return f"batch norm with global statistics, momentum {self.momentum}, eps {self.eps}"
 
 
 def traced_values(graph: Graph, model: nn.Module) -> dict[fx.Node, Any]:
@@ -226,21 +243,30 @@ class _Builder:
                        reduce_axes, self.sync_bn, self.layouts, self.output_placements, self.input_placements)
 
     def _placeholder(self, n: fx.Node) -> None:
-        if n.name in self.state_of:
+        if n.name in self.state_of and _is_state(self.model, self.state_of[n.name]):
             name = self.canonical.get(self.state_of[n.name], self.state_of[n.name])
             self.env[n] = _Value(self._state(name), self.stored.get(name, self._replicated()))
             return
+        if n.name in self.state_of:  # a tensor constant torch.export lifted out of the code
+            const = getattr(self.graph, "program", None)
+            value = const.constants.get(self.state_of[n.name]) if const is not None else None
+            if not isinstance(value, torch.Tensor):
+                raise LayoutError(f"{n.name}: the exported constant {self.state_of[n.name]!r} is not available")
+            name = self._free("c_" + n.name)
+            self.root.register_buffer(name, value.detach().clone(), persistent=False)
+            self.env[n] = _Value(self.new.get_attr(name), self._replicated())
+            return
         ph = self.new.placeholder("x_" + n.name)
-        self.inputs.append(str(n.target))
+        self.inputs.append(n.name)
         if n.name in self.graph.inputs:
-            self.input_specs[str(n.target)] = self.graph.inputs[n.name]
+            self.input_specs[n.name] = self.graph.inputs[n.name]
         if not isinstance(self.values.get(n), torch.Tensor):
             self.env[n] = _Value(ph, None)
             return
         pl = self._replicated()
         if self.local_inputs:  # each rank passes its own slice of the batch over the data axes
             pl = self.input_layout.get(n.name, pl)
-            self.input_placements[str(n.target)] = pl
+            self.input_placements[n.name] = pl
         self.env[n] = _Value(ph, pl)
 
     def _get_attr(self, n: fx.Node) -> None:
@@ -282,7 +308,7 @@ class _Builder:
         output, or a tensor op the IR left out (run on whole tensors unless it passes one through)."""
         value = self.values.get(n)
         if not _has_tensor(value):
-            self.env[n] = _Value(value)
+            self.env[n] = _Value(_concrete(value))
             return
         if (n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], fx.Node)
                 and not isinstance(self.values.get(n.args[0]), torch.Tensor)):  # an item of a tuple
@@ -315,6 +341,9 @@ class _Builder:
         module = self.model.get_submodule(n.target) if n.op == "call_module" else None
         if needs_sync(node, layout, module):
             self._sync_bn(n, node, layout, module)
+            return
+        if needs_sync_op(n, node, layout):
+            self._sync_bn_op(n, node, layout)
             return
         # sizes and other non-tensor values become the traced constants, wherever they are nested
         # (a slice's bound, a shape list); tensors stay nodes and become the call's arguments
@@ -349,10 +378,12 @@ class _Builder:
         call = LocalCall(n, node, layout, module, consts, spec, slots, names, mean_scale(n, node, layout), drop,
                          vocab_shard(node, layout, self.shape, self.coord), causal_rows(node, layout, index),
                          [(u.spec, u.strided) for u in uses], index, writes_first=written is not None,
-                         whole_dropout=whole_dropout(n, node, layout, module))
+                         whole_dropout=whole_dropout(n, node, layout, module),
+                         groups=_local_groups(node, layout))
         label = f"{_describe(n)}; split {_split_words(node, layout)}"
-        self.root.add_module(n.name, NodeCall(call, label))
-        out = self.new.call_module(n.name, tuple(args))
+        name = self._free(n.name)
+        self.root.add_module(name, NodeCall(call, label))
+        out = self.new.call_module(name, tuple(args))
         self.env[n] = _Value(out, self._output_placements(n, layout))
         if written is not None and written in self.env:
             self.env[written] = self.env[n]  # later readers of the written tensor see the new value
@@ -361,7 +392,7 @@ class _Builder:
         v = self.env[a]
         if _is_pl(v.placements):
             return a
-        return v.node if not isinstance(v.node, fx.Node) else self.values.get(a)
+        return _concrete(v.node if not isinstance(v.node, fx.Node) else self.values.get(a))
 
     def _output_placements(self, n: fx.Node, layout: NodeLayout):
         value = self.values.get(n)
@@ -374,10 +405,39 @@ class _Builder:
         x = self.env[n.args[0]]
         use = Use(layout.inputs[0], layout.input_grads[0])
         owner = [self.model.get_submodule(n.target)]
-        self.root.add_module(n.name, SyncBatchNorm(owner, node, layout, self.mesh))
-        for name, _ in module.named_parameters():
-            self.sync_bn.add(f"{n.target}.{name}")
-        self.env[n] = _Value(self.new.call_module(n.name, (self._reshard(x, use),)), layout.outputs[0])
+        name = self._free(n.name)
+        self.root.add_module(name, SyncBatchNorm(owner, node, layout, self.mesh))
+        for pname, _ in module.named_parameters():
+            q = f"{n.target}.{pname}"
+            self.sync_bn.add(self.canonical.get(q, q))
+        self.env[n] = _Value(self.new.call_module(name, (self._reshard(x, use),)), layout.outputs[0])
+
+    def _free(self, name: str) -> str:
+        """A submodule name for a node: its own, unless nn.Module has an attribute of that name
+        (an ATen node called ``to`` or ``float``)."""
+        while hasattr(self.root, name):
+            name += "_"
+        return name
+
+    def _sync_bn_op(self, n, node, layout) -> None:
+        """``aten.batch_norm`` (input, weight, bias, running_mean, running_var, training, momentum,
+        eps, cudnn) with its batch split: global statistics (``batchnorm.sync_batch_norm_local``)."""
+        operands = OperandMatcher(node, layout)
+        tensors = []
+        for a in list(n.args[:5]):
+            if not isinstance(a, fx.Node):
+                tensors.append(a)
+                continue
+            key = operand_key(a, self.layouts, self.state_of)
+            use = operands.match(key, self.values[a].ndim)
+            param = key.source[6:] if key is not NO_KEY and key.source.startswith("param:") else None
+            param = self.canonical.get(param, param) if param is not None else None
+            tensors.append(self._reshard(self.env[a], use, param=param if param in self.stored else None))
+        momentum = float(n.args[6] if len(n.args) > 6 else n.kwargs.get("momentum", 0.1))
+        eps = float(n.args[7] if len(n.args) > 7 else n.kwargs.get("eps", 1e-5))
+        name = self._free(n.name)
+        self.root.add_module(name, SyncBatchNormOp(node, layout, self.mesh, momentum, eps))
+        self.env[n] = _Value(self.new.call_module(name, tuple(tensors)), layout.outputs[0])
 
     def _reshard(self, v: _Value, use: Use, param: str | None = None) -> fx.Node:
         """``v`` in the layout ``use`` wants, its gradient given back as its producer wants it
@@ -391,6 +451,25 @@ class _Builder:
         name = f"reshard_{len([m for m in self.root.children() if isinstance(m, Reshard)])}"
         self.root.add_module(name, Reshard(spec))
         return self.new.call_module(name, (v.node,))
+
+
+def _local_groups(node: Node, layout: NodeLayout) -> int | None:
+    """The groups this device convolves when a grouped conv's ``g`` is split, else None."""
+    parts = layout.split_counts.get("g", 1)
+    if not node.op.startswith("conv") or parts == 1:
+        return None
+    return int(node.attrs.get("groups", 1)) // parts
+
+
+def _concrete(value):
+    """Sizes as the example had them: a dynamic-batch export traces them as SymInts, and the
+    program is static (one batch shape), so each becomes the int it was in the example call."""
+    from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw as hint_int
+
+    def one(v):
+        return hint_int(v) if isinstance(v, (torch.SymInt, torch.SymBool)) else v
+
+    return pytree.tree_map(one, value) if isinstance(value, (list, tuple, dict)) else one(value)
 
 
 def _aliases(model: nn.Module) -> dict[str, str]:

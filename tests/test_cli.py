@@ -135,3 +135,40 @@ def test_a_profiled_plan_prices_its_pipeline_options_with_the_profiled_model(run
     r = run("plan", "zoo:mlp:layers=2", "--cluster", "2x2xH100", "--cost-model", "profiled", "--pipeline", "on")
     assert r.returncode == 0, r.stderr
     assert seen and all(isinstance(m, ProfiledModel) for m in seen)
+
+
+FACTORIES = '''
+import torch, torch.nn as nn
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, mask=None):
+        y = self.fc(x)
+        return {"loss": (y * mask).sum() if mask is not None else y.sum(), "y": y}
+
+def kw():
+    torch.manual_seed(0)  # every process builds the same model and batch
+    return M(), {"x": torch.randn(4, 8), "mask": torch.ones(4, 8)}
+
+def three():
+    return M(), (torch.randn(4, 8),), {"mask": torch.ones(4, 8)}
+'''
+
+
+@pytest.mark.slow  # three command-line runs
+def test_model_files_may_give_keyword_inputs(run, tmp_path):
+    f = tmp_path / "models.py"
+    f.write_text(FACTORIES)
+    r = run("trace", f"{f}:kw")
+    assert r.returncode == 0, r.stderr
+    assert "linear" in r.stdout
+    r = run("plan", f"{f}:three", "--devices", "2")
+    assert r.returncode == 0, r.stderr
+    assert "predicted step time" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "autopar", "run", f"{f}:kw", "--nproc", "2"], capture_output=True,
+                       text=True, timeout=600)  # keyword inputs compile and train like one process
+    assert r.returncode == 0, r.stderr
+    assert "equal" in r.stdout

@@ -35,13 +35,18 @@ class Reference:
     buffers: dict[str, torch.Tensor]
 
 
-def reference_run(model, inputs, steps: int = STEPS) -> Reference:
+def loss_of(out) -> torch.Tensor:
+    """The loss a forward returns: itself, ``out["loss"]`` or ``out.loss`` (a ModelOutput)."""
+    return out["loss"] if isinstance(out, dict) else getattr(out, "loss", out)
+
+
+def reference_run(model, inputs, steps: int = STEPS, kwargs=None) -> Reference:
     model = copy.deepcopy(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS)
     losses, grads = [], {}
     for step in range(steps):
         opt.zero_grad()
-        loss = model(*inputs)
+        loss = loss_of(model(*inputs, **(kwargs or {})))
         loss.backward()
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -56,16 +61,18 @@ def check_rank(rank, world, model, inputs, graph, assignment, mesh_shape, ref: R
     check_module(rank, shard_module(model, graph, assignment, mesh_shape), inputs, ref, steps)
 
 
-def check_module(rank, sharded, inputs, ref: Reference, steps: int = STEPS, feed=None) -> None:
+def check_module(rank, sharded, inputs, ref: Reference, steps: int = STEPS, feed=None, kwargs=None) -> None:
     """Train ``sharded`` (this rank's module) as ``reference_run`` trained one copy, and compare.
-    ``feed``: what this rank passes the module (default ``inputs``, the whole batch)."""
+    ``feed``: what this rank passes the module (default ``inputs``, the whole batch); ``kwargs``:
+    keyword inputs beside them."""
     feed = inputs if feed is None else feed
+    kwargs = kwargs or {}
     names = [n for n, _ in sharded.named_parameters()]
     assert names == list(ref.params), f"parameter names changed: {names}"
     opt = torch.optim.AdamW(sharded.parameters(), lr=LR, eps=EPS)
     for step in range(steps):
         opt.zero_grad()
-        loss = sharded(*feed)
+        loss = loss_of(sharded(*feed, **kwargs))
         assert type(loss) is torch.Tensor, "the sharded module must return plain tensors"
         torch.testing.assert_close(loss, ref.losses[step], rtol=RTOL, atol=ATOL,
                                    msg=lambda m: f"rank {rank} step {step} loss: {m}")

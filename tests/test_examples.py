@@ -35,3 +35,18 @@ def test_example_trains_on_two_processes_like_one(script):
     name, sizes = CASES[script]
     model, inputs = autopar.zoo.get(name, **sizes)
     assert sharded == pytest.approx(single_process_losses(model, inputs, 2), rel=1e-5)
+
+
+def test_the_hugging_face_example_trains_gpt2_on_two_processes_like_one():
+    pytest.importorskip("transformers")  # the test extra
+    sys.path.insert(0, str(ROOT / "examples"))
+    from train_hf_gpt2 import model_and_batch
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
+                        str(ROOT / "examples" / "train_hf_gpt2.py"), "--steps", "2"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    sharded = [float(m) for m in re.findall(r"^\s*\d+\s+(-?\d+\.\d+)\s+-?\d+\.\d+\s+\S+$", r.stdout, flags=re.M)]
+    model, batch = model_and_batch()
+    assert sharded == pytest.approx(single_process_losses(model, (), 2, kwargs=batch), rel=1e-5)

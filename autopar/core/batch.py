@@ -88,4 +88,4 @@ def scale_batch(graph: Graph, microbatches: int) -> Graph:
         if shape and shape[0] % microbatches == 0:
             shape[0] //= microbatches
         inputs[name] = dataclasses.replace(spec, shape=tuple(shape))
-    return Graph(nodes, inputs, list(graph.outputs), graph.model_name, graph.fx_graph)
+    return dataclasses.replace(graph, nodes=nodes, inputs=inputs, outputs=list(graph.outputs))

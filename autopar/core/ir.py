@@ -22,7 +22,10 @@ Nothing here knows about devices, costs or searches: the graph is the input of a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from autopar.core.call import CallSpec
 
 AxisDims = tuple[str, ...]  # the dims indexing one tensor axis, major first; () = unsplittable
 
@@ -151,13 +154,22 @@ class Edge:
 
 @dataclass
 class Graph:
-    """Nodes in topological order, the model's inputs and which node outputs it returns."""
+    """Nodes in topological order, the model's inputs and which node outputs it returns.
+
+    ``frontend`` says which graph the nodes come from ("fx": ``fx_graph`` is the symbolic trace;
+    "export": ``fx_graph`` is the ``program``'s GraphModule, torch.export's training IR). Node names
+    are the fx node names. ``call`` maps the model's call and return value onto ``inputs`` and
+    ``outputs`` (``autopar.core.call.CallSpec``); none of these four is part of equality.
+    """
 
     nodes: list[Node]
     inputs: dict[str, TensorSpec]  # placeholder name -> spec (axes are ())
     outputs: list[tuple[str, int]]  # (node name, output index); graph inputs as ("input:x", 0)
     model_name: str = ""
-    fx_graph: Any = None  # the torch.fx.GraphModule traced, for codegen; not part of equality
+    fx_graph: Any = field(default=None, compare=False)  # the torch.fx.GraphModule traced, for codegen
+    frontend: str = field(default="", compare=False)  # "fx", "export", or "" (built by hand)
+    program: Any = field(default=None, compare=False)  # the torch.export.ExportedProgram (export only)
+    call: CallSpec | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}

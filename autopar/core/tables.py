@@ -89,6 +89,7 @@ class Solution:
     search: str  # "dp", "ilp", "brute", ...
     seconds: float
     gap: float = 0.0  # relative optimality gap; 0.0 = proven optimal
+    detail: str = ""  # what the search was restricted to, if anything (e.g. values kept whole)
 
 
 def restrict(tables: CostTables, keep: list[list[int]]) -> CostTables:

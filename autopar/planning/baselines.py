@@ -49,12 +49,14 @@ def data_parallel_choice(graph: Graph, tables: CostTables) -> list[int]:
     return choice
 
 
-def expert_choice(graph: Graph, tables: CostTables, mesh, dp_choice: list[int]) -> tuple[list[int], float]:
+def expert_choice(graph: Graph, tables: CostTables, mesh, dp_choice: list[int], solve=None) -> tuple[list[int], float]:
     """The Megatron-style layout: pinned nodes as the expert pins them, the rest by the exact DP
-    over the restricted tables. Returns (choice, seconds the DP took)."""
+    over the restricted tables (``solve``: the planner's search, default the plain DP). Returns
+    (choice, seconds the search took)."""
     from autopar.planning.expert import expert_pins, matches
     from autopar.search.dp import dp
 
+    solve = solve or dp
     pins = expert_pins(graph, batch_dims(graph), mesh.shape, mesh.level)
     keep = []
     memo: dict[tuple, list[int]] = {}  # nodes of one signature share their config list
@@ -69,7 +71,7 @@ def expert_choice(graph: Graph, tables: CostTables, mesh, dp_choice: list[int]) 
     sub = restrict(tables, keep)
     sub.memory_capacity = math.inf  # a baseline is priced as written, fitting or not
     start = time.perf_counter()
-    sol = dp(sub)
+    sol = solve(sub)
     return [keep[i][c] for i, c in enumerate(sol.choice)], time.perf_counter() - start
 
 

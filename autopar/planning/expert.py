@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from autopar.core.ir import Graph
+from autopar.core.ir import Graph, Node
 
 _BLOCK = re.compile(r"(^|\.)\d+(\.|$)")  # a module path inside a ModuleList / Sequential entry
 
@@ -39,7 +39,14 @@ class Pin:
 def is_transformer_like(graph: Graph) -> bool:
     ops = {n.op for n in graph.nodes}
     has_attention = "sdpa" in ops or ("softmax" in ops and ("matmul" in ops or "einsum" in ops))
-    return has_attention and "layer_norm" in ops and "linear" in ops
+    # LayerNorm, or RMSNorm written out (Llama: pow, mean, rsqrt, mul)
+    has_norm = "layer_norm" in ops or any(n.op == "reduce" and n.attrs.get("fn") == "mean" for n in graph.nodes)
+    return has_attention and has_norm and any(_linear_like(n) for n in graph.nodes)
+
+
+def _linear_like(node: Node) -> bool:
+    """A linear, or a matmul by a 2-D weight (GPT-2's Conv1D: ``addmm(bias, x, W)``)."""
+    return node.op == "linear" or (node.op == "matmul" and any(len(p.spec.shape) == 2 for p in node.params))
 
 
 def tensor_parallel_axes(graph: Graph, mesh_shape, mesh_level, linears) -> tuple[int, ...]:
@@ -61,11 +68,11 @@ def expert_pins(graph: Graph, batch: dict[str, str | None], mesh_shape, mesh_lev
     roles: dict[str, str] = {}  # linear node -> the dim it splits ("n" column, "k" row)
     for node in graph.nodes:
         reads_sharded = any((op.source, op.output) in sharded for op in node.inputs)
-        if node.op == "linear" and _BLOCK.search(node.module or ""):
+        if _linear_like(node) and _BLOCK.search(node.module or ""):
             roles[node.name] = "k" if reads_sharded else "n"
             if not reads_sharded:
                 sharded.add((node.name, 0))
-        elif reads_sharded and node.op not in ("linear", "layer_norm", "cross_entropy"):
+        elif reads_sharded and not _linear_like(node) and node.op not in ("layer_norm", "cross_entropy"):
             sharded.update((node.name, j) for j in range(len(node.outputs)))
     linears = {name: _dim_named(graph, name, role) for name, role in roles.items()}
     tp = tensor_parallel_axes(graph, mesh_shape, mesh_level, linears)
@@ -89,7 +96,7 @@ def _dim_named(graph: Graph, node: str, role: str) -> str:
     if role == "k":
         return reductions[0]
     weight = next(p for p in n.params if len(p.spec.shape) == 2)
-    return weight.spec.axes[0][0]
+    return next(a[0] for a in weight.spec.axes if a and not n.dim(a[0]).reduction)  # (n, k) or Conv1D's (k, n)
 
 
 def matches(pin: Pin, dim_names, mesh_axes) -> bool:

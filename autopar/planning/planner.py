@@ -60,18 +60,37 @@ def parse_space(space: str) -> tuple[str, int]:
     raise ValueError(f"unknown space {space!r}; use 'mesh', 'pase' (cutoff 4) or 'pase:N'")
 
 
-def run_search(tables: CostTables, search: str, time_limit: float) -> Solution:
-    return registry.search(search).run(tables, time_limit)
+def run_search(tables: CostTables, search: str, time_limit: float, whole: frozenset[str] = frozenset()) -> Solution:
+    """The search on ``tables`` with the nodes named in ``whole`` fixed to their replicated config.
+
+    ``whole``: cheap values many layers read (``autopar.planning.whole.kept_whole``: masks, position
+    tables); fixed, they no longer tie the layers together in the exact search, and every node left
+    with one config is folded into its neighbours' costs (exact). The solution says in ``detail``
+    that it is optimal among plans that keep them whole. Without such nodes the tables are searched
+    as they are."""
+    from autopar.planning.whole import fix_and_fold, replicated_index
+
+    fixed = {i: replicated_index(tables, i) for i, name in enumerate(tables.nodes)
+             if name in whole and len(tables.configs[i]) > 1}
+    run = registry.search(search).run
+    if not fixed:  # nothing to keep whole: the tables as they are (the same optimum, the same ties)
+        return run(tables, time_limit)
+    sol = run(fix_and_fold(tables, fixed), time_limit)
+    sol.choice = [fixed.get(i, c) for i, c in enumerate(sol.choice)]
+    sol.detail = f"among plans that keep {len(fixed)} values read by many layers (masks, position tables) whole"
+    return sol
 
 
-def plan(model, example_inputs=(), cluster=None, *, devices: int | None = None, cost_model: str = "analytic",
+def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices: int | None = None,
+         cost_model: str = "analytic",
          space: str = "mesh", search: str = "auto", mode: str = "train", optimizer: str | None = "adam",
          memory_capacity: float | None = None, time_limit: float = 60.0, graph: Graph | None = None,
          model_name: str = "", pase_profile: str | None = None, pase_rate: tuple[float, float] = (10.0, 16.0),
          baselines: bool = True, pipeline: bool | str = "auto", explain: bool = False) -> Plan:
     """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``.
 
-    ``cluster``: None (this machine: the ``cpu`` preset, ``devices`` of them, by default the
+    ``example_inputs``/``example_kwargs``: the call, as ``autopar.trace`` takes it (positional inputs,
+    keyword inputs, or one dict of keyword inputs). ``cluster``: None (this machine: the ``cpu`` preset, ``devices`` of them, by default the
     process group's size or this machine's cores), a preset name (``"8xA100"``), a device count
     or an ``autopar.Cluster``. ``memory_capacity`` (bytes per device) overrides the cluster's.
     ``cost_model``, ``search``, ``space``: see ``autopar.planning.registry``. PaSE's model
@@ -97,7 +116,7 @@ def plan(model, example_inputs=(), cluster=None, *, devices: int | None = None, 
     if graph is None:
         from autopar.frontend.trace import trace
 
-        graph = trace(model, example_inputs)
+        graph = trace(model, example_inputs, example_kwargs)
     name = model_name or graph.model_name or type(model).__name__
     common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
                   mesh=cluster.mesh(), cost_model=cost_model, space=space, mode=mode)
@@ -120,11 +139,15 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
         tables.memory_capacity = float(memory_capacity)
     unsupported = {n.name: n.unsupported for n in graph.nodes if n.unsupported}
     base = _mesh_baselines(graph, tables, cluster, common, unsupported) if with_baselines else {}
+    from autopar.planning.whole import kept_whole
+
+    whole = frozenset(kept_whole(graph))
     ctx = dict(graph=graph, cluster=cluster, mode=mode, optimizer=optimizer, model=model, search=search,
-               time_limit=time_limit, common=common, unsupported=unsupported, base=base, units=tables.units)
+               time_limit=time_limit, common=common, unsupported=unsupported, base=base, units=tables.units,
+               whole=whole)
     start = time.perf_counter()
     try:
-        sol = run_search(tables, search, time_limit)
+        sol = run_search(tables, search, time_limit, whole)
     except InfeasibleError as e:
         least = float(sum(np.min(m) for m in tables.memory))
         if pipeline is not False and cluster.devices > 1:
@@ -136,6 +159,7 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
             f"on {cluster.devices} devices; the least autopar can reach is {least / 2**30:.3g} GiB per device "
             f"(splitting every node as finely as it can): add devices or memory", least) from e
     info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
+    info.detail = getattr(sol, "detail", "") or info.detail
     plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
     plan.rows = breakdown.mesh_rows(graph, tables, plan.assignment, model, cluster, mode)
     if explain and entry.name == "analytic":
@@ -147,7 +171,8 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
         if piped is not None and piped.cost < plan.cost:
             return piped
         if plan.search.proven_optimal:  # what is proven is proven over single-stage plans only
-            plan.search.detail = "among single-stage plans; pipeline options priced heuristically"
+            plan.search.detail = "; ".join(filter(None, [
+                "among single-stage plans; pipeline options priced heuristically", plan.search.detail]))
     return plan
 
 
@@ -157,7 +182,7 @@ def _with_pipeline(ctx: dict, capacity: float, start: float) -> Plan | None:
 
     graph, cluster, model = ctx["graph"], ctx["cluster"], ctx["model"]
     found = best_pipeline(graph, cluster, ctx["mode"], ctx["optimizer"], capacity,
-                          lambda t: run_search(t, ctx["search"], ctx["time_limit"]), model)
+                          lambda t: run_search(t, ctx["search"], ctx["time_limit"], ctx["whole"]), model)
     if found is None:
         return None
     sol, option = found
@@ -190,7 +215,11 @@ def _mesh_baselines(graph, tables, cluster, common, unsupported) -> dict[str, Pl
     out = {"data_parallel": _make_plan(graph, tables, base_plans.evaluate(tables, dp_choice),
                                        base_plans.FIXED, common, unsupported, {})}
     if is_transformer_like(graph):
-        choice, seconds = base_plans.expert_choice(graph, tables, cluster.mesh(), dp_choice)
+        from autopar.planning.whole import kept_whole
+
+        choice, seconds = base_plans.expert_choice(
+            graph, tables, cluster.mesh(), dp_choice,
+            lambda sub: run_search(sub, "dp", float("inf"), frozenset(kept_whole(graph))))
         out["expert"] = _make_plan(graph, tables, base_plans.evaluate(tables, choice),
                                    base_plans.expert_info(seconds), common, unsupported, {})
     return out

@@ -9,8 +9,8 @@ to a rule and the signature its arguments bind to. ``build_node`` applies one an
 from __future__ import annotations
 
 from autopar.core.ir import Dim, Node, Operand, TensorSpec
-from autopar.frontend.rules import (attention, concat, conv, elementwise, embedding, lstm, loss, matmul, mha, norm,
-                           opaque, pool, recurrent, reduce, shape, softmax)
+from autopar.frontend.rules import (attention, concat, conv, elementwise, embedding, indexing, lstm, loss, matmul,
+                                   mha, norm, opaque, pool, recurrent, reduce, shape, softmax)
 from autopar.frontend.rules.base import Call, Result, Tensor
 
 RULES = {
@@ -26,6 +26,12 @@ RULES = {
     "elementwise": elementwise.elementwise,
     "dropout": elementwise.dropout,
     "reduce": reduce.reduce,
+    "scan": reduce.scan,
+    "index": indexing.index,
+    "gather": indexing.gather,
+    "index_select": indexing.index_select,
+    "pad": indexing.pad,
+    "positional": indexing.positional,
     "view": shape.view,
     "permute": shape.permute,
     "identity": shape.identity,

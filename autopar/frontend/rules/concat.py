@@ -1,7 +1,11 @@
 """cat, and split/chunk/unbind (one node with several outputs).
 
-The joined or cut axis is unsplittable: its pieces have different sizes, so a shard of the whole
-is not a shard of each piece. Every other axis is a free dim shared by all the tensors.
+The joined axis of a cat is unsplittable: its pieces have different sizes, so a shard of the whole
+is not a shard of each piece. Empty pieces do not count: ``cat([empty_cache, k], -2)`` (a
+transformers key/value cache in a training step) is ``k``, and its axis splits. The cut axis of
+a split stays whole too; each piece splits again downstream (GPT-2's ``qkv.split(64, dim=2)``
+pieces split by heads in the ``view(b, s, h, d)`` that follows). Every other axis is a free dim
+shared by all the tensors.
 """
 
 from __future__ import annotations
@@ -14,14 +18,17 @@ def cat(call: Call) -> Result:
     out = call.outs[0]
     axis = norm_axis(int(call.args.get("dim", 0)), out.ndim)
     names = generic_names(out.ndim)
+    full = [t for t in tensors if t.ndim == out.ndim and t.shape[axis] > 0]
+    whole = len(full) == 1  # every other piece is empty: the cat is its one full piece
     reads = []
     for t in tensors:
-        if t.ndim != out.ndim:  # legacy: empty 1-D tensors are skipped by torch.cat
+        if t.ndim != out.ndim or (whole and t is not full[0]):  # empty pieces (and legacy empty 1-D tensors)
             reads.append((t, ((),) * t.ndim))
             continue
-        reads.append((t, tuple(() if i == axis else (n,) for i, n in enumerate(names))))
-    return Result("cat", same_dims(names, out.shape, unsplittable={names[axis]}), reads, [names_axes(names)], 0,
-                  {"axis": axis, "sizes": tuple(t.shape[axis] for t, _ in reads if t.ndim == out.ndim)})
+        reads.append((t, tuple(() if i == axis and not whole else (n,) for i, n in enumerate(names))))
+    return Result("cat", same_dims(names, out.shape, unsplittable=set() if whole else {names[axis]}), reads,
+                  [names_axes(names)], 0,
+                  {"axis": axis, "sizes": tuple(t.shape[axis] for t in tensors if t.ndim == out.ndim)})
 
 
 def split(call: Call) -> Result:

@@ -24,7 +24,10 @@ def layer_norm(call: Call) -> Result:
     for key in ("weight", "bias"):
         if isinstance(call.args.get(key), Tensor):
             reads.append((call.args[key], names_axes(norm)))
-    attrs = {"normalized_shape": shape, "eps": float(call.args.get("eps", 1e-5))}
+    eps = call.args.get("eps", 1e-5)
+    attrs = {"normalized_shape": shape, "eps": float(eps) if eps is not None else None}
+    if "kind" in call.fixed:  # rms_norm: the same space, no mean subtracted
+        attrs["kind"] = call.fixed["kind"]
     return Result("layer_norm", dims, reads, [names_axes(lead + norm)], 0, attrs)
 
 

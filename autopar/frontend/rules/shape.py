@@ -141,6 +141,12 @@ def _index(call: Call, x: Tensor):
         idx = [slice(None)] * x.ndim
         idx[d] = slice(call.args.get("start"), call.args.get("end"), call.args.get("step", 1))
         return idx
+    if kind == "narrow":  # narrow(self, dim, start, length)
+        d = norm_axis(int(call.args["dim"]), x.ndim)
+        start = int(call.args["start"]) % x.shape[d] if x.shape[d] else 0
+        idx = [slice(None)] * x.ndim
+        idx[d] = slice(start, start + int(call.args["length"]))
+        return idx
     if kind == "select":  # aten.select.int(self, dim, index)
         d = norm_axis(int(call.args["dim"]), x.ndim)
         idx = [slice(None)] * x.ndim

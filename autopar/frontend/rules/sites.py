@@ -48,6 +48,8 @@ SDPA = "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale
 CE = ("input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean', "
       "label_smoothing=0.0")
 
+FACTORY = "creates a new tensor (factory op); made whole on every device (replicated)"
+
 UNARY = ("relu gelu silu sigmoid tanh exp log log1p sqrt rsqrt abs neg erf sin cos leaky_relu elu selu celu "
          "hardtanh relu6 softplus mish hardswish hardsigmoid logical_not bitwise_not reciprocal square clamp clip "
          "sign floor ceil round logsigmoid softsign tanhshrink").split()
@@ -112,6 +114,24 @@ COMMON: dict[str, tuple] = {
     "adaptive_max_pool2d": ("pool", ADAPTIVE, {"kind": "max", "ndim": 2, "adaptive": True}),
     "cross_entropy": ("cross_entropy", CE, {}),
     **{n: ("elementwise", ANY, {"fn": n}) for n in UNARY + BINARY},
+    # reductions whose partial results do not add up (the reduced dims are unsplittable)
+    **{n: ("reduce", REDUCE + ", **kwargs", {"fn": n}) for n in ("max", "min", "argmax", "argmin", "any", "all",
+                                                                 "logsumexp", "var", "std", "prod")},
+    "cumsum": ("scan", "input, dim, *, dtype=None", {"fn": "cumsum"}),
+    "cumprod": ("scan", "input, dim, *, dtype=None", {"fn": "cumprod"}),
+    "gather": ("gather", "input, dim, index, *, sparse_grad=False", {}),
+    "index_select": ("index_select", "input, dim, index", {}),
+    "pad": ("pad", "input, pad, mode='constant', value=None", {}),
+    "triu": ("positional", "input, diagonal=0", {"fn": "triu"}),
+    "tril": ("positional", "input, diagonal=0", {"fn": "tril"}),
+    "rms_norm": ("layer_norm", "input, normalized_shape, weight=None, eps=None", {"kind": "rms_norm"}),
+    "narrow": ("slice", "input, dim, start, length", {"kind": "narrow"}),
+    # a new tensor shaped like an operand: laid out like it, element by element
+    **{n: ("elementwise", ANY, {"fn": n}) for n in ("zeros_like", "ones_like", "full_like", "empty_like",
+                                                    "rand_like", "randn_like", "bernoulli")},
+    # a new tensor of a given size, whatever the operand: made whole on every device
+    **{n: ("opaque", ANY, {"reason": FACTORY}) for n in ("new_ones", "new_zeros", "new_full", "new_empty",
+                                                         "new_tensor", "scalar_tensor")},
 }
 
 # aten spellings that differ from torch's: name -> (rule, signature, fixed, rename)
@@ -138,6 +158,15 @@ ATEN_ONLY: dict[str, tuple] = {
     "lstm": ("lstm", "input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first", {}),
     "_to_copy": ("identity", ANY, {"fn": "to"}),
     "lift_fresh_copy": ("identity", ANY, {"fn": "clone"}),
+    "detach_": ("identity", ANY, {"fn": "detach"}),
+    "index": ("index", "input, indices", {}),
+    "constant_pad_nd": ("pad", "input, pad, value=0", {}),
+    "__and__": ("elementwise", ANY, {"fn": "bitwise_and"}), "__or__": ("elementwise", ANY, {"fn": "bitwise_or"}),
+    "__xor__": ("elementwise", ANY, {"fn": "bitwise_xor"}),
+    "clamp_min": ("elementwise", ANY, {"fn": "clamp_min"}), "clamp_max": ("elementwise", ANY, {"fn": "clamp_max"}),
+    # in-place forms: the same split as the op (ResNet's ``hidden += residual``)
+    **{f"{n}_": ("elementwise", ANY, {"fn": n}) for n in UNARY + BINARY + ["copy", "fill", "zero", "clamp_min",
+                                                                         "clamp_max"]},
 }
 
 
