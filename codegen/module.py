@@ -54,11 +54,18 @@ class CompiledModule(nn.Module):
             if mesh.device_type == "cuda" else torch.device("cpu")
         self._call = getattr(graph, "call", None)  # how the model is called and what it returns
         self._export = graph.fx_graph.meta.get("autopar_frontend") == "export"
-        self._state = [_tensor(self, name) for name in program.state]
-        params = {name: self.get_parameter(name) for name in program.reduce_axes
-                  if isinstance(_tensor(self, name), nn.Parameter) and _tensor(self, name).requires_grad}
-        self.reducer = GradReducer(mesh, {p: program.reduce_axes[n] for n, p in params.items()},
-                                   list(params.values()))
+        # the program reads every parameter's and buffer's local tensor directly; a trainable
+        # parameter's local tensor is made a leaf of autograd (``GradReducer``)
+        self._state = []
+        leaves = []
+        for name in program.state:
+            t = _tensor(self, name)
+            local = t._local_tensor if isinstance(t, DTensor) else t
+            if isinstance(t, nn.Parameter) and t.requires_grad and name not in program.sync_bn:
+                local.requires_grad_(True)
+                leaves.append((t, local, program.reduce_axes.get(name, ())))
+            self._state.append(local)
+        self.reducer = GradReducer(mesh, leaves)
 
     @property
     def code(self) -> str:
@@ -67,8 +74,8 @@ class CompiledModule(nn.Module):
 
     def forward(self, *args, **kwargs):
         inputs = self._bind(args, kwargs)
-        state = [t.to_local() if isinstance(t, DTensor) else t for t in self._state]
-        out = self.program.module(*state, *inputs)
+        self.reducer.sync_zeroed()
+        out = self.program.module(*self._state, *inputs)
         if self._export and self._call is not None:  # flat graph outputs: nest them as the model does
             out = self._call.unflatten(list(out) if isinstance(out, (tuple, list)) else [out])
         if torch.is_grad_enabled():
@@ -124,8 +131,8 @@ class CompiledModule(nn.Module):
         """The call with each argument where the traced call had it (positional or keyword), so
         ``module(x, labels=y)`` runs a module traced as ``model(x, y)``."""
         spec = self._call.in_spec
-        n = spec.children_specs[0].num_children
-        keys = list(spec.children_specs[1].context or [])
+        n = spec.child(0).num_children
+        keys = list(spec.child(1).context or [])
         if (len(args) == n and set(kwargs) == set(keys)) or self._model_signature is None:
             return args, kwargs
         try:

@@ -95,24 +95,38 @@ def slice_input(x: torch.Tensor, mesh: DeviceMesh, dst: Placements) -> torch.Ten
 
 
 class GradReducer:
-    """Bucketed, overlapped all-reduce of parameter gradients (see the module docstring)."""
+    """Bucketed, overlapped all-reduce of parameter gradients (see the module docstring).
 
-    def __init__(self, mesh: DeviceMesh, reduce_axes: dict[nn.Parameter, tuple[int, ...]],
-                 order: list[nn.Parameter], bucket_bytes: int = BUCKET_BYTES):
+    It works on each parameter's local shard as a plain leaf tensor (the DTensor parameter's own
+    local tensor, made a leaf that requires grad), so autograd accumulates plain tensors and the
+    hooks are cheap; when the backward ends, every DTensor parameter's ``.grad`` is set to a
+    DTensor view of its (reduced) local gradient, so optimizers and state dicts see DTensors."""
+
+    def __init__(self, mesh: DeviceMesh, leaves: list[tuple[nn.Parameter, torch.Tensor, tuple[int, ...]]],
+                 bucket_bytes: int = BUCKET_BYTES):
         self.mesh = mesh
-        ids = {id(p): p for p in order}
-        plan = make_buckets([(str(id(p)), reduce_axes.get(p, ()), p.to_local().numel() * p.element_size())
-                             for p in order], bucket_bytes)
+        self.leaves = [(p, leaf) for p, leaf, _ in leaves]
+        ids = {id(leaf): leaf for _, leaf, _ in leaves}
+        plan = make_buckets([(str(id(leaf)), axes, leaf.numel() * leaf.element_size())
+                             for _, leaf, axes in leaves], bucket_bytes)
         self.buckets = [[ids[int(k)] for k in b.names] for b in plan]
         self.bucket_axes = [b.axes for b in plan]
-        self.bucket_of = {p: i for i, ps in enumerate(self.buckets) for p in ps}
+        self.bucket_of = {id(leaf): i for i, ls in enumerate(self.buckets) for leaf in ls}
         self.groups = {axes: _group(mesh, axes) for axes in set(self.bucket_axes)}
         self._ready: list[int] = [0] * len(self.buckets)
-        self._work: list[tuple[object, torch.Tensor, int]] = []
+        self._work: list[tuple[object, int]] = []
+        self._buffers: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._queued = False
-        self._base: dict[nn.Parameter, torch.Tensor] = {}  # gradients already reduced (accumulation)
+        self._base: dict[int, torch.Tensor] = {}  # id(leaf) -> gradient already reduced (accumulation)
         self._started = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.bucket_of]
+        self._hooks = [leaf.register_post_accumulate_grad_hook(self._on_grad) for _, leaf, _ in leaves]
+
+    def sync_zeroed(self) -> None:
+        """Before a forward: a parameter whose ``.grad`` the optimizer set to None has its leaf's
+        gradient dropped too (they are one tensor otherwise)."""
+        for p, leaf in self.leaves:
+            if p.grad is None and leaf.grad is not None:
+                leaf.grad = None
 
     def watch(self, out) -> None:
         """Call on the forward's outputs: when their backward starts, gradients already held
@@ -122,59 +136,75 @@ class GradReducer:
             if isinstance(t, torch.Tensor) and t.requires_grad:
                 t.register_hook(self._begin)
 
-    def _begin(self, grad):
-        if not self._started:
-            self._started = True
-            if not self._queued:
-                self._queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-            for p in self.bucket_of:
-                if p.grad is not None:
-                    self._base[p] = p.grad._local_tensor.clone()
-        return grad
-
-    def _on_grad(self, p: nn.Parameter) -> None:
+    def _queue(self) -> None:
         if not self._queued:
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-        b = self.bucket_of[p]
+
+    def _begin(self, grad):
+        if not self._started:
+            self._started = True
+            self._queue()
+            for bucket in self.buckets:
+                for leaf in bucket:
+                    if leaf.grad is not None:
+                        self._base[id(leaf)] = leaf.grad.clone()
+        return grad
+
+    def _on_grad(self, leaf: torch.Tensor) -> None:
+        self._queue()
+        b = self.bucket_of.get(id(leaf))
+        if b is None:
+            return
         self._ready[b] += 1
         if self._ready[b] == len(self.buckets[b]):
             self._launch(b)
 
-    def _launch(self, b: int) -> None:
-        grads = [self._new_part(p) for p in self.buckets[b] if p.grad is not None]
-        if len(grads) == 1 and grads[0].is_contiguous():
-            flat = grads[0].view(-1)  # alone: reduced in place (a delta of accumulation is a copy already)
-        else:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-        work = dist.all_reduce(flat, group=self.groups[self.bucket_axes[b]], async_op=True)
-        self._work.append((work, flat, b))
+    def _views(self, b: int) -> list[torch.Tensor]:
+        """The bucket's flat buffer (made once, as DDP's buckets are: a fresh 25 MiB allocation
+        every step costs more than the copy) cut into one view per gradient."""
+        if b not in self._buffers:
+            leaves = self.buckets[b]
+            buf = torch.empty(sum(leaf.numel() for leaf in leaves), dtype=leaves[0].dtype, device=leaves[0].device)
+            views, offset = [], 0
+            for leaf in leaves:
+                views.append(buf[offset:offset + leaf.numel()].view_as(leaf))
+                offset += leaf.numel()
+            self._buffers[b] = (buf, views)
+        return self._buffers[b][1]
 
-    def _new_part(self, p: nn.Parameter) -> torch.Tensor:
-        g = p.grad._local_tensor
-        base = self._base.get(p)
-        return g if base is None else g - base
+    def _launch(self, b: int) -> None:
+        views = self._views(b)
+        for leaf, view in zip(self.buckets[b], views):
+            if leaf.grad is None:
+                view.zero_()  # unused this step: adds nothing
+                continue
+            if leaf.grad.data_ptr() != view.data_ptr():
+                view.copy_(leaf.grad)
+            base = self._base.get(id(leaf))
+            if base is not None:
+                view.sub_(base)  # only what this backward added is summed over the ranks
+        buf = self._buffers[b][0]
+        self._work.append((dist.all_reduce(buf, group=self.groups[self.bucket_axes[b]], async_op=True), b))
 
     def _finish(self) -> None:
         for b, count in enumerate(self._ready):
             if 0 < count < len(self.buckets[b]):  # a parameter unused this step: reduce what came
                 self._launch(b)
-        for work, flat, b in self._work:
+        for work, b in self._work:
             work.wait()
-            offset = 0
-            for p in self.buckets[b]:
-                if p.grad is None:
+            for leaf, view in zip(self.buckets[b], self._buffers[b][1]):
+                if leaf.grad is None:
                     continue
-                g = p.grad._local_tensor
-                n = g.numel()
-                part = flat[offset:offset + n].view_as(g)
-                base = self._base.get(p)
+                base = self._base.get(id(leaf))
                 if base is not None:
-                    g.copy_(base + part)
-                elif part.data_ptr() != g.data_ptr():
-                    g.copy_(part)
-                offset += n
+                    view.add_(base)
+                leaf.grad = view  # the reduced gradient, in the bucket (no copy back)
+        with torch.no_grad():  # the DTensor parameters' gradients: views of the local ones
+            for p, leaf in self.leaves:
+                g = leaf.grad
+                if g is not None and (p.grad is None or p.grad._local_tensor is not g):
+                    p.grad = DTensor.from_local(g, p.device_mesh, p.placements, run_check=False)
         self._work.clear()
         self._base.clear()
         self._ready = [0] * len(self.buckets)
