@@ -1,56 +1,6 @@
 """Pipeline stages: the traced graph cut into one submodule per stage, run by torch's pipelining.
 
-``pipeline_module(model, plan, example_inputs)`` returns this rank's ``PipelinedModule``. It holds
-the parameters of this rank's stage under the model's own names, and ``train_step(*inputs)`` runs
-one full-batch forward and backward through ``torch.distributed.pipelining`` (``PipelineStage``
-with ``ScheduleGPipe`` or ``Schedule1F1B``), leaves the gradients in ``p.grad`` and returns the
-loss on every rank; the caller then steps its optimizer::
-
-    mod = pipeline_module(model, plan, inputs)
-    opt = torch.optim.AdamW(mod.parameters())
-    for batch in data:
-        opt.zero_grad()
-        loss = mod.train_step(*batch)
-        opt.step()
-
-How the graph is cut (``split_stages``), and why not ``split_module`` or ``pipelining.pipeline``:
-a schedule hands stage k+1 exactly stage k's outputs, so a value that stage 0 makes and stage 2
-reads has to pass *through* stage 1; ``split_module`` wires it from 0 to 2 directly. And shape
-arithmetic (``x.shape``, ``getitem`` of a ``torch.Size``, ``w // heads``) gives Python ints, which
-a stage cannot send. So here each fx node gets a stage:
-
-* an IR node: the plan's stage (stages are contiguous runs of the IR's topological order);
-* another node whose value holds a tensor (``getitem`` of ``split``'s tuple): the earliest stage
-  where its inputs are ready, so tuples never cross a cut;
-* a node whose value holds no tensor (shape arithmetic): recomputed in every stage that reads it;
-* ``get_attr``: emitted where it is read; a parameter read by two stages (tied weights) is refused.
-
-Tensors that a later stage reads are the outputs of every stage in between (in topological order).
-The model's own inputs are not sent: the schedule passes keyword inputs to every stage, so each
-stage after the first takes ``(*carried, **model_inputs)`` and reads the ones it needs (labels for
-the loss, token ids for a mask). Stage submodules are ``fx.GraphModule``s over a copy of the model,
-so their parameters keep their qualified names.
-
-Loss and gradient scaling: the last stage's output is the model's own loss of a microbatch. With a
-mean loss (every zoo model: ``cross_entropy`` averages over its microbatch) and equal microbatches,
-the full-batch loss is the mean of the microbatch losses and its gradient the mean of theirs, so
-the schedule runs with ``scale_grads=True`` (gradients divided by the number of microbatches) and
-``train_step`` returns the mean of the microbatch losses: both equal the single-device full-batch
-values. A model whose loss is a sum would want ``scale_grads=False``; ``loss_reduction="sum"``
-asks for that (and then the returned loss is the sum).
-
-Each stage runs on its own devices. With one device per stage the stage submodule runs as it is
-and rank k runs stage k. With d devices per stage (every stage the same d, the inner axes of the
-plan's mesh; the stages take the outer ones, as ``autopar.planning.stages`` prices them), ranks
-k*d .. k*d+d-1 run stage k: a ``(stages, *sub-mesh)`` DeviceMesh gives each stage its sub-mesh, on
-which ``codegen.module.shard_module`` shards the stage's IR (at microbatch size, the plan's configs
-shifted back onto the sub-mesh), and a "pp" group per sub-mesh position that the schedule sends
-along. A sharded stage takes and returns whole (replicated) tensors, so what crosses a cut is a
-plain tensor and its gradient arrives whole on every rank of the stage before.
-
-Not equal to the single-device run, by the nature of microbatches: a training-mode batch norm
-normalizes each microbatch by its own statistics (and updates its running statistics once per
-microbatch). Models must take their inputs with the batch as dim 0 (the schedule chunks dim 0).
+The design notes (why it is built this way, what was checked) are in docs/codegen.md, "Pipeline stages".
 """
 
 from __future__ import annotations

@@ -1,42 +1,6 @@
 """DTensor placements of every tensor a node touches, derived from the IR and the node's config.
 
-The IR says which iteration-space dims index each tensor axis; a config says which mesh axes cut
-each dim. Together they fix the layout of every tensor on every mesh axis, with no per-op code:
-
-* mesh axis ``a`` cuts dim ``d`` and ``d`` is the major dim of tensor axis ``i`` -> ``Shard(i)``;
-* ``a`` cuts a reduction dim that an output lacks -> ``Partial()`` for that output (each device
-  holds a partial sum);
-* otherwise -> ``Replicate()``.
-
-In a contraction (linear, matmul, einsum, conv: ``ADDITIVE_OPS``), an operand that a split
-reduction dim does not index, in a node whose output that reduction leaves partial, is an additive
-term outside the sum (a row-parallel linear's bias): every device would
-add it to its partial sum and the reduction would count it ``parts`` times. It stays
-``Replicate()``, but only the devices at coordinate 0 of those mesh axes add it (the others add
-zero, exactly; ``NodeLayout.input_additive``); its gradient is then a partial sum like that of any
-replicated read. (Not so elsewhere: an embedding's indices are not indexed by the vocabulary
-dim either, yet they select inside the sum; ``ops.vocab_shard`` handles that op.)
-
-Some cuts have no local form: an LSTM cut on its hidden units needs every unit of step t-1 to
-compute step t (and a cut on directions, both directions of layer i for layer i+1). For those
-dims (``WHOLE_DIMS``) the node runs whole: its inputs arrive ``Replicate`` on the cutting mesh
-axes and each device keeps its part of the outputs (``strided.local_extent``). Correct, and
-redundant compute, which the plan's cost does not show.
-
-Gradients need one more case: an input replicated on ``a`` while ``a`` cuts some other dim of the
-node is read by every device for a different piece of the work, so its gradient on ``a`` is a
-partial sum (``Partial()``). That is the rule which makes data-parallel gradient all-reduces and
-Megatron's backward all-reduce of a column-parallel input come out of DTensor by themselves.
-
-Several mesh axes on one dim: DTensor shards a tensor axis by its mesh dims in ascending order,
-the first one major, which is exactly how ``Config.mesh_axes`` lists them (ascending).
-
-A cut of a *minor* dim of a merged axis (``d`` of ``("h", "d")``; ``autopar.core.layout`` calls it a
-strided shard) is no DTensor ``Shard``: each device holds ``period`` separate blocks. Codegen
-keeps such an input ``Replicate`` on that mesh axis and takes its blocks locally
-(``codegen.strided``); such an output is ``Partial``: the device's blocks in place, zeros
-elsewhere. Correct, if not the cheapest exchange (an all-gather or an all-reduce where an
-all-to-all would do); the cost model prices a reshuffle.
+The design notes (why it is built this way, what was checked) are in docs/codegen.md, "Placements from the IR".
 """
 
 from __future__ import annotations

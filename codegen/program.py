@@ -26,7 +26,6 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.utils import _pytree as pytree
 
 from autopar.core.ir import Graph, Node
-from autopar.core.meta import MetaProp, meta_like
 from autopar.core.tables import Config
 
 from .batchnorm import needs_sync, needs_sync_op
@@ -37,6 +36,9 @@ from .ops import LocalCall
 from .placements import LayoutError, NodeLayout, Placements, node_layout
 from .runtime import Reshard, ReshardSpec, grad_target, needs_reshard
 from .strided import chunk_index
+from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
+from .values import (aliases, concrete, describe, has_tensor, is_pl, is_state, local_groups, split_words,
+                     state_names, traced_values)
 
 
 @dataclass
@@ -61,88 +63,6 @@ class _Value:
 
     node: Any
     placements: Any = None  # Placements for a tensor; a tree of them for a tuple; None otherwise
-
-
-class NodeCall(nn.Module):
-    """One IR node on local shards (``module.code`` shows ``self.<node>(...)``)."""
-
-    def __init__(self, call: LocalCall, label: str):
-        super().__init__()
-        self.call = call
-        self.label = label
-
-    def forward(self, *tensors):
-        return self.call.rebuild(self.call(*tensors))
-
-    def extra_repr(self) -> str:
-        return self.label
-
-
-class SyncBatchNorm(nn.Module):
-    """A training batch norm with its batch split: global statistics (``batchnorm.py``)."""
-
-    def __init__(self, owner: list, node: Node, layout: NodeLayout, mesh: DeviceMesh):
-        super().__init__()
-        self._owner = owner  # [the compiled module's batch-norm child], not registered twice
-        self.node, self.layout, self.mesh = node, layout, mesh
-
-    def forward(self, x):
-        from torch.distributed.tensor import DTensor
-
-        from .batchnorm import sync_batch_norm
-
-        xp = self.layout.inputs[0]
-        y = sync_batch_norm(self._owner[0], DTensor.from_local(x, self.mesh, xp, run_check=False),
-                            self.node, self.layout, self.mesh)
-        return y.to_local()
-
-
-class SyncBatchNormOp(nn.Module):
-    """An exported training batch norm with its batch split (``batchnorm.sync_batch_norm_local``)."""
-
-    def __init__(self, node: Node, layout: NodeLayout, mesh: DeviceMesh, momentum: float, eps: float):
-        super().__init__()
-        self.node, self.layout, self.mesh, self.momentum, self.eps = node, layout, mesh, momentum, eps
-
-    def forward(self, x, weight=None, bias=None, running_mean=None, running_var=None):
-        from .batchnorm import sync_batch_norm_local
-
-        return sync_batch_norm_local(x, weight, bias, running_mean, running_var, self.momentum, self.eps,
-                                     self.node, self.layout, self.mesh)
-
-    def extra_repr(self) -> str:
-        return f"batch norm with global statistics, momentum {self.momentum}, eps {self.eps}"
-
-
-def traced_values(graph: Graph, model: nn.Module) -> dict[fx.Node, Any]:
-    """Every fx node's traced value (meta tensors, sizes), which both frontends keep in
-    ``node.meta["val"]``; a graph that lost them (pickled to another process) is propagated again
-    on meta tensors (user inputs from the IR's specs, state from ``model``'s shapes)."""
-    gm = graph.fx_graph
-    nodes = list(gm.graph.nodes)
-    if all("val" in n.meta for n in nodes if n.op == "placeholder"):
-        return {n: n.meta.get("val") for n in nodes}
-    state = state_names(graph)
-    args = []
-    for n in nodes:
-        if n.op != "placeholder":
-            continue
-        if n.name in state:
-            owner, _, leaf = state[n.name].rpartition(".")
-            args.append(meta_like(getattr(model.get_submodule(owner) if owner else model, leaf)))
-        else:
-            spec = graph.inputs.get(n.name)
-            args.append(torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device="meta")
-                        if spec is not None else None)
-    interp = MetaProp(gm)
-    with torch.no_grad(), torch.device("meta"):
-        interp.run(*args)
-    return interp.values
-
-
-def state_names(graph: Graph) -> dict[str, str]:
-    """Placeholder name -> qualified parameter/buffer name, for graphs that pass state as inputs."""
-    return dict(graph.fx_graph.meta.get("autopar_state", {}))
 
 
 def build(graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh, model: nn.Module,
@@ -175,7 +95,7 @@ class _Builder:
         self.inputs: list[str] = []
         self.input_specs: dict[str, Any] = {}
         self.sync_bn: set[str] = set()
-        self.canonical = _aliases(model)  # a tied tensor has several names: one placeholder
+        self.canonical = aliases(model)  # a tied tensor has several names: one placeholder
         self._stored_placements()
         self.local_inputs = inputs == "local"
         self.input_layout = self._data_axes_of_inputs()
@@ -243,7 +163,7 @@ class _Builder:
                        reduce_axes, self.sync_bn, self.layouts, self.output_placements, self.input_placements)
 
     def _placeholder(self, n: fx.Node) -> None:
-        if n.name in self.state_of and _is_state(self.model, self.state_of[n.name]):
+        if n.name in self.state_of and is_state(self.model, self.state_of[n.name]):
             name = self.canonical.get(self.state_of[n.name], self.state_of[n.name])
             self.env[n] = _Value(self._state(name), self.stored.get(name, self._replicated()))
             return
@@ -271,7 +191,7 @@ class _Builder:
 
     def _get_attr(self, n: fx.Node) -> None:
         v = self.values.get(n)
-        if isinstance(v, torch.Tensor) and _is_state(self.model, n.target):
+        if isinstance(v, torch.Tensor) and is_state(self.model, n.target):
             name = self.canonical.get(n.target, n.target)
             self.env[n] = _Value(self._state(name), self.stored.get(name, self._replicated()))
         else:  # a constant the tracer stored on its GraphModule
@@ -291,7 +211,7 @@ class _Builder:
                 placements.append(None)
                 return a
             v = self.env[a]
-            if not _is_pl(v.placements):
+            if not is_pl(v.placements):
                 placements.append(None)
                 return v.node
             if self.outputs == "replicate":
@@ -307,18 +227,18 @@ class _Builder:
         """An fx node that is no IR node: a traced constant (a size), an index into a node's tuple
         output, or a tensor op the IR left out (run on whole tensors unless it passes one through)."""
         value = self.values.get(n)
-        if not _has_tensor(value):
-            self.env[n] = _Value(_concrete(value))
+        if not has_tensor(value):
+            self.env[n] = _Value(concrete(value))
             return
         if (n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], fx.Node)
                 and not isinstance(self.values.get(n.args[0]), torch.Tensor)):  # an item of a tuple
             src = self.env[n.args[0]]
             idx = n.args[1]
-            pl = src.placements[idx] if isinstance(src.placements, (list, tuple)) and not _is_pl(src.placements) \
+            pl = src.placements[idx] if isinstance(src.placements, (list, tuple)) and not is_pl(src.placements) \
                 else src.placements
             self.env[n] = _Value(self.new.call_function(operator.getitem, (src.node, idx)), pl)
             return
-        tensors = [a for a in n.all_input_nodes if _is_pl(self.env[a].placements)]
+        tensors = [a for a in n.all_input_nodes if is_pl(self.env[a].placements)]
         if len(tensors) == 1 and isinstance(value, torch.Tensor):
             pl = self.env[tensors[0]].placements  # a pass-through (contiguous, clone, to, detach)
         else:
@@ -331,7 +251,7 @@ class _Builder:
         if not isinstance(a, fx.Node):
             return a
         v = self.env[a]
-        if whole and _is_pl(v.placements):
+        if whole and is_pl(v.placements):
             return self._reshard(v, Use(self._replicated(), self._replicated()))
         return v.node
 
@@ -379,8 +299,8 @@ class _Builder:
                          vocab_shard(node, layout, self.shape, self.coord), causal_rows(node, layout, index),
                          [(u.spec, u.strided) for u in uses], index, writes_first=written is not None,
                          whole_dropout=whole_dropout(n, node, layout, module),
-                         groups=_local_groups(node, layout))
-        label = f"{_describe(n)}; split {_split_words(node, layout)}"
+                         groups=local_groups(node, layout))
+        label = f"{describe(n)}; split {split_words(node, layout)}"
         name = self._free(n.name)
         self.root.add_module(name, NodeCall(call, label))
         out = self.new.call_module(name, tuple(args))
@@ -390,9 +310,9 @@ class _Builder:
 
     def _constant_unless_tensor(self, a: fx.Node):
         v = self.env[a]
-        if _is_pl(v.placements):
+        if is_pl(v.placements):
             return a
-        return _concrete(v.node if not isinstance(v.node, fx.Node) else self.values.get(a))
+        return concrete(v.node if not isinstance(v.node, fx.Node) else self.values.get(a))
 
     def _output_placements(self, n: fx.Node, layout: NodeLayout):
         value = self.values.get(n)
@@ -451,69 +371,6 @@ class _Builder:
         name = f"reshard_{len([m for m in self.root.children() if isinstance(m, Reshard)])}"
         self.root.add_module(name, Reshard(spec))
         return self.new.call_module(name, (v.node,))
-
-
-def _local_groups(node: Node, layout: NodeLayout) -> int | None:
-    """The groups this device convolves when a grouped conv's ``g`` is split, else None."""
-    parts = layout.split_counts.get("g", 1)
-    if not node.op.startswith("conv") or parts == 1:
-        return None
-    return int(node.attrs.get("groups", 1)) // parts
-
-
-def _concrete(value):
-    """Sizes as the example had them: a dynamic-batch export traces them as SymInts, and the
-    program is static (one batch shape), so each becomes the int it was in the example call."""
-    from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw as hint_int
-
-    def one(v):
-        return hint_int(v) if isinstance(v, (torch.SymInt, torch.SymBool)) else v
-
-    return pytree.tree_map(one, value) if isinstance(value, (list, tuple, dict)) else one(value)
-
-
-def _aliases(model: nn.Module) -> dict[str, str]:
-    """Every parameter/buffer name -> the first name of its tensor (tied weights share one)."""
-    first: dict[int, str] = {}
-    out: dict[str, str] = {}
-    for named in (model.named_parameters, model.named_buffers):
-        for name, t in named(remove_duplicate=False):
-            out[name] = first.setdefault(id(t), name)
-    return out
-
-
-def _is_pl(p) -> bool:
-    return isinstance(p, tuple) and bool(p) and not isinstance(p[0], (tuple, list)) and p[0] is not None \
-        and hasattr(p[0], "is_shard")
-
-
-def _has_tensor(v) -> bool:
-    return any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(v))
-
-
-def _is_state(model: nn.Module, target: str) -> bool:
-    try:
-        model.get_parameter(target)
-        return True
-    except AttributeError:
-        try:
-            model.get_buffer(target)
-            return True
-        except AttributeError:
-            return False
-
-
-def _describe(n: fx.Node) -> str:
-    if n.op == "call_module":
-        return f"module {n.target}"
-    if n.op == "call_method":
-        return f"method {n.target}"
-    return f"{getattr(n.target, '__module__', '') or ''}.{getattr(n.target, '__name__', n.target)}".lstrip(".")
-
-
-def _split_words(node: Node, layout: NodeLayout) -> str:
-    words = [f"{d}/{c}" for d, c in layout.split_counts.items() if c > 1]
-    return ", ".join(words) if words else "none"
 
 
 __all__ = ["Program", "build", "NodeCall", "LayoutError"]

@@ -1,40 +1,6 @@
 """The collectives a plan predicts, itemized: what the analytic model prices, one entry per tensor.
 
-``predicted_collectives(graph, assignment, cluster)`` lists every collective the cost model charges
-a plan for, built with the functions the model prices with (nothing is re-derived here):
-
-* every edge: ``comm.reshard_steps`` from the producer's output layout to the consumer's input
-  layout (forward) and, in training, of the gradient from the consumer's gradient layout back to
-  the producer's (backward); the layouts are ``AnalyticModel._edge_layouts``, the ones
-  ``explain_edge`` prices (``edge_cost`` prices the same on encoded layouts);
-* every node: its weight-gradient sync (backward), one all-reduce per distinct group of mesh axes
-  over which a parameter's gradient is ``Partial`` (``layout.grad_of_input``), as
-  ``AnalyticModel.node_breakdown`` builds it;
-* every training batch norm whose batch dim is split: the two all-reduces of its global
-  statistics (mean, variance; forward), ``analytic.bn_stats``, as ``node_breakdown`` prices them;
-* every graph output a node leaves ``Partial``: an all-reduce before it is returned (forward),
-  as ``AnalyticModel.output_cost``.
-
-Granularity of the weight-gradient sync. The module sums the gradients of parameters that are
-partial over the same mesh axes in buckets that span nodes (``core.buckets``, DDP's 25 MiB),
-issued as c10d all-reduces (``allreduce_``): the list has one "grad-sync" item per bucket, built
-with the same bucketing. The cost model prices each node's share of it (its bytes, and its share
-of a bucket's latency), so per node the list and the price differ; in total the price undercounts
-at most one latency per group of axes. Parameters of a training batch norm whose batch is split
-are reduced by that node's own DTensor redistribute, one all-reduce per tensor.
-
-Counts are keyed by the names torch's ``CommDebugMode`` gives the functional collectives
-(``TORCH_NAMES``), so they compare directly with ``codegen.comms.measure``. On a CPU (gloo)
-process group DTensor has no all-to-all: it runs an all-gather and keeps its chunk, so
-``counts(phase, backend="gloo")`` names an all-to-all ``all_gather_into_tensor``.
-
-Nested shard order. DTensor shards a tensor axis cut by several mesh axes in mesh-axis order,
-the lowest axis major (``autopar.core.layout`` says the same). Per-axis phases hold only when no
-*higher* mesh axis shards the same tensor axis differently (``(R, S(0)) -> (S(0), S(0))`` is no
-local slice: device (0, 1) holds rows 2..3 of 4 blocks and needs block 1); there DTensor first
-gathers the minor shard, and ``comm.reshard_steps`` prices what DTensor's greedy redistribute runs
-(``comm.misaligned``). ``Collectives.nested`` lists the reshards of a plan under such an order
-(``nested_order_conflict``, a superset), so a test can check they are covered.
+The design notes (why it is built this way, what was checked) are in docs/cost_model.md, "The predicted collective list".
 """
 
 from __future__ import annotations

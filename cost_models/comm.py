@@ -1,41 +1,6 @@
 """Alpha-beta costs of collectives on the device mesh, and of resharding a tensor between layouts.
 
-Every collective runs over a *group* of mesh axes: the devices that differ only along those axes.
-Its ``p`` is the product of their sizes. A group that contains an axis of level > 0 spans nodes,
-and its ring has hops over the inter-node link; a ring runs at the pace of its slowest hop, so the
-whole collective is priced with that link's bandwidth ``bw`` and latency ``a`` (per device, one
-direction). The formulas are the ring (bandwidth-optimal) algorithms of Thakur et al. (2005) and
-NCCL, with ``N`` the bytes each device holds (for all-gather: after the gather):
-
-=============== ====================================== =================================
-collective      seconds                                why
-=============== ====================================== =================================
-all-reduce      2(p-1)/p * N/bw + 2(p-1) a             reduce-scatter, then all-gather
-all-gather      (p-1)/p * N/bw + (p-1) a               p-1 steps, each moves N/p
-reduce-scatter  (p-1)/p * N/bw + (p-1) a               p-1 steps, each moves N/p
-all-to-all      (p-1)/p * N/bw + (p-1) a               each device sends N/p to p-1 peers
-broadcast       N/bw + (p-1) a                         pipelined ring: N passes every hop once
-send/recv       N/bw + a                               one hop
-=============== ====================================== =================================
-
-A group of several mesh axes is priced as one collective over the flattened group (what a
-flattened DeviceMesh runs; DTensor's per-axis collectives cost the same for all-gather and
-reduce-scatter and more for all-reduce, see DESIGN.md).
-
-Resharding ``src -> dst`` (both layouts of ``autopar.core.layout``) runs, per mesh axis, in this order,
-so each collective sees the smallest local tensor it can:
-
-1. ``R -> S``   local slice: free, the local tensor shrinks by the axis size;
-2. ``P -> S``   reduce-scatter (one collective over all such axes);
-3. ``P -> R``   all-reduce;
-4. ``S(i) -> S(j)`` (another tensor axis, or another stride) all-to-all;
-5. ``S -> R``   all-gather;
-6. ``R/S -> P`` free (one device keeps the values, the others contribute zeros).
-
-The backward of a forward reshard is the reshard of the gradient from the consumer's gradient
-layout back to the producer's (``autopar.core.layout.grad_of_input`` / ``grad_of_output``): an
-all-gather's is a reduce-scatter, an all-reduce's is nothing, a slice's is an all-gather when the
-consumer's work differs along that axis.
+The design notes (why it is built this way, what was checked) are in docs/cost_model.md, "Collectives and reshards".
 """
 
 from __future__ import annotations

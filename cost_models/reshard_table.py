@@ -1,30 +1,6 @@
 """Edge tables of reshard prices: every (source layout, consumer layout) pair of an edge at once.
 
-``comm.reshard_steps`` prices one pair: by per-axis phases (``comm`` module docstring) when the
-nested shard order does not interfere, else (``comm.misaligned``) by walking DTensor 2.13's greedy
-redistribute (``comm._dtensor_steps``). An edge table asks this of every pair of its source's and
-consumer's configs: over a million pairs per edge on the 6-axis mesh of 64 devices, hundreds of
-edges per plan. Neither path can run per pair; both are fixed by a few small facts.
-
-* Split the mesh axes into a low half L (the first ``n // 2``) and a high half H.
-* Phases: the per-axis transitions of a pair (base-6 key, one digit per axis) are the sum of the
-  two halves' digits, each a function of that half's (src, dst) sub-rows.
-* Walk: DTensor visits H first. On an H axis, replicating a nested shard first (``clear``) needs
-  to know whether the L axes shard the target's tensor axis differently in src and dst: one bit
-  per placement code, a *mask* that depends on the L sub-rows only. Given the mask, the H part of
-  the walk depends on the H sub-rows only; the L part depends on the L sub-rows only, except
-  whether its first step joins the last H step (same codes: one collective over both), which the
-  two halves' boundary codes decide.
-* Sub-rows are few (tens per half on that mesh), so each half is evaluated on every
-  (src sub-row, dst sub-row[, mask]) combination and numbered; a pair's whole reshard is the pair of
-  those numbers plus the source's shard factor (its local bytes are ``nbytes / factor``).
-
-``ReshardStructure`` holds that numbering for one (src rows, dst rows, mesh), reduced to what a
-price depends on: a price class per pair (phase key or whole walk, and source class). Pricing a
-class needs the bytes and the links, nothing else, so a structure serves every edge with the same
-layouts (forward and backward passes of equal layouts, other tensors of one layout family):
-``matrix(nbytes, cluster)`` prices the few classes and gathers. Both paths use the float
-operations of the scalar ones, so every entry equals the scalar price (bit for bit on misaligned pairs; tests/test_comm.py).
+The design notes (why it is built this way, what was checked) are in docs/cost_model.md, "Edge tables in bulk".
 """
 
 from __future__ import annotations

@@ -1,0 +1,112 @@
+"""What a rank's program needs to know of the traced graph besides the IR: every node's traced
+value (for sizes and output structures), which placeholders are parameters or constants, how a
+node's split reads in words, and the small predicates the builder asks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.utils import _pytree as pytree
+
+from autopar.core.ir import Graph, Node
+from autopar.core.meta import MetaProp, meta_like
+
+from .placements import NodeLayout
+
+
+def traced_values(graph: Graph, model: nn.Module) -> dict[fx.Node, Any]:
+    """Every fx node's traced value (meta tensors, sizes), which both frontends keep in
+    ``node.meta["val"]``; a graph that lost them (pickled to another process) is propagated again
+    on meta tensors (user inputs from the IR's specs, state from ``model``'s shapes)."""
+    gm = graph.fx_graph
+    nodes = list(gm.graph.nodes)
+    if all("val" in n.meta for n in nodes if n.op == "placeholder"):
+        return {n: n.meta.get("val") for n in nodes}
+    state = state_names(graph)
+    args = []
+    for n in nodes:
+        if n.op != "placeholder":
+            continue
+        if n.name in state:
+            owner, _, leaf = state[n.name].rpartition(".")
+            args.append(meta_like(getattr(model.get_submodule(owner) if owner else model, leaf)))
+        else:
+            spec = graph.inputs.get(n.name)
+            args.append(torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device="meta")
+                        if spec is not None else None)
+    interp = MetaProp(gm)
+    with torch.no_grad(), torch.device("meta"):
+        interp.run(*args)
+    return interp.values
+
+
+def state_names(graph: Graph) -> dict[str, str]:
+    """Placeholder name -> qualified parameter/buffer name, for graphs that pass state as inputs."""
+    return dict(graph.fx_graph.meta.get("autopar_state", {}))
+
+
+def local_groups(node: Node, layout: NodeLayout) -> int | None:
+    """The groups this device convolves when a grouped conv's ``g`` is split, else None."""
+    parts = layout.split_counts.get("g", 1)
+    if not node.op.startswith("conv") or parts == 1:
+        return None
+    return int(node.attrs.get("groups", 1)) // parts
+
+
+def concrete(value):
+    """Sizes as the example had them: a dynamic-batch export traces them as SymInts, and the
+    program is static (one batch shape), so each becomes the int it was in the example call."""
+    from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw as hint_int
+
+    def one(v):
+        return hint_int(v) if isinstance(v, (torch.SymInt, torch.SymBool)) else v
+
+    return pytree.tree_map(one, value) if isinstance(value, (list, tuple, dict)) else one(value)
+
+
+def aliases(model: nn.Module) -> dict[str, str]:
+    """Every parameter/buffer name -> the first name of its tensor (tied weights share one)."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for named in (model.named_parameters, model.named_buffers):
+        for name, t in named(remove_duplicate=False):
+            out[name] = first.setdefault(id(t), name)
+    return out
+
+
+def is_pl(p) -> bool:
+    return isinstance(p, tuple) and bool(p) and not isinstance(p[0], (tuple, list)) and p[0] is not None \
+        and hasattr(p[0], "is_shard")
+
+
+def has_tensor(v) -> bool:
+    return any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(v))
+
+
+def is_state(model: nn.Module, target: str) -> bool:
+    try:
+        model.get_parameter(target)
+        return True
+    except AttributeError:
+        try:
+            model.get_buffer(target)
+            return True
+        except AttributeError:
+            return False
+
+
+def describe(n: fx.Node) -> str:
+    if n.op == "call_module":
+        return f"module {n.target}"
+    if n.op == "call_method":
+        return f"method {n.target}"
+    return f"{getattr(n.target, '__module__', '') or ''}.{getattr(n.target, '__name__', n.target)}".lstrip(".")
+
+
+def split_words(node: Node, layout: NodeLayout) -> str:
+    words = [f"{d}/{c}" for d, c in layout.split_counts.items() if c > 1]
+    return ", ".join(words) if words else "none"
+
