@@ -124,6 +124,10 @@ class AnalyticModel:
     memory_efficiency: float = 0.8
     backward_factor: float = 2.0
     compute_dtype: str | None = None  # e.g. "bfloat16" to price an fp32 graph as if under AMP
+    # weight of the once-per-step weight-gradient sync in node costs (node_breakdown lists it at
+    # 1): the hierarchical search solves tensor groups for per-microbatch time (0) or weighs the
+    # sync by 1 / (microbatches + stages - 1), as often as a step pays it against a microbatch
+    sync_scale: float = 1.0
     name: str = "analytic"
     units: str = "s"
     # Edge tables with equal layouts share their reshard structure (reshard_table.StructureCache,
@@ -243,8 +247,8 @@ class AnalyticModel:
         cost = np.maximum(t_flops, t_mem)
         if mode == "train":
             again = 1.0 if node_training(node).recompute else 0.0
-            cost = (cost * (1.0 + self.backward_factor + again) + self._grad_sync(node, own, mesh, cluster)
-                    + _bn_stats_many(node, own, mesh, cluster))
+            sync = self._grad_sync(node, own, mesh, cluster) * self.sync_scale if self.sync_scale else 0.0
+            cost = cost * (1.0 + self.backward_factor + again) + sync + _bn_stats_many(node, own, mesh, cluster)
         return np.where(ok, cost, math.inf)
 
     def _grad_sync(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:

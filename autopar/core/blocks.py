@@ -130,3 +130,69 @@ def apply_training(graph: Graph, options: TrainingOptions, recompute: tuple[str,
         nodes.append(dataclasses.replace(m, attrs=attrs))
     inputs = {k: _cast_spec(v, dtype) if options.mixed else v for k, v in graph.inputs.items()}
     return Graph(nodes, inputs, list(graph.outputs), graph.model_name, graph.fx_graph)
+
+
+def _shape_of(node: Node) -> tuple:
+    return (node.op, node.dims, tuple(o.spec for o in node.inputs), tuple(o.spec for o in node.params),
+            node.outputs, node.flops, repr(sorted(node.attrs.items(), key=str)))
+
+
+@dataclass(frozen=True)
+class Window:
+    """A short stand-in for a deep graph: prologue, ``k`` blocks, epilogue (``graph``), and for
+    every unit of the full graph the unit of the window that stands for it (``unit_map``)."""
+
+    graph: Graph
+    spans: list[tuple[int, int]]
+    unit_map: list[int]
+    node_map: list[int]  # node of the full graph -> the window's node that stands for it
+
+
+def block_window(graph: Graph, k: int = 3) -> Window | None:
+    """The window, or None when the graph has fewer than ``k + 1`` blocks or they differ.
+
+    The blocks of the full graph are the window's first block (the first), its middle blocks
+    (every block in between) and its last block (the last), so what happens at the ends (the
+    embedding's layout flowing into the first block, the head reading the last) is kept."""
+    blocks = repeated_blocks(graph)
+    spans = units(graph, blocks)
+    if len(blocks) < k + 1:
+        return None
+    first = 1 if blocks[0].nodes[0] > 0 else 0  # index of the first block's unit
+    block_units = spans[first:first + len(blocks)]
+    size = block_units[0][1] - block_units[0][0]
+    if any(b - a != size for a, b in block_units):
+        return None
+    ref = [_shape_of(graph.nodes[i]) for i in range(*block_units[0])]
+    for a, _ in block_units[1:]:
+        if any(_shape_of(graph.nodes[a + j]) != ref[j] for j in range(size)):
+            return None
+    keep_until = block_units[k - 1][1]
+    tail_start = block_units[-1][1]
+    window_last_a = block_units[k - 1][0]
+    rename: dict[str, str] = {}
+    for u, (a, b) in enumerate(block_units[k:]):
+        for j in range(b - a):  # a removed block's node -> the same node of the window's last block
+            rename[graph.nodes[a + j].name] = graph.nodes[window_last_a + j].name
+    nodes = list(graph.nodes[:keep_until])
+    for n in graph.nodes[tail_start:]:
+        ins = tuple(Operand(rename.get(o.source, o.source), o.output, o.spec) for o in n.inputs)
+        nodes.append(dataclasses.replace(n, inputs=ins))
+    outputs = [(rename.get(s, s), i) for s, i in graph.outputs]
+    wg = Graph(nodes, dict(graph.inputs), outputs, graph.model_name, None)
+    wspans = units(wg)
+    n_first = first
+    unit_map = []
+    for u in range(len(spans)):
+        if u < n_first:
+            unit_map.append(u)
+        elif u < n_first + len(blocks):
+            j = u - n_first
+            unit_map.append(n_first + (0 if j == 0 else k - 1 if j == len(blocks) - 1 else min(j, k - 2)))
+        else:
+            unit_map.append(len(wspans) - (len(spans) - u))
+    node_map = []
+    for u, (a, b) in enumerate(spans):
+        wa = wspans[unit_map[u]][0]
+        node_map.extend(range(wa, wa + (b - a)))
+    return Window(wg, wspans, unit_map, node_map)

@@ -209,6 +209,9 @@ class Cluster:
     nodes_per_pod: int = 0  # 0: all nodes in one pod
     pod_bandwidth: float = 0.0  # bytes/s per device between pods (0: the inter-node figure)
     pod_latency: float = 0.0
+    # True: the mesh keeps the nodes as one axis instead of their prime factors (the hierarchical
+    # search's tensor groups: a split across nodes takes them all, in-node splits stay fine-grained)
+    node_axis: bool = False
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -248,7 +251,7 @@ class Cluster:
         Device ``r`` sits at node ``r // devices_per_node``; the mesh is row-major over ranks, so
         the outer (node) factors are exactly the axes whose neighbours live on other nodes.
         """
-        outer = prime_factors(self.nodes)
+        outer = [self.nodes] if self.node_axis and self.nodes > 1 else prime_factors(self.nodes)
         inner = prime_factors(self.devices_per_node)
         return Mesh(tuple(outer + inner), tuple([1] * len(outer) + [0] * len(inner)))
 

@@ -151,6 +151,7 @@ class Strategy:
     hardware_flops: float = 0.0
     peak_flops: float = 0.0
     notes: list[str] = field(default_factory=list)  # what the search assumed, in words
+    reference: dict = field(default_factory=dict)  # a published run this plan reproduces: its figures
 
     def mfu(self, step_seconds: float, devices: int) -> float:
         denom = step_seconds * devices * self.peak_flops
