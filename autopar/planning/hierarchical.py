@@ -52,6 +52,23 @@ def use_hierarchical(cluster: Cluster) -> bool:
     return cluster.devices > FLAT_LIMIT or cluster.pods > 1
 
 
+def wanted(hierarchical, cluster: Cluster, pin, cost_model: str) -> bool:
+    """Whether ``autopar.plan`` takes this path: ``hierarchical`` True / False / "auto" (the rule
+    of ``use_hierarchical``, or a pin, which only this search understands)."""
+    if hierarchical not in (True, False, "auto"):
+        raise ValueError(f"hierarchical must be True, False or 'auto', not {hierarchical!r}")
+    if hierarchical is False:
+        if pin is not None:
+            raise ValueError("a pin (tensor=..,pipeline=..,data=..) needs the hierarchical search")
+        return False
+    want = hierarchical is True or pin is not None or use_hierarchical(cluster)
+    if want and cost_model != "analytic":
+        if hierarchical is True or pin is not None:
+            raise ValueError(f"the hierarchical search prices with the analytic model, not {cost_model!r}")
+        return False
+    return want
+
+
 def default_precision(cluster: Cluster) -> str:
     """The fastest mixed precision the devices have (every training at this scale uses one)."""
     best = max(PRECISIONS, key=lambda k: (cluster.peak(PRECISIONS[k]), k == "bf16", k == "fp32"))
@@ -142,8 +159,19 @@ class Search:
                     best = (t, self.batch // mb)
         return best
 
+    def unit_names(self) -> list[str]:
+        paths = {b.nodes[0]: b.path for b in self.blocks}
+        out = []
+        for k, (a, _) in enumerate(self.spans):
+            out.append(paths.get(a, "prologue" if k == 0 else "epilogue" if k == len(self.spans) - 1
+                                 else self.graph.nodes[a].name))
+        return out
+
     def price(self, c: Candidate) -> Priced:
-        return price(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master, self.itemsize)
+        if not hasattr(self, "_names"):
+            self._names = self.unit_names()
+        return price(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master, self.itemsize,
+                     self._names)
 
     def candidates(self, pin: Pin | None, zeros, recomputes) -> list[tuple[float, float, float, Candidate]]:
         """(compute bound, rest of the bound, memory floor, candidate) of the space or a pin's part."""
@@ -285,7 +313,7 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                         time_terms=dict(pr.terms), memory_terms=dict(pr.memory_terms),
                         model_flops=search.totals.train_flops, hardware_flops=hw,
                         peak_flops=search.peak, reference=dict(reference or {}),
-                        notes=[f"ZeRO group: {g} device(s)" if c.zero else "no ZeRO",
+                        notes=[pr.bottleneck, f"ZeRO group: {g} device(s)" if c.zero else "no ZeRO",
                                "tensor-group layouts minimise time (memory checked on the result)",
                                "data-parallel sync and ZeRO gathers not overlapped with compute"])
     common = dict(common, mesh=Mesh(shape, level))
@@ -300,6 +328,11 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict, *, mode: str
                       recompute="auto", pin: Pin | None = None, memory_capacity: float | None = None,
                       time_limit: float = 60.0, solve=None, with_baselines: bool = True,
                       reference: dict | None = None) -> Plan:
+    from autopar.planning.degrees import parse_pin
+    from autopar.search.dp import dp
+
+    pin = parse_pin(pin)
+    solve = solve or (lambda t: dp(t))
     """The best plan of the hierarchical space; baselines: data parallelism with the ZeRO stage,
     recomputation and microbatching that fit it best, and the pinned (published) plan if given."""
     if mode != "train":
@@ -361,4 +394,4 @@ def _fixed(search: Search, pin: Pin, zeros, recs, common, detail: str, reference
     return to_plan(pr, search, common, info, {}, reference)
 
 
-__all__ = ["FLAT_LIMIT", "use_hierarchical", "plan_hierarchical", "default_precision", "Search"]
+__all__ = ["FLAT_LIMIT", "use_hierarchical", "wanted", "plan_hierarchical", "default_precision", "Search"]

@@ -124,6 +124,10 @@ class Plan:
         return self.baselines[baseline].cost / self.cost
 
     def report(self, **kwargs) -> str:
+        if self.strategy is not None and self.strategy.degrees is not None:  # a hierarchical plan
+            from autopar.report.scale import format_scale_report
+
+            return format_scale_report(self)
         from autopar.report.table import format_report
 
         return format_report(self, **kwargs)

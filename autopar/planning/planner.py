@@ -68,7 +68,9 @@ def plan(model, example_inputs=(), cluster=None, *, devices: int | None = None, 
          space: str = "mesh", search: str = "auto", mode: str = "train", optimizer: str | None = "adam",
          memory_capacity: float | None = None, time_limit: float = 60.0, graph: Graph | None = None,
          model_name: str = "", pase_profile: str | None = None, pase_rate: tuple[float, float] = (10.0, 16.0),
-         baselines: bool = True, pipeline: bool | str = "auto", explain: bool = False) -> Plan:
+         baselines: bool = True, pipeline: bool | str = "auto", explain: bool = False,
+         precision: str | None = None, zero="auto", recompute="auto", pin=None,
+         hierarchical: bool | str = "auto") -> Plan:
     """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``.
 
     ``cluster``: None (this machine: the ``cpu`` preset, ``devices`` of them, by default the
@@ -80,6 +82,12 @@ def plan(model, example_inputs=(), cluster=None, *, devices: int | None = None, 
     ``pipeline``: True searches pipeline stages too, False never; "auto" when the cluster has
     several nodes or no single-stage plan fits; a pipeline is taken only when predicted faster or
     the only plan that fits. ``explain``: keep every term's arithmetic in the plan.
+    ``precision`` ("fp32", "bf16", "fp16"; None: fp32 on the flat path, the devices' fastest
+    mixed precision on the hierarchical one), ``zero`` (0-3 or "auto"), ``recompute`` (bool or
+    "auto"): the training options (``autopar.core.strategy``). ``hierarchical``: plan by degrees
+    per cluster level (``planning/hierarchical.py``); "auto" when the cluster has more than 64
+    devices or several pods, or a ``pin`` ("tensor=8,pipeline=64,data=6") is given, which adds
+    the pinned plan as the "published" baseline.
     """
     if pipeline not in (True, False, "auto"):
         raise ValueError(f"pipeline must be True, False or 'auto', not {pipeline!r}")
@@ -101,6 +109,14 @@ def plan(model, example_inputs=(), cluster=None, *, devices: int | None = None, 
     name = model_name or graph.model_name or type(model).__name__
     common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
                   mesh=cluster.mesh(), cost_model=cost_model, space=space, mode=mode)
+    from autopar.planning import hierarchical as hier
+
+    if hier.wanted(hierarchical, cluster, pin, entry.name):
+        return hier.plan_hierarchical(
+            graph, cluster, common, mode=mode, optimizer=optimizer, precision=precision, zero=zero,
+            recompute=recompute, pin=pin, memory_capacity=memory_capacity, time_limit=time_limit,
+            solve=lambda t: run_search(t, "dp" if search == "auto" else search, time_limit),
+            with_baselines=baselines)
     if entry.space == "pase":
         return _plan_pase(graph, model, cluster, cutoff, search, time_limit, pase_profile, pase_rate, common,
                           baselines)

@@ -57,6 +57,7 @@ class Priced:
     solution: PipelineSolution
     terms: dict[str, float] = field(default_factory=dict)
     memory_terms: dict[str, float] = field(default_factory=dict)
+    bottleneck: str = ""  # which units the slowest stage holds, in words
 
 
 def level_link(cluster: Cluster, level: int) -> tuple[float, float]:
@@ -98,7 +99,7 @@ def dp_sync(zero: int, grads: float, params: float, m: int, cluster: Cluster, de
 
 
 def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimizer: str | None,
-          master: bool, itemsize: int) -> Priced:
+          master: bool, itemsize: int, names: list[str] | None = None) -> Priced:
     deg, m = c.degrees, c.microbatches
     p = deg.p
     g, _, _, _ = data_groups(deg, c.zero_inner)
@@ -137,7 +138,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         "pipeline send/recv": m * float(cut_full[a] + cut_full[b]),
         "pipeline bubble": (p - 1) * t_max,
         "gradient sync inside the tensor group": max(sol.sync) if sol.sync else 0.0,
-        "data-parallel sync" + (f" (ZeRO-{c.zero})" if c.zero else ""): max(dp),
+        "data-parallel sync": max(dp),
         "optimizer step": max(opt),
     }
     cost = sol.cost + max(dp) + max(opt)
@@ -148,11 +149,19 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         "parameters": float(np.sum(s.params[a:b] / fp)),
         "gradients": float(np.sum(s.grads[a:b] / fg)),
         "optimizer state + master weights": float(np.sum(s.optimizer[a:b] / fo)),
-        f"activations ({held} microbatch(es) in flight)": held * float(np.sum(s.acts[a:b])),
+        "activations in flight": held * float(np.sum(s.acts[a:b])),
         "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
     }
+    a, b = sol.stages[k]
+    units = f"{names[a]} .. {names[b - 1]}" if names and b - a > 1 else (names[a] if names else f"units {a}-{b - 1}")
+    bottleneck = (f"slowest stage: {b - a} unit(s) ({units}), {fmt(t_max)} per microbatch; fullest stage: "
+                  f"{held} microbatch(es) of activations in flight")
     return Priced(c, cost, max(sol.memory) + transient, fits and max(sol.memory) + transient <= capacity,
-                  sol, terms, memory_terms)
+                  sol, terms, memory_terms, bottleneck)
+
+
+def fmt(seconds: float) -> str:
+    return f"{seconds * 1e3:.4g} ms" if seconds < 1 else f"{seconds:.4g} s"
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ PASE_MODELS = ("alexnet", "inception3", "rnnlm", "transformer")
 PUBLISHED_MODELS = ("megatron_8b", "megatron_1t", "mt_nlg_530b", "palm_540b")
 
 
-def published(name: str):
+def published_run(name: str):
     """What the paper of zoo model ``name`` ran (``published.PublishedRun``), or None."""
     from autopar.zoo.published import PUBLISHED
 
