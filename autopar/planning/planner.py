@@ -121,26 +121,26 @@ def plan(model, example_inputs=(), cluster=None, *, devices: int | None = None, 
         return _plan_pase(graph, model, cluster, cutoff, search, time_limit, pase_profile, pase_rate, common,
                           baselines)
     return _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-                      baselines, pipeline, explain)
+                      baselines, pipeline, explain, (precision, zero, recompute))
 
 
 # -- mesh cost models (analytic, profiled) --------------------------------------------------------
 
 def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-               with_baselines, pipeline, explain) -> Plan:
-    from autopar.cost_models.tables import build_tables
+               with_baselines, pipeline, explain, training=(None, "auto", "auto")) -> Plan:
+    from autopar.planning.options import FlatOptions, option_sets, strategy_of
 
     model = entry.make(graph, cluster, mode, optimizer)
-    tables = build_tables(graph, cluster, model, space="mesh", mode=mode, optimizer=optimizer)
-    if memory_capacity is not None:
-        tables.memory_capacity = float(memory_capacity)
+    # training options (planning/options.py): the plain set's tables; ZeRO / recompute when memory binds
+    flat = FlatOptions(graph, cluster, model, mode, optimizer, memory_capacity, option_sets(*training))
+    priced, tables = flat.tables_for(flat.sets[0])
     unsupported = {n.name: n.unsupported for n in graph.nodes if n.unsupported}
-    base = _mesh_baselines(graph, tables, cluster, common, unsupported) if with_baselines else {}
+    base = _mesh_baselines(priced, tables, cluster, common, unsupported, flat) if with_baselines else {}
     ctx = dict(graph=graph, cluster=cluster, mode=mode, optimizer=optimizer, model=model, search=search,
                time_limit=time_limit, common=common, unsupported=unsupported, base=base, units=tables.units)
     start = time.perf_counter()
     try:
-        sol = run_search(tables, search, time_limit)
+        opts, priced, tables, sol = flat.solve(lambda t: run_search(t, search, time_limit))
     except InfeasibleError as e:
         least = float(sum(np.min(m) for m in tables.memory))
         if pipeline is not False and cluster.devices > 1:
@@ -153,11 +153,12 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
             f"(splitting every node as finely as it can): add devices or memory", least) from e
     info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
     plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
-    plan.rows = breakdown.mesh_rows(graph, tables, plan.assignment, model, cluster, mode)
+    plan.strategy = strategy_of(graph, opts, plan.assignment)
+    plan.rows = breakdown.mesh_rows(priced, tables, plan.assignment, model, cluster, mode)
     if explain and entry.name == "analytic":
         from autopar.cost_models.analytic import explain_plan
 
-        plan.explanation = explain_plan(graph, plan.assignment, cluster, model=model, mode=mode)
+        plan.explanation = explain_plan(priced, plan.assignment, cluster, model=model, mode=mode)
     if pipeline is True or (pipeline == "auto" and cluster.nodes > 1):
         piped = _with_pipeline(ctx, tables.memory_capacity, start)
         if piped is not None and piped.cost < plan.cost:
@@ -199,12 +200,19 @@ def _make_plan(graph, tables, sol: Solution, info: SearchInfo, common, unsupport
                 unsupported=unsupported, baselines=baselines, graph=graph, tables=tables)
 
 
-def _mesh_baselines(graph, tables, cluster, common, unsupported) -> dict[str, Plan]:
+def _mesh_baselines(graph, tables, cluster, common, unsupported, flat=None) -> dict[str, Plan]:
     from autopar.planning.expert import is_transformer_like
 
     dp_choice = base_plans.data_parallel_choice(graph, tables)
     out = {"data_parallel": _make_plan(graph, tables, base_plans.evaluate(tables, dp_choice),
                                        base_plans.FIXED, common, unsupported, {})}
+    if flat is not None:  # data parallelism with the ZeRO stage / recomputation that makes it fit
+        from autopar.planning.options import strategy_of
+
+        opts, g, t, choice = flat.fitting_data_parallel(base_plans.data_parallel_choice)
+        out["data_parallel"] = _make_plan(g, t, base_plans.evaluate(t, choice), base_plans.FIXED, common,
+                                          unsupported, {})
+        out["data_parallel"].strategy = strategy_of(g, opts, out["data_parallel"].assignment)
     if is_transformer_like(graph):
         choice, seconds = base_plans.expert_choice(graph, tables, cluster.mesh(), dp_choice)
         out["expert"] = _make_plan(graph, tables, base_plans.evaluate(tables, choice),
