@@ -44,3 +44,9 @@ bench-speed: setup
 .PHONY: bench-exact
 bench-exact: setup
 	$(PY) -m benchmarks.dp_vs_ilp
+
+# The four largest published trainings planned on their clusters, and a device-count sweep 8..4096
+# (issue 18): writes benchmarks/scale.md
+.PHONY: bench-scale
+bench-scale: setup
+	$(PY) -m benchmarks.scale
