@@ -67,11 +67,14 @@ def test_parameter_state_bytes(graph, options, params, grads, optimizer):
 
 
 def test_zero_sync_time_by_hand(graph):
-    """Gradient bytes per device G = P = 2 N (bf16, unsplit weight); 4 devices in one ring."""
+    """Gradient bytes per device G = P = 2 N (bf16, unsplit weight); 4 devices in one ring. The
+    runtime sums gradients in DDP's 25 MiB buckets, so a node pays its bytes' share of a bucket's
+    latency terms: a = LAT x G / 25 MiB."""
     G = 2 * N
-    allreduce = 2 * 3 / 4 * G / BW + 2 * 3 * LAT
-    rs_ag = (3 / 4 * G / BW + 3 * LAT) + (3 / 4 * G / BW + 3 * LAT)
-    zero3 = 2 * (3 / 4 * G / BW + 3 * LAT) + (3 / 4 * G / BW + 3 * LAT)
+    a = LAT * G / (25 * 2**20)
+    allreduce = 2 * 3 / 4 * G / BW + 2 * 3 * a
+    rs_ag = (3 / 4 * G / BW + 3 * a) + (3 / 4 * G / BW + 3 * a)
+    zero3 = 2 * (3 / 4 * G / BW + 3 * a) + (3 / 4 * G / BW + 3 * a)
     for zero, expected in ((0, allreduce), (1, rs_ag), (2, rs_ag), (3, zero3)):
         node = first_linear(apply_training(graph, TrainingOptions(zero=zero, precision="bf16")))
         nc = MODEL.node_breakdown(node, DP, CLUSTER)
