@@ -96,7 +96,15 @@ def child_sweep(devices: int, repeat: int) -> dict:
         start = time.perf_counter()
         plan = autopar.plan(model, inputs, cluster, graph=graph, hierarchical=True, model_name="gpt-issue18")
         walls.append(time.perf_counter() - start)
+    flat = []
+    if not use_hierarchical(cluster):  # what the automatic choice runs at this size: the flat exact DP
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fp = autopar.plan(model, inputs, cluster, graph=graph, model_name="gpt-issue18")
+            flat.append(time.perf_counter() - start)
     return {"case": f"sweep-{devices}", "devices": devices, "walls": walls, "wall": statistics.median(walls),
+            "flat_wall": statistics.median(flat) if flat else None,
+            "flat_cost": fp.cost if flat else None,
             "rss_before": before, "rss_peak": _rss_bytes(), "auto_path": "hierarchical" if use_hierarchical(cluster)
             else "flat exact DP", **_summary(plan)}
 
@@ -147,14 +155,18 @@ def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
         f"{sum(1 / 1.5 <= r['predicted'] / r['published_figure'] <= 1.5 for r in ok)}/{len(published)}"]) + ".",
         "", "Search status of autopar's plans: " + "; ".join(f"{r['case']}: {r['autopar']['status']}" for r in ok), ""]
     lines += ["## Sweep: the issue's GPT (width 12288, 8 layers, batch 512) on DGX A100 nodes, hierarchical search", "",
-              "| devices | automatic path | planning time | peak RSS | degrees | options | microbatch | step | MFU |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| devices | automatic path | planning time | peak RSS | degrees | options | microbatch | step | MFU | "
+              "flat exact DP: time, step |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sweep:
         if "error" in r:
             lines.append(f"| {r['case']} | error: {r['error']} |" + " |" * 7)
             continue
+        flat = (f"{r['flat_wall']:.2f} s, {r['flat_cost']:.3g} s" if r.get("flat_wall") is not None else
+                "- (issue 18: 105 s and 9.9 GB at 128, over 5 min at 256)" if r["devices"] == 128 else "-")
         lines.append(f"| {r['devices']} | {r['auto_path']} | {r['wall']:.2f} s | {r['rss_peak'] / 1e9:.2f} GB | "
-                     f"{r['degrees']} | {r['options']} | {r['microbatch']} | {r['cost']:.3g} s | {r['mfu']:.1%} |")
+                     f"{r['degrees']} | {r['options']} | {r['microbatch']} | {r['cost']:.3g} s | {r['mfu']:.1%} | "
+                     f"{flat} |")
     by = {r["devices"]: r for r in sweep if "error" not in r}
     if 64 in by and 4096 in by:
         grow = by[4096]["wall"] / by[64]["wall"]

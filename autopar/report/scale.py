@@ -32,7 +32,15 @@ def _row(name: str, plan, capacity: float | None) -> list[str]:
     s = plan.strategy
     d = s.degrees
     fits = "yes" if capacity is None or plan.memory_per_device <= capacity else "NO"
-    return [name, d.describe(), s.options.describe(), f"{s.microbatch_size} x {plan.microbatches}",
+    options = s.options.describe()
+    if s.options.zero and s.zero_axes:
+        group = 1
+        for a in s.zero_axes:
+            group *= plan.mesh.shape[a]
+        if group < d.d:
+            options = options.replace(f"ZeRO-{s.options.zero}", f"ZeRO-{s.options.zero} over {group} of the {d.d} "
+                                      "data-parallel devices")
+    return [name, d.describe(), options, f"{s.microbatch_size} x {plan.microbatches}",
             fmt_seconds(plan.cost), f"{s.mfu(plan.cost, plan.devices):.1%}", f"{s.hfu(plan.cost, plan.devices):.1%}",
             fmt_bytes(plan.memory_per_device), fits]
 
