@@ -50,3 +50,9 @@ bench-exact: setup
 .PHONY: bench-many
 bench-many: setup
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.many_models
+
+# The four largest published trainings planned on their clusters, and a device-count sweep 8..4096
+# (issue 18): writes benchmarks/scale.md
+.PHONY: bench-scale
+bench-scale: setup
+	$(PY) -m benchmarks.scale

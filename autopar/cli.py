@@ -45,13 +45,55 @@ def _plan(args, model_arg=None, **overrides):
         if not args.memory > 0:
             raise ValueError(f"--memory is GiB per device and must be > 0, not {args.memory:g}")
         kwargs["memory_capacity"] = args.memory * 2**30
+    kwargs.update(_training_args(args))
     kwargs.update(overrides)
+    record = _published(args, name)
+    if record is not None:  # the paper's cluster, precision and plan (pinned, priced as a baseline)
+        args.cluster = args.cluster or record.cluster
+        kwargs.setdefault("precision", kwargs.get("precision") or record.precision)
+        kwargs["pin"] = kwargs.get("pin") or (
+            f"tensor={record.tensor},pipeline={record.pipeline},data={record.data},zero={record.zero},"
+            f"recompute={int(record.recompute)},microbatch={record.microbatch_size}"
+            + (",zero_inner=1" if record.zero_inner else ""))
     cluster = _cluster(args)
     kwargs["graph"] = autopar.trace(model, inputs, example_kwargs)  # a status line on a terminal, silent elsewhere
     from autopar.core.progress import phase
 
     with phase(f"planning {name} on {cluster.devices} devices ({kwargs['cost_model']} model)"):
-        return autopar.plan(model, inputs, cluster, **kwargs)
+        plan = autopar.plan(model, inputs, cluster, **kwargs)
+    if record is not None and "published" in plan.baselines and plan.baselines["published"].strategy:
+        plan.baselines["published"].strategy.reference = {
+            "utilisation": record.utilisation, "measure": record.measure, "figure": record.figure,
+            "source": record.source}
+    return plan
+
+
+def _training_args(args) -> dict:
+    out = {}
+    if getattr(args, "precision", None):
+        out["precision"] = args.precision
+    if getattr(args, "zero", "auto") != "auto":
+        out["zero"] = int(args.zero)
+    if getattr(args, "recompute", "auto") != "auto":
+        out["recompute"] = args.recompute == "on"
+    if getattr(args, "pin", None):
+        out["pin"] = args.pin
+    if getattr(args, "hierarchical", "auto") != "auto":
+        out["hierarchical"] = args.hierarchical == "on"
+    return out
+
+
+def _published(args, name: str):
+    """The published run of a zoo model when ``--published`` is given (ValueError if it has none)."""
+    if not getattr(args, "published", False):
+        return None
+    from autopar import zoo
+
+    record = zoo.published_run(name) if args.model.startswith("zoo:") else None
+    if record is None:
+        raise ValueError(f"--published needs one of the zoo's published trainings "
+                         f"({', '.join('zoo:' + n for n in zoo.PUBLISHED_MODELS)}), not {args.model!r}")
+    return record
 
 
 def _cmd_plan(args) -> int:
@@ -76,9 +118,10 @@ def _cmd_compare(args) -> int:
     rows = [(name.replace("_", " "), b) for name, b in plan.baselines.items()] + [("autopar", plan)]
     print(f"{plan.model_name} on {plan.cluster['name']} ({plan.devices} devices), cost model {plan.cost_model}")
     print(f"{'plan':<15} {'step time':>12} {'memory/device':>14} {'speedup vs DP':>14}")
-    dp_cost = plan.baselines["data_parallel"].cost
+    dp = plan.baselines.get("data_parallel")
     for name, p in rows:
-        print(f"{name:<15} {fmt(p.cost):>12} {fmt_bytes(p.memory_per_device):>14} {dp_cost / p.cost:>13.2f}x")
+        speedup = f"{dp.cost / p.cost:>13.2f}x" if dp is not None else f"{'-':>14}"
+        print(f"{name:<15} {fmt(p.cost):>12} {fmt_bytes(p.memory_per_device):>14} {speedup}")
     return 0
 
 
@@ -164,6 +207,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="price forward+backward+gradient sync (train) or the forward only")
         c.add_argument("--memory", type=float, default=None, metavar="GIB",
                        help="memory per device in GiB (default: the cluster's)")
+        c.add_argument("--precision", default=None, choices=["fp32", "bf16", "fp16"],
+                       help="fp32, or bf16/fp16 mixed precision (fp32 master weights and optimizer state); "
+                       "default fp32, and the devices' fastest mixed precision for the hierarchical search")
+        c.add_argument("--zero", default="auto", choices=["auto", "0", "1", "2", "3"],
+                       help="ZeRO stage over the data-parallel devices (auto: searched)")
+        c.add_argument("--recompute", default="auto", choices=["auto", "on", "off"],
+                       help="recompute every repeated block's forward in the backward (auto: searched)")
+        c.add_argument("--hierarchical", default="auto", choices=["auto", "on", "off"],
+                       help="plan by tensor/pipeline/data degrees per cluster level (auto: above 64 devices, "
+                       "several pods, or with --pin)")
+        c.add_argument("--pin", default=None, metavar="K=V,...",
+                       help="price a plan fixed by its degrees beside autopar's, e.g. tensor=8,pipeline=64,data=6 "
+                       "(also zero=, recompute=, microbatch=)")
+        c.add_argument("--published", action="store_true",
+                       help="for zoo:megatron_8b, megatron_1t, mt_nlg_530b, palm_540b: plan on the paper's "
+                       "cluster and price the paper's plan and its reported utilisation beside autopar's")
         c.set_defaults(func=func)
         if cmd == "plan":
             c.add_argument("--json", metavar="OUT", help="save the plan as JSON")

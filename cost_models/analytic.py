@@ -45,8 +45,10 @@ from autopar.core.layout import (Layout, NodeLayouts, Partial, Shard, dim_placem
                             grad_of_input, grad_of_output, node_layouts, owner_matrix,
                             shard_factor, shard_factors, shard_mask, tensor_layout,
                             tensor_layouts, to_mesh)
+from autopar.core.strategy import node_training
 from autopar.core.tables import Config, Mesh
 from autopar.cost_models.reshard_table import StructureCache
+from autopar.cost_models.training import zero_collectives, zero_label, zero_sync_time
 from autopar.cost_models.comm import (Collective, collective, collective_time,
                                       reshard_matrix_codes, reshard_steps)
 
@@ -111,19 +113,33 @@ def _dims_product_text(node: Node) -> str | None:
     return None
 
 
+DEFAULT_EFFICIENCY = 0.6  # fraction of peak FLOP/s when neither the model nor the cluster gives one
+
+
 @dataclass
 class AnalyticModel:
     """Roofline compute + ring collectives. Efficiencies are the fraction of peak reached."""
 
-    compute_efficiency: float = 0.6
+    compute_efficiency: float | None = None  # None: the cluster's figure, else DEFAULT_EFFICIENCY
     memory_efficiency: float = 0.8
     backward_factor: float = 2.0
     compute_dtype: str | None = None  # e.g. "bfloat16" to price an fp32 graph as if under AMP
+    # weight of the once-per-step weight-gradient sync in node costs (node_breakdown lists it at
+    # 1): the hierarchical search solves tensor groups for per-microbatch time (0) or weighs the
+    # sync by 1 / (microbatches + stages - 1), as often as a step pays it against a microbatch
+    sync_scale: float = 1.0
     name: str = "analytic"
     units: str = "s"
     # Edge tables with equal layouts share their reshard structure (reshard_table.StructureCache,
     # bounded, per instance: build_tables makes one per call, pipeline pricing one for all options).
     reshard_cache: StructureCache = field(default_factory=StructureCache, repr=False, compare=False)
+
+    def efficiency(self, cluster: Cluster) -> float:
+        """The fraction of peak FLOP/s compute reaches: the model's own figure when given, else the
+        cluster's measured one (``Cluster.compute_efficiency``), else ``DEFAULT_EFFICIENCY``."""
+        if self.compute_efficiency is not None:
+            return self.compute_efficiency
+        return cluster.compute_efficiency or DEFAULT_EFFICIENCY
 
     # -- per node -------------------------------------------------------------------------
     def node_breakdown(self, node: Node, config: Config, cluster: Cluster, mode: str = "train",
@@ -148,14 +164,16 @@ class AnalyticModel:
         moved = _bytes_moved(node, total_spec)
         local_bytes = moved * (local_spec / total_spec if total_spec else 1.0)
 
-        t_flops = node.flops / parts / (peak * self.compute_efficiency)
+        eff = self.efficiency(cluster)
+        t_flops = node.flops / parts / (peak * eff)
         t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
         fwd = max(t_flops, t_mem)
+        train = node_training(node)
         f = ""
         if text:
             sym = _dims_product_text(node)
             fl = f"{sym} = {node.flops:.6g}" if sym else f"{node.flops:.6g}"
-            f = (f"max(FLOPs {fl} / {parts} parts / ({peak:.4g} [{dtype}] * {self.compute_efficiency:g})"
+            f = (f"max(FLOPs {fl} / {parts} parts / ({peak:.4g} [{dtype}] * {eff:g})"
                  f" = {t_flops:.4g} s, bytes {local_bytes:.6g} / ({cluster.memory_bandwidth:.4g} * "
                  f"{self.memory_efficiency:g}) = {t_mem:.4g} s) = {fwd:.4g} s "
                  f"[{'compute' if t_flops >= t_mem else 'memory'}-bound]")
@@ -164,6 +182,9 @@ class AnalyticModel:
             return out
         out.terms.append(Term("compute backward", self.backward_factor * fwd,
                               f"{self.backward_factor:g} * {fwd:.4g} s = {self.backward_factor * fwd:.4g} s" if text else ""))
+        if train.recompute:
+            out.terms.append(Term("compute forward again (recomputed in the backward)", fwd,
+                                  f"= the forward, {fwd:.4g} s" if text else ""))
         stats = bn_stats(node, cfg, mesh, cluster)
         if stats is not None:
             f = ""
@@ -182,18 +203,21 @@ class AnalyticModel:
                 groups.setdefault(axes, []).append((op.source, op.spec.nbytes, shard_factor(pl, mesh)))
         for axes, params in groups.items():
             nbytes = sum(b / k for _, b, k in params)
-            c = collective("all-reduce", nbytes, axes, mesh, cluster)
-            if c.p > 1:
-                share = min(1.0, nbytes / BUCKET_BYTES)
-                seconds = collective_time("all-reduce", nbytes, c.p, c.bandwidth, c.latency * share)
+            share = min(1.0, nbytes / BUCKET_BYTES)  # the latency, amortized over a bucket
+            cs = [(n, collective(kind, nb, axes, mesh, cluster))
+                  for kind, n, nb in zero_collectives(train.zero, nbytes, nbytes)]
+            if cs[0][1].p > 1:
+                seconds = sum(n * collective_time(c.kind, c.nbytes, c.p, c.bandwidth, c.latency * share)
+                              for n, c in cs)
                 f = ""
                 if text:
                     parts_txt = " + ".join(f"{b}/{k}" if k > 1 else f"{b}" for _, b, k in params)
                     names = ", ".join(n.removeprefix("param:") for n, _, _ in params)
-                    f = (f"N = {parts_txt} = {nbytes:.6g} B ({names}); {c.formula()}; in buckets of "
-                         f"{BUCKET_BYTES / 2**20:g} MiB the latency term counts {share:.4g} of itself "
-                         f"= {seconds:.4g} s")
-                out.terms.append(Term("weight-grad sync (bucketed)", seconds, f, "sync"))
+                    f = (f"N = {parts_txt} = {nbytes:.6g} B ({names}); "
+                         + " + ".join(f"{n} x [{c.formula()}]" if n > 1 else c.formula() for n, c in cs)
+                         + f"; in buckets of {BUCKET_BYTES / 2**20:g} MiB the latency term counts {share:.4g} "
+                         f"of itself = {seconds:.4g} s")
+                out.terms.append(Term(zero_label(train.zero), seconds, f, "sync"))
         return out
 
     def node_cost(self, node: Node, configs: list[Config], cluster: Cluster,
@@ -218,12 +242,13 @@ class AnalyticModel:
         local_spec = sum(s.nbytes / shard_factors(node, s, own, mesh, out) for s, out in tensors)
         moved = _bytes_moved(node, total_spec)
         local_bytes = moved * (local_spec / total_spec) if total_spec else np.full(len(configs), float(moved))
-        t_flops = node.flops / parts / (cluster.peak(dtype) * self.compute_efficiency)
+        t_flops = node.flops / parts / (cluster.peak(dtype) * self.efficiency(cluster))
         t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
         cost = np.maximum(t_flops, t_mem)
         if mode == "train":
-            cost = (cost * (1.0 + self.backward_factor) + self._grad_sync(node, own, mesh, cluster)
-                    + _bn_stats_many(node, own, mesh, cluster))
+            again = 1.0 if node_training(node).recompute else 0.0
+            sync = self._grad_sync(node, own, mesh, cluster) * self.sync_scale if self.sync_scale else 0.0
+            cost = cost * (1.0 + self.backward_factor + again) + sync + _bn_stats_many(node, own, mesh, cluster)
         return np.where(ok, cost, math.inf)
 
     def _grad_sync(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
@@ -255,7 +280,8 @@ class AnalyticModel:
             bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
             lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
             share = np.minimum(1.0, bucket / BUCKET_BYTES)  # the latency, amortized over a bucket
-            out += np.where(first & (m > 0), collective_time("all-reduce", bucket, p, bw, lat * share), 0.0)
+            t = zero_sync_time(node_training(node).zero, bucket, bucket, p, bw, lat * share)
+            out += np.where(first & (m > 0), t, 0.0)
         return out
 
     # -- per edge -------------------------------------------------------------------------
@@ -289,6 +315,8 @@ class AnalyticModel:
         tag = "" if spec.shape == d_spec.shape else "dst"
         d_codes, d_own = _codes(dst, d_spec, False, dst_configs, mesh, book, tag)
         m = reshard_matrix_codes(spec.nbytes, s_codes, d_codes, mesh, cluster, self.reshard_cache)
+        if mode == "train" and node_training(dst).recompute:
+            m = 2.0 * m  # the consumer's forward, and so its input reshard, runs again in the backward
         if mode == "train" and spec.dtype in FLOAT_DTYPES:
             d_grad = np.where((d_codes == 0) & (d_own >= 0), 1, d_codes)  # grad_of_input
             s_grad = np.where(s_codes == 1, 0, s_codes)  # grad_of_output
@@ -346,10 +374,11 @@ class AnalyticModel:
             lines[0] += f"; grad {format_layout(d_grad[0])} -> {format_layout(s_grad[0])}"
         else:
             back = []
-        for tag, ss in (("forward", steps), ("backward", back)):
+        again = steps if mode == "train" and node_training(dst).recompute else []
+        for tag, ss in (("forward", steps), ("forward again (recomputed)", again), ("backward", back)):
             for s in ss:
                 lines.append(f"  {tag}: {s.formula()}")
-        total = sum(s.seconds for s in steps) + sum(s.seconds for s in back)
+        total = sum(s.seconds for s in steps + again + back)
         if not steps and not back:
             lines.append("  layouts agree: no communication")
         lines.append(f"  edge total = {total:.4g} s")

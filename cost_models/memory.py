@@ -12,6 +12,13 @@ Training (the default) holds, per device:
   output (softmax, sigmoid, tanh, exp) save the output, every other op saves its data inputs
   (a linear needs ``x`` for ``dW``, a norm its input, a matmul both operands).
 
+Training options (``node.attrs["train"]``, ``autopar.core.strategy.NodeTraining``): mixed
+precision adds fp32 master weights (4 bytes per element) to the optimizer state; ZeRO stage z
+divides the optimizer state (z >= 1), the gradients (z >= 2) and the parameters (z = 3) by the size
+of the parameter's data-parallel group (the mesh axes along which its gradient is a partial sum);
+a recomputed node saves only the block inputs it is the first to read (``saved_inputs``).
+The arithmetic is ``cost_models/training.py``'s.
+
 Inference holds the parameters only (activations live one layer at a time). A parameter read by
 several nodes is counted at the first of them (``skip``), so a plan's total is a plain sum.
 """
@@ -23,14 +30,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.core.ir import Node
-from autopar.core.layout import (NodeLayouts, node_layouts, owner_matrix, shard_factor, shard_factors,
-                            to_mesh)
+from autopar.core.layout import (NodeLayouts, Partial, grad_of_input, node_layouts, owner_matrix, shard_factor, shard_factors,
+                            shard_mask, to_mesh)
+from autopar.core.strategy import node_training
 from autopar.core.tables import Config, Mesh
+from autopar.cost_models.training import OPTIMIZER_STATE_BYTES, param_bytes  # noqa: F401 (re-exported)
 
 FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "complex64"}
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1, "momentum": 1, "sgd_momentum": 1,
                     "plain_sgd": 0, "none": 0}
-OPTIMIZER_STATE_BYTES = 4  # fp32 moments, whatever the parameter dtype
 
 SAVES_NOTHING = {
     "add", "sub", "neg", "view", "reshape", "flatten", "unflatten", "transpose", "permute",
@@ -76,22 +84,37 @@ def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
     lay = layouts or node_layouts(node, cfg, mesh)
     train = mode in ("train", "training")
     states = optimizer_states(optimizer) if train else 0
+    rec = node_training(node)
     params = grads = opt = acts = 0.0
     for op, pl in zip(node.params, lay.params):
         if op.source in skip:
             continue
         k = shard_factor(pl, mesh)
-        params += op.spec.nbytes / k
-        if train and op.spec.dtype in FLOAT_DTYPES:
-            grads += op.spec.nbytes / k
-            opt += states * OPTIMIZER_STATE_BYTES * op.spec.numel / k
-    if train and _saves(node):
+        if not (train and op.spec.dtype in FLOAT_DTYPES):
+            params += op.spec.nbytes / k
+            continue
+        group = _data_group(node, cfg, pl, mesh)
+        b = param_bytes(op.spec.numel / k, op.spec.itemsize, states, rec.master, rec.zero, group)
+        params, grads, opt = params + b.params, grads + b.grads, opt + b.optimizer
+    if train and rec.recompute:
+        acts = sum(node.inputs[i].spec.nbytes / shard_factor(lay.inputs[i], mesh) for i in rec.saved_inputs)
+    elif train and _saves(node):
         if node.op in SAVES_OUTPUT:
             saved = zip(node.outputs, lay.outputs)
         else:
             saved = ((op.spec, l) for op, l in zip(node.inputs, lay.inputs))
         acts = sum(spec.nbytes / shard_factor(l, mesh) for spec, l in saved)
     return MemoryBreakdown(params, grads, opt, acts)
+
+
+def _data_group(node: Node, cfg: Config, layout, mesh: Mesh) -> int:
+    """Devices over which a parameter's gradient is a partial sum: its ZeRO group."""
+    g = grad_of_input(layout, node, cfg, mesh)
+    out = 1
+    for a, pl in enumerate(g):
+        if isinstance(pl, Partial):
+            out *= mesh.shape[a]
+    return out
 
 
 def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str = "train",
@@ -101,16 +124,27 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
     own, ok = owner_matrix(configs, mesh)
     train = mode in ("train", "training")
     states = optimizer_states(optimizer) if train else 0
+    rec = node_training(node)
+    sizes = np.asarray(mesh.shape, dtype=float)
     total = np.zeros(len(configs))
     for op in node.params:
         if op.source in skip:
             continue
         k = shard_factors(node, op.spec, own, mesh)
-        per_byte = 1.0
-        if train and op.spec.dtype in FLOAT_DTYPES:
-            per_byte += 1.0 + states * OPTIMIZER_STATE_BYTES / op.spec.itemsize
-        total += per_byte * op.spec.nbytes / k
-    if train and _saves(node):
+        if not (train and op.spec.dtype in FLOAT_DTYPES):
+            total += op.spec.nbytes / k
+            continue
+        if rec.zero:  # the partial (data-parallel) axes: those cutting a dim that does not index it
+            group = np.prod(np.where((own >= 0) & ~shard_mask(node, op.spec, own), sizes, 1.0), axis=1)
+        else:
+            group = 1.0
+        b = param_bytes(op.spec.numel / k, op.spec.itemsize, states, rec.master, rec.zero, group)
+        total += b.params + b.grads + b.optimizer
+    if train and rec.recompute:
+        for i in rec.saved_inputs:
+            spec = node.inputs[i].spec
+            total += spec.nbytes / shard_factors(node, spec, own, mesh)
+    elif train and _saves(node):
         if node.op in SAVES_OUTPUT:
             saved = [(s, True) for s in node.outputs]
         else:

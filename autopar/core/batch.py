@@ -78,6 +78,8 @@ def scale_batch(graph: Graph, microbatches: int) -> Graph:
         inputs = tuple(Operand(o.source, o.output, shrink(o.spec, b)) for o in n.inputs)
         outputs = tuple(shrink(t, b) for t in n.outputs)
         read = n.bytes_read - sum(o.spec.nbytes - s.spec.nbytes for o, s in zip(n.inputs, inputs))
+        if n.op == "embedding":  # it reads the gathered rows, one per index: all of it scales
+            read = n.bytes_read // microbatches
         written = n.bytes_written - sum(o.nbytes - s.nbytes for o, s in zip(n.outputs, outputs))
         nodes.append(dataclasses.replace(n, dims=new_dims, inputs=inputs, outputs=outputs,
                                          flops=n.flops // microbatches, bytes_read=max(read, 0),

@@ -8,6 +8,17 @@ one that prices it (NVIDIA quotes NVLink as the sum of both directions; we halve
 Every preset value names its public source below. Latencies are not on any datasheet: they are the
 usual order of magnitude of one NCCL/MPI hop (a few microseconds on NVLink/PCIe, ~5-10 us over
 InfiniBand) and are marked as assumptions.
+
+Levels. A cluster is a hierarchy: devices in a node (level 0), nodes in a pod (level 1), pods
+(level 2, ``nodes_per_pod`` > 0). The flat prime-factor mesh sees two levels (a pod-crossing axis
+is priced as inter-node); the hierarchical search (``autopar/planning/hierarchical.py``) reads all
+three through ``levels()``.
+
+The machines of published trainings (``dgx2h``, ``dgxa100``, ``tpuv4``) carry *achievable*
+figures where a measurement is public: link bandwidths are what NCCL-style collectives reach
+(datasheet x measured fraction, both cited), and ``compute_efficiency`` is the fraction of peak
+FLOP/s large matmuls reach on the device, which the analytic model then uses instead of its
+default. The older presets keep datasheet figures.
 """
 
 from __future__ import annotations
@@ -38,6 +49,16 @@ IB_EDR = 12.5 * GB
 # InfiniBand NDR: 400 Gb/s per port = 50 GB/s each way; DGX H100 has one NDR port per GPU.
 IB_NDR = 50 * GB
 
+# InfiniBand HDR: 200 Gb/s per port = 25 GB/s each way (InfiniBand Trade Association roadmap).
+IB_HDR = 25 * GB
+# Measured fractions of link peaks reached by NCCL collectives (bus bandwidth):
+# - 8x A100 SXM4 on NVLink 3/NVSwitch: ~200 GB/s all-reduce busbw of 300 GB/s one way
+#   (NVIDIA/nccl-tests issue #149, nccl-tests issue #178: 208 GB/s) -> 2/3.
+NVSWITCH_FRACTION = 200 / 300
+# - InfiniBand HDR, 3 nodes of 8x A100 with 4 HDR ports each: busbw 84.8 GB/s on average, 96 GB/s
+#   at best, of 100 GB/s per node (NVIDIA/nccl-tests issue #119) -> 0.9.
+IB_FRACTION = 0.9
+
 # Latencies (s): assumptions, see the module docstring.
 NVLINK_LATENCY = 3e-6
 PCIE_LATENCY = 5e-6
@@ -56,6 +77,11 @@ class Device:
     intra_latency: float
     inter_bandwidth: float  # bytes/s per device, one direction, between nodes
     inter_latency: float
+    per_node: int = 8  # devices in one node (a bare preset name is one node of these)
+    compute_efficiency: float = 0.0  # measured fraction of peak large matmuls reach; 0: the model's
+    pod_nodes: int = 0  # nodes per pod (0: one pod)
+    pod_bandwidth: float = 0.0  # bytes/s per device between pods
+    pod_latency: float = 0.0
 
 
 # float32 matmuls: PyTorch keeps TF32 off for matmuls by default (torch.backends.cuda.matmul.
@@ -87,6 +113,45 @@ DEVICES: dict[str, Device] = {
     # 11 GB; fp16 non-tensor 26.9 TFLOP/s. PaSE's cluster: PCIe 3.0 x16 + EDR InfiniBand.
     "2080ti": Device("RTX-2080Ti", {"float32": 13.4 * TFLOP, "float16": 26.9 * TFLOP},
                      616 * GB, 11 * GB, PCIE3_X16, PCIE_LATENCY, IB_EDR, IB_LATENCY),
+    # --- machines of published trainings (issue 18), achievable figures ---------------------------
+    # NVIDIA DGX-2H (Megatron-LM, Shoeybi et al. 2019, section 5: "32 DGX-2H servers (a total of 512
+    # Tesla V100 SXM3 32GB GPUs) ... 300 GB/sec bandwidth between GPUs inside a server via NVSwitch
+    # and 100 GB/sec of interconnect bandwidth between servers using 8 InfiniBand adapters per
+    # server"). 16 GPUs per node. Peak: the paper's 39 TFLOP/s "is 30% of the theoretical peak",
+    # i.e. 130 TFLOP/s fp16 per V100 SXM3 at the DGX-2H's 450 W clocks (DGX-2H datasheet: 2.1
+    # PFLOPS for 16 GPUs); fp32 16.4 TFLOP/s (same clocks, V100 ratio 1:8); 32 GB HBM2 at 900 GB/s
+    # (V100 datasheet). NVSwitch: 150 GB/s one way x NVSWITCH_FRACTION (the A100 measurement; an
+    # assumption for V100). IB: 8 x 100 Gb/s EDR for 16 GPUs = 6.25 GB/s per GPU x IB_FRACTION.
+    # compute_efficiency: the paper's own single-GPU baseline, 39 of 130 TFLOP/s (section 5.1) =
+    # 0.30: the kernels of that code on that GPU (end to end, one device), which multi-device
+    # planning does not change.
+    "dgx2h": Device("V100-SXM3-32GB (DGX-2H)", {"float32": 16.4 * TFLOP, "float16": 130 * TFLOP},
+                    900 * GB, 32 * GB, 150 * GB * NVSWITCH_FRACTION, NVLINK_LATENCY,
+                    8 * IB_EDR / 16 * IB_FRACTION, IB_LATENCY, per_node=16, compute_efficiency=0.30),
+    # NVIDIA DGX A100 80GB with one HDR 200 Gb/s InfiniBand port per GPU (Selene; Narayanan et al.
+    # 2021 and Smith et al. 2022 section 3: "8 NVIDIA 80-GB A100 GPUs ... NVLink and NVSwitch ...
+    # HDR InfiniBand"). A100 80GB SXM datasheet figures as "a100" above; NVLink x NVSWITCH_FRACTION,
+    # HDR x IB_FRACTION. compute_efficiency: bf16 matmul reaches 271.2 of 312 TFLOP/s = 0.869 at its
+    # best shape (maximum achievable matmul FLOPS, stas00/ml-engineering, compute/accelerator).
+    "dgxa100": Device("A100-SXM4-80GB (DGX A100, HDR IB)",
+                      {"float32": 19.5 * TFLOP, "tf32": 156 * TFLOP, "bfloat16": 312 * TFLOP,
+                       "float16": 312 * TFLOP, "float64": 19.5 * TFLOP},
+                      2039 * GB, 80 * GB, NVLINK3 * NVSWITCH_FRACTION, NVLINK_LATENCY,
+                      IB_HDR * IB_FRACTION, IB_LATENCY, per_node=8, compute_efficiency=0.869),
+    # Google TPU v4 (Cloud TPU v4 documentation, "Key specifications"): 275 TFLOP/s bf16 per chip,
+    # 32 GiB HBM2 at 1200 GB/s, pods of 4096 chips on a 3-D torus of inter-chip links (ICI) with
+    # 1.1 PB/s all-reduce bandwidth per pod. As an equivalent hierarchy, a "node" is the ICI domain
+    # (one pod slice: PaLM used 3072 chips per pod, Chowdhery et al. 2022 section 4) and pods are
+    # joined by the data-centre network (DCN). ICI per chip: 1.1 PB/s / 4096 = 268.6 GB/s. DCN per
+    # chip: an assumption, 100 Gb/s per host of 4 chips = 3.125 GB/s (PaLM section 4 describes the
+    # cross-pod gradient transfer over DCN as bursty and does not give a per-chip figure here).
+    # Latencies: ICI 5 us, DCN 25 us (assumptions). fp32 matmuls run as bf16 passes on the MXU:
+    # no separate fp32 figure, fp32 priced at bf16 / 4 (an assumption; plans here use bf16).
+    # compute_efficiency 0.869: the A100's measured matmul fraction, an assumption for the MXU (no
+    # public single-chip matmul measurement was found).
+    "tpuv4": Device("TPU-v4", {"float32": 275 / 4 * TFLOP, "bfloat16": 275 * TFLOP},
+                    1200 * GB, 32 * 2 ** 30, 1.1e15 / 4096, 5e-6, 100e9 / 8 / 4, 25e-6,
+                    per_node=4096, compute_efficiency=0.869),
 }
 
 # The flat default of ``Cluster(devices=p)``: an A100-80GB's numbers, on one fast fabric (as if
@@ -140,6 +205,13 @@ class Cluster:
     inter_bandwidth: float = _DEFAULT.inter_bandwidth
     inter_latency: float = _DEFAULT.inter_latency
     name: str = ""
+    compute_efficiency: float = 0.0  # measured fraction of peak FLOP/s; 0: the cost model's default
+    nodes_per_pod: int = 0  # 0: all nodes in one pod
+    pod_bandwidth: float = 0.0  # bytes/s per device between pods (0: the inter-node figure)
+    pod_latency: float = 0.0
+    # True: the mesh keeps the nodes as one axis instead of their prime factors (the hierarchical
+    # search's tensor groups: a split across nodes takes them all, in-node splits stay fine-grained)
+    node_axis: bool = False
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -148,6 +220,14 @@ class Cluster:
         if self.devices > per and self.devices % per:
             raise ValueError(f"Cluster: {self.devices} devices do not fill whole nodes of {per}")
         object.__setattr__(self, "devices_per_node", min(per, self.devices))
+        nodes = self.devices // self.devices_per_node
+        if self.nodes_per_pod and (self.nodes_per_pod >= nodes or nodes % self.nodes_per_pod):
+            if nodes % max(self.nodes_per_pod, 1):
+                raise ValueError(f"Cluster: {nodes} nodes do not fill whole pods of {self.nodes_per_pod}")
+            object.__setattr__(self, "nodes_per_pod", 0)  # one pod
+        if not 0 <= self.compute_efficiency <= 1:
+            raise ValueError(f"Cluster: compute_efficiency is a fraction of peak in [0, 1], not "
+                             f"{self.compute_efficiency!r}")
         for what in ("memory_bandwidth", "memory_capacity", "intra_bandwidth", "inter_bandwidth"):
             if not getattr(self, what) > 0:  # also refuses NaN
                 raise ValueError(f"Cluster: {what} must be > 0, got {getattr(self, what)!r}")
@@ -171,7 +251,7 @@ class Cluster:
         Device ``r`` sits at node ``r // devices_per_node``; the mesh is row-major over ranks, so
         the outer (node) factors are exactly the axes whose neighbours live on other nodes.
         """
-        outer = prime_factors(self.nodes)
+        outer = [self.nodes] if self.node_axis and self.nodes > 1 else prime_factors(self.nodes)
         inner = prime_factors(self.devices_per_node)
         return Mesh(tuple(outer + inner), tuple([1] * len(outer) + [0] * len(inner)))
 
@@ -179,29 +259,49 @@ class Cluster:
         """Peak FLOP/s for ``dtype``; dtypes the device has no figure for run at its fp32 rate."""
         return self.peak_flops.get(dtype, self.peak_flops.get("float32", max(self.peak_flops.values())))
 
-    def link(self, crosses_nodes: bool) -> tuple[float, float]:
-        """(bandwidth, latency) of the slowest hop of a group that does / does not leave a node."""
+    def link(self, crosses_nodes: bool | int) -> tuple[float, float]:
+        """(bandwidth, latency) of the slowest hop of a group that does / does not leave a node;
+        an int is the highest level the group spans (2: it leaves a pod)."""
+        if int(crosses_nodes) >= 2 and self.nodes_per_pod:
+            return self.pod_bandwidth or self.inter_bandwidth, self.pod_latency or self.inter_latency
         if crosses_nodes:
             return self.inter_bandwidth, self.inter_latency
         return self.intra_bandwidth, self.intra_latency
 
+    @property
+    def pods(self) -> int:
+        return self.nodes // self.nodes_per_pod if self.nodes_per_pod else 1
+
+    def levels(self) -> list[int]:
+        """Sizes of the levels, innermost first: [devices per node, nodes per pod, pods], without
+        the trailing levels of size 1 (at least one level)."""
+        per_pod = self.nodes_per_pod or self.nodes
+        out = [self.devices_per_node, per_pod, self.pods]
+        while len(out) > 1 and out[-1] == 1:
+            out.pop()
+        return out
+
     def describe(self) -> str:
         """One line for reports: what each number is, so a reader can check a cost by hand."""
         pf = ", ".join(f"{k} {v / TFLOP:g} TFLOP/s" for k, v in sorted(self.peak_flops.items()))
+        pods = (f"; between pods of {self.nodes_per_pod} nodes {self.link(2)[0] / GB:.4g} GB/s + "
+                f"{self.link(2)[1] * 1e6:g} us" if self.nodes_per_pod else "")
+        eff = f"; compute at {self.compute_efficiency:g} of peak (measured)" if self.compute_efficiency else ""
         return (f"{self.name}: {self.devices} devices ({self.nodes} node(s) x {self.devices_per_node}); "
                 f"peak {pf}; memory {self.memory_capacity / GB:g} GB at {self.memory_bandwidth / GB:g} GB/s; "
-                f"intra-node {self.intra_bandwidth / GB:g} GB/s + {self.intra_latency * 1e6:g} us; "
-                f"inter-node {self.inter_bandwidth / GB:g} GB/s + {self.inter_latency * 1e6:g} us")
+                f"intra-node {self.intra_bandwidth / GB:.4g} GB/s + {self.intra_latency * 1e6:g} us; "
+                f"inter-node {self.inter_bandwidth / GB:.4g} GB/s + {self.inter_latency * 1e6:g} us{pods}{eff}")
 
     # -- presets ----------------------------------------------------------------------------
     @classmethod
     def preset(cls, name: str, devices: int | None = None, measure: bool = False) -> "Cluster":
         """A named cluster.
 
-        ``cpu`` (this machine), and ``[N x][G x]GPU`` for GPU in v100, a100, h100, 1080ti,
-        2080ti: ``8xA100`` = one node of 8; ``2x8xH100`` = 2 nodes of 8; a bare ``1080ti`` = one
-        node of 8; ``GxGPU`` with G > 8 = G/8 nodes of 8. ``devices=`` overrides the total (whole
-        nodes of 8 beyond 8). ``measure=True`` (cpu only) times a matmul and a copy.
+        ``cpu`` (this machine), and ``[N x][G x]GPU`` for GPU one of ``DEVICES``: ``8xA100`` =
+        one node of 8; ``2x8xH100`` = 2 nodes of 8; a bare ``1080ti`` = one node of its size (8;
+        16 for ``dgx2h``); ``GxGPU`` with G larger than a node = whole nodes. ``devices=``
+        overrides the total (whole nodes beyond one). ``tpuv4`` pods: ``2x3072xtpuv4`` = 2 pods
+        (ICI domains) of 3072 chips. ``measure=True`` (cpu only) times a matmul and a copy.
         """
         key = name.strip().lower()
         if key == "cpu":
@@ -212,28 +312,31 @@ class Cluster:
             raise ValueError(f"unknown cluster preset {name!r}; known: {', '.join(known_presets())} "
                              "(and N x G x GPU patterns such as 2x8xH100)")
         a, b = m.group(1), m.group(2)
+        dev = DEVICES[gpu]
+        node = dev.per_node
         if b is not None:
             nodes, per = int(a), int(b)
         elif a is not None:
             total = int(a)
-            per = total if total <= 8 else 8
-            if total > 8 and total % 8:
-                raise ValueError(f"cluster {name!r}: {total} GPUs do not fill nodes of 8; "
+            per = total if total <= node else node
+            if total > node and total % node:
+                raise ValueError(f"cluster {name!r}: {total} GPUs do not fill nodes of {node}; "
                                  "write NxGxGPU")
             nodes = max(1, total // per)
         else:
-            nodes, per = 1, 8
+            nodes, per = 1, node
         total = nodes * per
         if devices is not None:
             total = devices
-            per = min(per if b is not None else 8, devices)
-        dev = DEVICES[gpu]
+            per = min(per if b is not None else node, devices)
         label = name if devices is None else f"{name}@{devices}"
         return cls(devices=total, devices_per_node=per, peak_flops=dict(dev.peak_flops),
                    memory_bandwidth=dev.memory_bandwidth, memory_capacity=dev.memory_capacity,
                    intra_bandwidth=dev.intra_bandwidth, intra_latency=dev.intra_latency,
                    inter_bandwidth=dev.inter_bandwidth, inter_latency=dev.inter_latency,
-                   name=label)
+                   name=label, compute_efficiency=dev.compute_efficiency,
+                   nodes_per_pod=dev.pod_nodes, pod_bandwidth=dev.pod_bandwidth,
+                   pod_latency=dev.pod_latency)
 
     @classmethod
     def _cpu(cls, devices: int | None, measure: bool) -> "Cluster":
@@ -252,7 +355,8 @@ class Cluster:
 
 
 def known_presets() -> list[str]:
-    return ["cpu", "8xV100", "8xA100", "8xH100", "2x8xH100", "8x8xH100", "1080ti", "2080ti"]
+    return ["cpu", "8xV100", "8xA100", "8xH100", "2x8xH100", "8x8xH100", "1080ti", "2080ti",
+            "32x16xdgx2h", "384x8xdgxa100", "2x3072xtpuv4"]
 
 
 def measure_cpu(size: int = 512, copy_mb: int = 64, reps: int = 3) -> tuple[float, float]:

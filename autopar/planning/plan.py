@@ -18,6 +18,7 @@ from autopar.planning import plan_file
 from autopar.planning.rows import (NodeRow, StageRow, row_from_json, row_to_json, stage_from_json,
                                    stage_to_json)
 from autopar.core.errors import PlanMismatchError
+from autopar.core.strategy import Strategy
 from autopar.core.tables import Config, Mesh
 
 
@@ -106,6 +107,8 @@ class Plan:
     batch: int | None = None  # the global batch the plan was made for (pipelined: split in microbatches)
     explanation: list[str] = field(default_factory=list, repr=False)  # every term's arithmetic
     pase_rate: float | None = None  # PaSE plans: the FLOP-per-word rate r of its tables
+    # ZeRO stage, precision, recomputed blocks, degrees (hierarchical plans): what codegen applies
+    strategy: Strategy | None = None
     graph: Any = field(default=None, repr=False, compare=False)  # ir.Graph (or PaSE view), not saved
     tables: Any = field(default=None, repr=False, compare=False)  # CostTables, not saved
 
@@ -121,6 +124,10 @@ class Plan:
         return self.baselines[baseline].cost / self.cost
 
     def report(self, **kwargs) -> str:
+        if self.strategy is not None and self.strategy.degrees is not None:  # a hierarchical plan
+            from autopar.report.scale import format_scale_report
+
+            return format_scale_report(self)
         from autopar.report.table import format_report
 
         return format_report(self, **kwargs)
@@ -153,6 +160,7 @@ class Plan:
             "batch": self.batch,
             "explanation": self.explanation,
             "pase_rate": self.pase_rate,
+            "strategy": self.strategy.to_json() if self.strategy else None,
             "baselines": {k: b.to_json() for k, b in self.baselines.items()},
         }
         return doc
@@ -187,6 +195,7 @@ class Plan:
                 batch=doc.get("batch"),
                 explanation=list(doc.get("explanation", [])),
                 pase_rate=doc.get("pase_rate"),
+                strategy=Strategy.from_json(doc["strategy"]) if doc.get("strategy") else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanMismatchError(f"corrupt plan file: missing or bad field {e}") from None

@@ -86,7 +86,9 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
          space: str = "mesh", search: str = "auto", mode: str = "train", optimizer: str | None = "adam",
          memory_capacity: float | None = None, time_limit: float = 60.0, graph: Graph | None = None,
          model_name: str = "", pase_profile: str | None = None, pase_rate: tuple[float, float] = (10.0, 16.0),
-         baselines: bool = True, pipeline: bool | str = "auto", explain: bool = False) -> Plan:
+         baselines: bool = True, pipeline: bool | str = "auto", explain: bool = False,
+         precision: str | None = None, zero="auto", recompute="auto", pin=None,
+         hierarchical: bool | str = "auto") -> Plan:
     """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``.
 
     ``example_inputs``/``example_kwargs``: the call, as ``autopar.trace`` takes it (positional inputs,
@@ -99,6 +101,12 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     ``pipeline``: True searches pipeline stages too, False never; "auto" when the cluster has
     several nodes or no single-stage plan fits; a pipeline is taken only when predicted faster or
     the only plan that fits. ``explain``: keep every term's arithmetic in the plan.
+    ``precision`` ("fp32", "bf16", "fp16"; None: fp32 on the flat path, the devices' fastest
+    mixed precision on the hierarchical one), ``zero`` (0-3 or "auto"), ``recompute`` (bool or
+    "auto"): the training options (``autopar.core.strategy``). ``hierarchical``: plan by degrees
+    per cluster level (``planning/hierarchical.py``); "auto" when the cluster has more than 64
+    devices or several pods, or a ``pin`` ("tensor=8,pipeline=64,data=6") is given, which adds
+    the pinned plan as the "published" baseline.
     """
     if pipeline not in (True, False, "auto"):
         raise ValueError(f"pipeline must be True, False or 'auto', not {pipeline!r}")
@@ -120,25 +128,33 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     name = model_name or graph.model_name or type(model).__name__
     common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
                   mesh=cluster.mesh(), cost_model=cost_model, space=space, mode=mode)
+    from autopar.planning import hierarchical as hier
+
+    if hier.wanted(hierarchical, cluster, pin, entry.name):
+        return hier.plan_hierarchical(
+            graph, cluster, common, mode=mode, optimizer=optimizer, precision=precision, zero=zero,
+            recompute=recompute, pin=pin, memory_capacity=memory_capacity, time_limit=time_limit,
+            solve=lambda t: run_search(t, "dp" if search == "auto" else search, time_limit),
+            with_baselines=baselines)
     if entry.space == "pase":
         return _plan_pase(graph, model, cluster, cutoff, search, time_limit, pase_profile, pase_rate, common,
                           baselines)
     return _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-                      baselines, pipeline, explain)
+                      baselines, pipeline, explain, (precision, zero, recompute))
 
 
 # -- mesh cost models (analytic, profiled) --------------------------------------------------------
 
 def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-               with_baselines, pipeline, explain) -> Plan:
-    from autopar.cost_models.tables import build_tables
+               with_baselines, pipeline, explain, training=(None, "auto", "auto")) -> Plan:
+    from autopar.planning.options import FlatOptions, option_sets, strategy_of
 
     model = entry.make(graph, cluster, mode, optimizer)
-    tables = build_tables(graph, cluster, model, space="mesh", mode=mode, optimizer=optimizer)
-    if memory_capacity is not None:
-        tables.memory_capacity = float(memory_capacity)
+    # training options (planning/options.py): the plain set's tables; ZeRO / recompute when memory binds
+    flat = FlatOptions(graph, cluster, model, mode, optimizer, memory_capacity, option_sets(*training))
+    priced, tables = flat.tables_for(flat.sets[0])
     unsupported = {n.name: n.unsupported for n in graph.nodes if n.unsupported}
-    base = _mesh_baselines(graph, tables, cluster, common, unsupported) if with_baselines else {}
+    base = _mesh_baselines(priced, tables, cluster, common, unsupported, flat) if with_baselines else {}
     from autopar.planning.whole import kept_whole
 
     whole = frozenset(kept_whole(graph))
@@ -147,7 +163,7 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
                whole=whole)
     start = time.perf_counter()
     try:
-        sol = run_search(tables, search, time_limit, whole)
+        opts, priced, tables, sol = flat.solve(lambda t: run_search(t, search, time_limit, whole))
     except InfeasibleError as e:
         least = float(sum(np.min(m) for m in tables.memory))
         if pipeline is not False and cluster.devices > 1:
@@ -161,11 +177,12 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
     info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
     info.detail = getattr(sol, "detail", "") or info.detail
     plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
-    plan.rows = breakdown.mesh_rows(graph, tables, plan.assignment, model, cluster, mode)
+    plan.strategy = strategy_of(graph, opts, plan.assignment)
+    plan.rows = breakdown.mesh_rows(priced, tables, plan.assignment, model, cluster, mode)
     if explain and entry.name == "analytic":
         from autopar.cost_models.analytic import explain_plan
 
-        plan.explanation = explain_plan(graph, plan.assignment, cluster, model=model, mode=mode)
+        plan.explanation = explain_plan(priced, plan.assignment, cluster, model=model, mode=mode)
     if pipeline is True or (pipeline == "auto" and cluster.nodes > 1):
         piped = _with_pipeline(ctx, tables.memory_capacity, start)
         if piped is not None and piped.cost < plan.cost:
@@ -208,12 +225,19 @@ def _make_plan(graph, tables, sol: Solution, info: SearchInfo, common, unsupport
                 unsupported=unsupported, baselines=baselines, graph=graph, tables=tables)
 
 
-def _mesh_baselines(graph, tables, cluster, common, unsupported) -> dict[str, Plan]:
+def _mesh_baselines(graph, tables, cluster, common, unsupported, flat=None) -> dict[str, Plan]:
     from autopar.planning.expert import is_transformer_like
 
     dp_choice = base_plans.data_parallel_choice(graph, tables)
     out = {"data_parallel": _make_plan(graph, tables, base_plans.evaluate(tables, dp_choice),
                                        base_plans.FIXED, common, unsupported, {})}
+    if flat is not None:  # data parallelism with the ZeRO stage / recomputation that makes it fit
+        from autopar.planning.options import strategy_of
+
+        opts, g, t, choice = flat.fitting_data_parallel(base_plans.data_parallel_choice)
+        out["data_parallel"] = _make_plan(g, t, base_plans.evaluate(t, choice), base_plans.FIXED, common,
+                                          unsupported, {})
+        out["data_parallel"].strategy = strategy_of(g, opts, out["data_parallel"].assignment)
     if is_transformer_like(graph):
         from autopar.planning.whole import kept_whole
 

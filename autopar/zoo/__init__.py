@@ -21,9 +21,23 @@ _MODELS = {
     "inception3": "autopar.zoo.inception3:inception3",
     "rnnlm": "autopar.zoo.rnnlm:rnnlm",
     "transformer": "autopar.zoo.transformer:transformer",
+    "palm": "autopar.zoo.palm:palm",
+    # the largest published trainings (published.py: shapes and what their papers ran)
+    "megatron_8b": "autopar.zoo.published:megatron_8b",
+    "megatron_1t": "autopar.zoo.published:megatron_1t",
+    "mt_nlg_530b": "autopar.zoo.published:mt_nlg_530b",
+    "palm_540b": "autopar.zoo.published:palm_540b",
 }
 
 PASE_MODELS = ("alexnet", "inception3", "rnnlm", "transformer")
+PUBLISHED_MODELS = ("megatron_8b", "megatron_1t", "mt_nlg_530b", "palm_540b")
+
+
+def published_run(name: str):
+    """What the paper of zoo model ``name`` ran (``published.PublishedRun``), or None."""
+    from autopar.zoo.published import PUBLISHED
+
+    return PUBLISHED.get(name)
 
 
 def names() -> list[str]:

@@ -1,5 +1,7 @@
 """A GPT-style decoder: token + position embeddings, pre-norm causal attention blocks, MLP, head.
 
+``tie=True`` shares the token embedding with the output head (GPT-2 and Megatron-LM do).
+
 ``attention="sdpa"`` uses ``F.scaled_dot_product_attention(is_causal=True)``; ``"manual"`` writes
 attention out as matmul, masked softmax and matmul, so both forms of attention are exercised.
 """
@@ -52,34 +54,38 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, width: int, heads: int, layers: int, seq: int, manual: bool):
+    def __init__(self, vocab: int, width: int, heads: int, layers: int, seq: int, manual: bool,
+                 tie: bool = False):
         super().__init__()
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(seq, width)
         self.blocks = nn.ModuleList(Block(width, heads, seq, manual) for _ in range(layers))
         self.ln = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
+        self.tie = tie
+        if not tie:
+            self.head = nn.Linear(width, vocab, bias=False)
 
     def forward(self, idx, labels=None):
         s = idx.shape[1]
         x = self.tok(idx) + self.pos.weight[:s]
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.ln(x))
+        h = self.ln(x)
+        logits = F.linear(h, self.tok.weight) if self.tie else self.head(h)
         if labels is None:
             return logits
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
 
 
 def gpt(batch=8, seq=64, width=128, heads=4, layers=2, vocab=512, attention="sdpa",
-        device="cpu", seed=0):
+        device="cpu", seed=0, tie=False):
     if attention not in ("sdpa", "manual"):
         raise ValueError(f"attention must be 'sdpa' or 'manual', not {attention!r}")
     if width % heads:
         raise ValueError(f"width {width} must be divisible by heads {heads}")
     torch.manual_seed(seed)
     with torch.device(device):
-        model = GPT(vocab, width, heads, layers, seq, attention == "manual")
+        model = GPT(vocab, width, heads, layers, seq, attention == "manual", tie)
         idx = torch.randint(0, vocab, (batch, seq))
         labels = torch.randint(0, vocab, (batch, seq))
     return model, (idx, labels)

@@ -1,0 +1,179 @@
+"""What a training plan does beyond splitting nodes: ZeRO sharding, mixed precision, recomputation,
+and, for plans of the hierarchical search, its degrees of tensor / pipeline / data parallelism.
+
+The cost and memory models price these (``cost_models/training.py``) from the per-node record
+``NodeTraining`` that ``autopar.core.blocks.apply_training`` puts in ``node.attrs["train"]`` (so a
+node's cost is still a function of its signature, and tables of nodes with equal records are
+shared). The planner keeps the chosen options in ``Plan.strategy`` (saved in the plan file), which
+is what codegen reads:
+
+* ``zero``: 0 plain data parallelism; 1 optimizer state and fp32 master weights sharded over the
+  data-parallel mesh axes ``zero_axes`` (reduce-scatter of the gradients, all-gather of the
+  updated parameters); 2 also the gradients; 3 also the parameters, gathered before each use
+  (``fully_shard`` / FSDP2 over those axes).
+* ``precision``: "fp32", or "bf16" / "fp16" mixed precision: compute (autocast) in that dtype,
+  parameters and gradients held in it, fp32 master weights and optimizer state.
+* ``recompute``: module paths (repeated blocks) whose forward is re-run in the backward
+  (``torch.utils.checkpoint`` around each); only their inputs are saved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """One global choice of ZeRO stage, precision and per-block recomputation."""
+
+    zero: int = 0
+    precision: str = "fp32"
+    recompute: bool = False
+
+    def __post_init__(self) -> None:
+        if self.zero not in ZERO_STAGES:
+            raise ValueError(f"zero must be one of {ZERO_STAGES} (ZeRO stage), not {self.zero!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
+
+    @property
+    def compute_dtype(self) -> str:
+        return PRECISIONS[self.precision]
+
+    @property
+    def mixed(self) -> bool:
+        """Mixed precision: low-precision compute, fp32 master weights beside the parameters."""
+        return self.precision != "fp32"
+
+    def describe(self) -> str:
+        parts = [f"ZeRO-{self.zero}" if self.zero else "no ZeRO",
+                 f"{self.precision} mixed precision" if self.mixed else "fp32",
+                 "recompute per block" if self.recompute else "no recomputation"]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class NodeTraining:
+    """How training treats one node (``node.attrs["train"]``); the default is plain training.
+
+    ``recompute``: the node sits in a recomputed block: its forward runs again in the backward
+    and it saves nothing for the backward except its inputs at ``saved_inputs`` (the block's
+    inputs, each kept once, by the first node that reads it). ``zero``: the ZeRO stage over the
+    mesh axes along which its parameters' gradients are partial sums (its data-parallel axes).
+    ``master``: fp32 master weights beside low-precision parameters (mixed precision).
+    """
+
+    zero: int = 0
+    master: bool = False
+    recompute: bool = False
+    saved_inputs: tuple[int, ...] = ()
+
+
+PLAIN = NodeTraining()
+
+
+def node_training(node) -> NodeTraining:
+    return node.attrs.get("train", PLAIN)
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """Degrees of tensor, pipeline and data parallelism per cluster level, innermost level first
+    (in-node, across nodes, across pods): ``tensor[l] * pipeline[l] * data[l]`` is level l's size."""
+
+    tensor: tuple[int, ...]
+    pipeline: tuple[int, ...]
+    data: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not (len(self.tensor) == len(self.pipeline) == len(self.data)):
+            raise ValueError("Degrees: tensor, pipeline and data need one entry per level")
+
+    @property
+    def t(self) -> int:
+        return math.prod(self.tensor)
+
+    @property
+    def p(self) -> int:
+        return math.prod(self.pipeline)
+
+    @property
+    def d(self) -> int:
+        return math.prod(self.data)
+
+    @property
+    def devices(self) -> int:
+        return self.t * self.p * self.d
+
+    def describe(self, level_names=("in-node", "across nodes", "across pods")) -> str:
+        def one(name, per):
+            total = math.prod(per)
+            where = [f"{k} {level_names[l] if l < len(level_names) else f'level {l}'}"
+                     for l, k in enumerate(per) if k > 1]
+            return f"{name} {total}" + (f" ({', '.join(where)})" if len(where) > 1 else
+                                        f" ({where[0].split(' ', 1)[1]})" if where else "")
+        return " x ".join(one(n, v) for n, v in (("tensor", self.tensor), ("pipeline", self.pipeline),
+                                                  ("data", self.data)))
+
+    def to_json(self) -> dict:
+        return {"tensor": list(self.tensor), "pipeline": list(self.pipeline), "data": list(self.data)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Degrees":
+        return cls(tuple(d["tensor"]), tuple(d["pipeline"]), tuple(d["data"]))
+
+
+@dataclass
+class Strategy:
+    """The training options a plan chose, where they apply, and what the step time is made of.
+
+    ``time_terms``: seconds per component of the predicted step (compute, tensor-parallel
+    communication, pipeline bubble, send/recv, data-parallel sync, ZeRO gathers, optimizer), so
+    the report can say why one plan is faster than another without re-pricing. ``model_flops``:
+    FLOPs of one step as the model defines them (forward + backward = 3x the forward);
+    ``hardware_flops`` adds the recomputed forward; ``peak_flops``: one device's peak at the
+    compute dtype. MFU = model_flops / (step time x devices x peak_flops).
+    """
+
+    options: TrainingOptions = field(default_factory=TrainingOptions)
+    zero_axes: tuple[int, ...] = ()  # mesh axes the ZeRO stage shards over
+    recompute: tuple[str, ...] = ()  # module paths wrapped in a checkpoint
+    degrees: Degrees | None = None  # plans of the hierarchical search
+    microbatch_size: int | None = None
+    time_terms: dict[str, float] = field(default_factory=dict)
+    memory_terms: dict[str, float] = field(default_factory=dict)  # bytes per device, peak stage
+    model_flops: float = 0.0
+    hardware_flops: float = 0.0
+    peak_flops: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what the search assumed, in words
+    reference: dict = field(default_factory=dict)  # a published run this plan reproduces: its figures
+
+    def mfu(self, step_seconds: float, devices: int) -> float:
+        denom = step_seconds * devices * self.peak_flops
+        return self.model_flops / denom if denom > 0 else math.nan
+
+    def hfu(self, step_seconds: float, devices: int) -> float:
+        denom = step_seconds * devices * self.peak_flops
+        return self.hardware_flops / denom if denom > 0 else math.nan
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["options"] = dataclasses.asdict(self.options)
+        d["degrees"] = self.degrees.to_json() if self.degrees else None
+        d["zero_axes"] = list(self.zero_axes)
+        d["recompute"] = list(self.recompute)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Strategy":
+        d = dict(d)
+        d["options"] = TrainingOptions(**d.get("options", {}))
+        d["degrees"] = Degrees.from_json(d["degrees"]) if d.get("degrees") else None
+        d["zero_axes"] = tuple(d.get("zero_axes", ()))
+        d["recompute"] = tuple(d.get("recompute", ()))
+        return cls(**d)

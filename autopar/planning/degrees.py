@@ -1,0 +1,95 @@
+"""The hierarchical search space: degrees per cluster level, and pins that fix some of them.
+
+A candidate plan splits every level of the cluster (in-node, across nodes, across pods; sizes
+``Cluster.levels()``) into tensor x pipeline x data degrees, ordered factorisations of the level's
+size. Restrictions, stated: the tensor group stays inside a pod (no tensor parallelism over the
+data-centre network) and has at most ``max_tensor`` devices (its layouts are found by the flat
+exact DP, which is used up to 64 devices); the pipeline has at most as many stages as the model
+has units (blocks, plus prologue and epilogue); a tensor group that crosses nodes takes whole
+nodes (``tensor[0]`` is the node size when ``tensor[1] > 1``: fewer devices per node on the fast
+link and more on the slow one is never the better group, and keeping it out spares the search
+the tensor DPs of those groups).
+
+``Pin`` fixes what a published plan states (``tensor=8 pipeline=64 data=6``, optionally
+``zero=1``, ``recompute=1``, ``microbatch=1``); the rest is searched under the same cost model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, fields
+
+from autopar.core.strategy import Degrees
+
+
+def divisors(n: int) -> list[int]:
+    small = [k for k in range(1, int(math.isqrt(n)) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
+
+
+def triples(n: int) -> list[tuple[int, int, int]]:
+    """Ordered (a, b, c) with a * b * c == n."""
+    return [(a, b, n // (a * b)) for a in divisors(n) for b in divisors(n // a)]
+
+
+def level_degrees(levels: list[int], max_tensor: int = 64, max_pipeline: int | None = None) -> list[Degrees]:
+    """Every ``Degrees`` over ``levels`` within the space's restrictions."""
+    per_level = []
+    for lvl, size in enumerate(levels):
+        opts = [(t, p, d) for t, p, d in triples(size) if not (lvl >= 2 and t > 1)]
+        per_level.append(opts)
+    out = []
+    for combo in itertools.product(*per_level):
+        t = math.prod(c[0] for c in combo)
+        p = math.prod(c[1] for c in combo)
+        if t > max_tensor or (max_pipeline is not None and p > max_pipeline):
+            continue
+        if len(combo) > 1 and combo[1][0] > 1 and combo[0][0] != levels[0]:
+            continue
+        out.append(Degrees(tuple(c[0] for c in combo), tuple(c[1] for c in combo), tuple(c[2] for c in combo)))
+    return out
+
+
+@dataclass(frozen=True)
+class Pin:
+    """Totals a plan must have (None: searched)."""
+
+    tensor: int | None = None
+    pipeline: int | None = None
+    data: int | None = None
+    zero: int | None = None
+    recompute: bool | None = None
+    microbatch: int | None = None  # sequences per microbatch
+    zero_inner: bool | None = None  # ZeRO over the data parallelism inside a pod only
+
+    def admits(self, deg: Degrees) -> bool:
+        return ((self.tensor is None or deg.t == self.tensor) and (self.pipeline is None or deg.p == self.pipeline)
+                and (self.data is None or deg.d == self.data))
+
+    def describe(self) -> str:
+        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) is not None)
+
+
+_KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int,
+         "recompute": lambda v: v.lower() in ("1", "true", "yes", "on"),
+         "zero_inner": lambda v: v.lower() in ("1", "true", "yes", "on")}
+
+
+def parse_pin(text: str | Pin | None) -> Pin | None:
+    """'tensor=8,pipeline=64,data=6' (commas or spaces) -> Pin; ValueError names what is wrong."""
+    if text is None or isinstance(text, Pin):
+        return text
+    values = {}
+    for part in text.replace(",", " ").split():
+        key, _, val = part.partition("=")
+        if key not in _KEYS or not val:
+            raise ValueError(f"pin {part!r}: write key=value with key one of {', '.join(_KEYS)} "
+                             "(e.g. tensor=8,pipeline=64,data=6)")
+        try:
+            values[key] = _KEYS[key](val)
+        except ValueError:
+            raise ValueError(f"pin {part!r}: {val!r} is not a number") from None
+    if not values:
+        raise ValueError("empty pin: write e.g. tensor=8,pipeline=64,data=6")
+    return Pin(**values)

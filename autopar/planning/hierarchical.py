@@ -1,0 +1,397 @@
+"""Planning at the scale of a cluster's structure, not its prime factors.
+
+Used automatically (``use_hierarchical``) when the flat prime-factor space would be too large:
+more than ``FLAT_LIMIT`` = 64 devices (beyond it the flat space has 7+ mesh axes and the exact DP
+takes minutes and gigabytes), or a cluster of several pods. The space (``degrees.py``): per level
+(in-node, across nodes, across pods) tensor x pipeline x data degrees; per candidate a microbatch
+count, a ZeRO stage (over all data-parallel devices or only inside pods), per-block recomputation,
+and the precision. The search is exact over that space under the cost model:
+
+1. every candidate gets a lower bound (``step_price.lower_bound``: compute at peak with its
+   bubble, perfectly sharded sync and optimizer) and a memory floor; candidates whose floor
+   exceeds the devices' memory are dropped;
+2. candidates are priced in order of their bound (``step_price.price``), each tensor group's
+   layout by the exact DP on the whole graph at microbatch size (``units.py``; repeated blocks
+   solved once, shared by every candidate with the same group shape, microbatch and recompute);
+3. the search stops when the next bound is no lower than the best fitting plan: that plan is
+   optimal over the space.
+
+Not exact, stated in the plan (``SearchInfo``: status "bound"): the space itself (uniform degrees
+over the model, cuts at block boundaries, layouts per group that minimise time, ZeRO over the
+data axes only). The gap reported is against the compute bound of *any* plan (every FLOP at the
+device's peak x efficiency on every device, no communication).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+
+import numpy as np
+
+from autopar.core.blocks import apply_training, block_window, repeated_blocks, units
+from autopar.core.cluster import Cluster
+from autopar.core.errors import InfeasibleError
+from autopar.core.ir import Graph
+from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions
+from autopar.cost_models.analytic import AnalyticModel
+from autopar.planning.degrees import Pin, divisors, level_degrees
+from autopar.planning.plan import Plan, SearchInfo, Stage
+from autopar.planning.step_price import (Candidate, Priced, Totals, data_groups, lower_bound, price,
+                                         reference_bound, stats_bound)
+from autopar.planning.units import UnitStats, unit_stats
+
+FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/test_search*.py, issue 18)
+DETAIL = ("exact over degrees per level x microbatches x ZeRO x recomputation, tensor-group layouts by the "
+          "exact DP, pipeline cuts at block boundaries; gap against the compute bound of any plan")
+
+
+def use_hierarchical(cluster: Cluster) -> bool:
+    """The rule: more devices than the flat space handles, or more than one pod."""
+    return cluster.devices > FLAT_LIMIT or cluster.pods > 1
+
+
+def wanted(hierarchical, cluster: Cluster, pin, cost_model: str) -> bool:
+    """Whether ``autopar.plan`` takes this path: ``hierarchical`` True / False / "auto" (the rule
+    of ``use_hierarchical``, or a pin, which only this search understands)."""
+    if hierarchical not in (True, False, "auto"):
+        raise ValueError(f"hierarchical must be True, False or 'auto', not {hierarchical!r}")
+    if hierarchical is False:
+        if pin is not None:
+            raise ValueError("a pin (tensor=..,pipeline=..,data=..) needs the hierarchical search")
+        return False
+    want = hierarchical is True or pin is not None or use_hierarchical(cluster)
+    if want and cost_model != "analytic":
+        if hierarchical is True or pin is not None:
+            raise ValueError(f"the hierarchical search prices with the analytic model, not {cost_model!r}")
+        return False
+    return want
+
+
+def default_precision(cluster: Cluster) -> str:
+    """The fastest mixed precision the devices have (every training at this scale uses one)."""
+    best = max(PRECISIONS, key=lambda k: (cluster.peak(PRECISIONS[k]), k == "bf16", k == "fp32"))
+    return best if cluster.peak(PRECISIONS[best]) > cluster.peak("float32") else "fp32"
+
+
+def _batch(graph: Graph) -> int:
+    for spec in graph.inputs.values():
+        if spec.shape:
+            return spec.shape[0]
+    raise ValueError("the hierarchical search needs a batched graph input (its first axis is split)")
+
+
+def _totals(g: Graph, model: AnalyticModel) -> Totals:
+    seen: dict[str, tuple[int, int]] = {}
+    for n in g.nodes:
+        for p in n.params:
+            if p.spec.dtype in ("float32", "bfloat16", "float16", "float64"):
+                seen[p.source] = (p.spec.numel, p.spec.nbytes)
+    fwd = float(g.flops)
+    return Totals((1 + model.backward_factor) * fwd, fwd, float(sum(b for _, b in seen.values())),
+                  float(sum(k for k, _ in seen.values())))
+
+
+class Search:
+    """One hierarchical search: the graph under each option set, memoised group solutions."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, precision: str, optimizer, mode: str, capacity: float,
+                 solve, max_tensor: int = 64):
+        self.graph, self.cluster, self.precision = graph, cluster, precision
+        self.optimizer, self.mode, self.capacity, self.solve = optimizer, mode, capacity, solve
+        self.model = AnalyticModel()  # the figures' model: the cluster's efficiency, terms at face value
+        self.objective = AnalyticModel(sync_scale=0.0)  # what a tensor group's layout minimises
+        self.blocks = repeated_blocks(graph)
+        self.spans = units(graph, self.blocks)
+        self.batch = _batch(graph)
+        self.levels = cluster.levels()
+        self.max_tensor = max_tensor
+        self._graphs: dict[bool, Graph] = {}
+        self._windows: dict[bool, object] = {}
+        self._memo: dict[tuple, UnitStats] = {}
+        self.solves = 0
+        dtype = PRECISIONS[precision]
+        self.peak = cluster.peak(dtype)
+        self.eff = self.model.efficiency(cluster)
+        self.master = precision != "fp32"
+        self.itemsize = 2 if self.master else 4
+        self.totals = _totals(self.training_graph(False), self.model)
+
+    def training_graph(self, recompute: bool) -> Graph:
+        if recompute not in self._graphs:
+            self._graphs[recompute] = apply_training(self.graph, TrainingOptions(precision=self.precision,
+                                                                                 recompute=recompute))
+        return self._graphs[recompute]
+
+    def window(self, recompute: bool):
+        if recompute not in self._windows:
+            self._windows[recompute] = block_window(self.training_graph(recompute))
+        return self._windows[recompute]
+
+    def _stats(self, tensor: tuple[int, int], microbatches: int, recompute: bool) -> UnitStats:
+        key = (tensor, microbatches, recompute)
+        if key not in self._memo:
+            self.solves += 1
+            self._memo[key] = unit_stats(self.training_graph(recompute), self.spans, self.cluster, tensor,
+                                         microbatches, self.objective, self.solve, self.mode, self.optimizer,
+                                         self.window(recompute))
+        return self._memo[key]
+
+    @staticmethod
+    def _tensor(c: Candidate) -> tuple[int, int]:
+        return tuple((c.degrees.tensor + (1, 1))[:2])
+
+    def stats(self, c: Candidate) -> UnitStats:
+        return self._stats(self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
+
+    def reference(self, c: Candidate) -> tuple[float, int]:
+        """(T, b') for ``step_price.reference_bound``: of the group's solved microbatch sizes b'
+        that are multiples of the candidate's b (the whole batch always is: solved first), the
+        one giving the largest ``b/b' T(b')``."""
+        tensor, b = self._tensor(c), self.batch // (c.degrees.d * c.microbatches)
+        self._stats(tensor, 1, c.recompute)
+        best = (0.0, self.batch)
+        for (ten, mb, rc), st in self._memo.items():
+            if ten == tensor and rc == c.recompute and (self.batch // mb) % b == 0:
+                t = float(np.sum(st.time))
+                if t * b / (self.batch // mb) > best[0] * b / best[1]:
+                    best = (t, self.batch // mb)
+        return best
+
+    def unit_names(self) -> list[str]:
+        paths = {b.nodes[0]: b.path for b in self.blocks}
+        out = []
+        for k, (a, _) in enumerate(self.spans):
+            out.append(paths.get(a, "prologue" if k == 0 else "epilogue" if k == len(self.spans) - 1
+                                 else self.graph.nodes[a].name))
+        return out
+
+    def price(self, c: Candidate) -> Priced:
+        if not hasattr(self, "_names"):
+            self._names = self.unit_names()
+        return price(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master, self.itemsize,
+                     self._names)
+
+    def candidates(self, pin: Pin | None, zeros, recomputes) -> list[tuple[float, float, float, Candidate]]:
+        """(compute bound, rest of the bound, memory floor, candidate) of the space or a pin's part."""
+        out = []
+        for deg in level_degrees(self.levels, self.max_tensor, max_pipeline=len(self.spans)):
+            if pin is not None and not pin.admits(deg):
+                continue
+            if self.batch % deg.d:
+                continue
+            multi = sum(1 for k in deg.data if k > 1) > 1
+            for m in divisors(self.batch // deg.d):
+                if pin is not None and pin.microbatch is not None and self.batch // (deg.d * m) != pin.microbatch:
+                    continue
+                for z in (zeros if deg.d > 1 else (0,)):
+                    for inner in ((False, True) if (multi and z) else (False,)):
+                        if pin is not None and pin.zero_inner is not None and z and inner != pin.zero_inner:
+                            continue
+                        for rc in recomputes:
+                            c = Candidate(deg, m, z, inner, rc)
+                            out.append((*lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
+                                                     self.optimizer, self.master, self.itemsize), c))
+        return out
+
+    def best(self, pin: Pin | None, zeros, recomputes, deadline: float | None = None
+             ) -> tuple[Priced | None, Priced | None, int, bool]:
+        """(best fitting plan, least-memory plan priced when none fits, candidates priced, closed).
+
+        Branch and bound over ever tighter bounds: a candidate is popped with the bound of its
+        level -- 0: compute only; 1: its tensor group's optimum at the whole batch, scaled
+        (``reference_bound``); 2: its group's exact unit costs (``stats_bound``) -- and pushed back
+        with the next, until at level 3 it is priced. ``closed``: the next bound reached the best
+        fitting cost, so that plan is optimal over the space."""
+        cands = self.candidates(pin, zeros, recomputes)
+        heap = [(comp + rest, i, 0) for i, (comp, rest, mem, c) in enumerate(cands) if mem <= self.capacity]
+        heapq.heapify(heap)
+        best, priced, closed = None, 0, True
+        while heap:
+            lb, i, level = heapq.heappop(heap)
+            if best is not None and lb >= best.cost * (1 - 1e-12):
+                break
+            if deadline is not None and time.perf_counter() > deadline and best is not None:
+                closed = False
+                break
+            comp, rest, _, c = cands[i]
+            if level == 0:
+                b = self.batch // (c.degrees.d * c.microbatches)
+                t_ref, b_ref = self.reference(c)
+                tight = reference_bound(c, t_ref, b_ref, b, comp, rest)
+                heapq.heappush(heap, (max(tight, lb), i, 1))
+                continue
+            if level == 1:
+                tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize)
+                heapq.heappush(heap, (max(tight, lb), i, 2))
+                continue
+            pr = self.price(c)
+            priced += 1
+            if pr.fits and (best is None or pr.cost < best.cost):
+                best = pr
+        least = None
+        if best is None and cands:  # nothing fits: the candidate with the smallest memory floor, as written
+            least = self.price(min(cands, key=lambda x: (x[2], x[0] + x[1]))[3])
+        return best, least, priced, closed and best is not None
+
+
+# -- a Plan from a priced candidate ----------------------------------------------------------------
+
+def mesh_of(deg: Degrees) -> tuple[tuple[int, ...], tuple[int, ...], dict]:
+    """Mesh axes, outer level first; per level: pipeline, data, then the tensor group's prime axes.
+    Returns (shape, level, roles) with roles: 'pipeline'/'data' -> axes, 'tensor' -> the full-mesh
+    axis of each axis of the tensor group's own mesh (``Cluster(t, t0).mesh()``: level 1 first)."""
+    from autopar.core.cluster import prime_factors
+
+    shape, level, roles = [], [], {"pipeline": [], "data": [], "tensor_by_level": {}}
+    for lvl in reversed(range(len(deg.tensor))):
+        for role, k in (("pipeline", deg.pipeline[lvl]), ("data", deg.data[lvl])):
+            if k > 1:
+                roles[role].append(len(shape))
+                shape.append(k)
+                level.append(lvl)
+        axes = []
+        for f in prime_factors(deg.tensor[lvl]):
+            axes.append(len(shape))
+            shape.append(f)
+            level.append(lvl)
+        roles["tensor_by_level"][lvl] = axes
+    inner = [a for lvl in (1, 0) for a in roles["tensor_by_level"].get(lvl, [])]
+    roles["tensor"] = inner
+    return tuple(shape), tuple(level), roles
+
+
+def assignment_of(pr: Priced, s: UnitStats, graph: Graph) -> dict:
+    """Each node's config on the full mesh: its group config, the batch dim also over the data axes."""
+    from autopar.core.batch import batch_dims
+    from autopar.core.tables import Config
+
+    _, _, roles = mesh_of(pr.candidate.degrees)
+    d = pr.candidate.degrees.d
+    tmap = roles["tensor"]
+    batch = batch_dims(graph)
+    out = {}
+    for i, node in enumerate(graph.nodes):
+        w = s.node_map[i] if s.node_map is not None else i
+        c = s.tables.configs[w][s.choice[w]]
+        axes = [tuple(tmap[a] for a in ax) for ax in (c.mesh_axes or ((),) * len(c.splits))]
+        splits = list(c.splits)
+        b = batch.get(node.name)
+        if b is not None and d > 1:
+            k = [dim.name for dim in node.dims].index(b)
+            axes[k] = tuple(roles["data"]) + axes[k]
+            splits[k] *= d
+        out[node.name] = Config(tuple(splits), tuple(axes))
+    return out
+
+
+def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baselines: dict,
+            reference: dict | None = None) -> Plan:
+    from autopar.core.tables import Mesh
+
+    c = pr.candidate
+    s = search.stats(c)
+    deg = c.degrees
+    shape, level, roles = mesh_of(deg)
+    names = [n.name for n in search.graph.nodes]
+    spans = search.spans
+    stages = []
+    for k, (a, b) in enumerate(pr.solution.stages):
+        lo, hi = spans[a][0], spans[b - 1][1]
+        stages.append(Stage(names[lo:hi], search.cluster.devices // deg.p, pr.solution.stage_time[k],
+                            pr.solution.sync[k] if pr.solution.sync else 0.0, pr.solution.memory[k]))
+    g, _, _, _ = data_groups(deg, c.zero_inner)
+    data_levels = [level[a] for a in roles["data"]]
+    zero_axes = tuple(a for a, lvl in zip(roles["data"], data_levels)
+                      if not c.zero_inner or lvl < max(data_levels)) if c.zero else ()
+    options = TrainingOptions(zero=c.zero, precision=search.precision, recompute=c.recompute)
+    hw = search.totals.train_flops + (search.totals.forward_flops if c.recompute else 0.0)
+    strategy = Strategy(options=options, zero_axes=zero_axes,
+                        recompute=tuple(b.path for b in search.blocks) if c.recompute else (),
+                        degrees=deg, microbatch_size=search.batch // (deg.d * c.microbatches),
+                        time_terms=dict(pr.terms), memory_terms=dict(pr.memory_terms),
+                        model_flops=search.totals.train_flops, hardware_flops=hw,
+                        peak_flops=search.peak, reference=dict(reference or {}),
+                        notes=[pr.bottleneck, f"ZeRO group: {g} device(s)" if c.zero else "no ZeRO",
+                               "tensor-group layouts minimise time (memory checked on the result)",
+                               "data-parallel sync and ZeRO gathers not overlapped with compute"])
+    common = dict(common, mesh=Mesh(shape, level))
+    return Plan(**common, assignment=assignment_of(pr, s, search.graph), cost=pr.cost, units="s",
+                memory_per_device=pr.memory, search=info, stages=stages if deg.p > 1 else [],
+                microbatches=c.microbatches, schedule="1f1b" if deg.p > 1 else "",
+                baselines=baselines, batch=search.batch, strategy=strategy, graph=search.graph, tables=None)
+
+
+def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict, *, mode: str = "train",
+                      optimizer: str | None = "adam", precision: str | None = None, zero="auto",
+                      recompute="auto", pin: Pin | None = None, memory_capacity: float | None = None,
+                      time_limit: float = 60.0, solve=None, with_baselines: bool = True,
+                      reference: dict | None = None) -> Plan:
+    from autopar.planning.degrees import parse_pin
+    from autopar.search.dp import dp
+
+    pin = parse_pin(pin)
+    solve = solve or (lambda t: dp(t))
+    """The best plan of the hierarchical space; baselines: data parallelism with the ZeRO stage,
+    recomputation and microbatching that fit it best, and the pinned (published) plan if given."""
+    if mode != "train":
+        raise ValueError("the hierarchical search plans training (mode='train'); plan inference on "
+                         f"at most {FLAT_LIMIT} devices")
+    start = time.perf_counter()
+    precision = precision or default_precision(cluster)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    capacity = float(memory_capacity or cluster.memory_capacity)
+    search = Search(graph, cluster, precision, optimizer, mode, capacity, solve)
+    zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
+    recs = (False, True) if recompute == "auto" else (bool(recompute),)
+    deadline = start + time_limit
+    best, least, priced, closed = search.best(None, zeros, recs, deadline)
+    common = dict(common, space="hierarchical")
+    if best is None:
+        need = least.memory / 2**30 if least else math.nan
+        raise InfeasibleError(
+            f"no plan of {graph.model_name or 'the model'} in the hierarchical space fits "
+            f"{capacity / 2**30:.3g} GiB per device on {cluster.devices} devices; the least found needs "
+            f"{need:.3g} GiB ({least.candidate.describe() if least else '-'}): add devices or memory",
+            least.memory if least else math.inf)
+    bound = search.totals.train_flops / (cluster.devices * search.peak * search.eff)
+    gap = best.cost / bound - 1.0
+    timed_out = not closed
+    info = SearchInfo("hierarchical", time.perf_counter() - start, gap=gap, status="bound",
+                      detail=DETAIL + (f"; stopped at the time limit after {priced} candidates" if timed_out else
+                                       f"; {priced} candidates priced, {search.solves} tensor-group DPs"))
+    if timed_out:
+        info.status, info.detail = "heuristic", "time limit reached before the bound closed; " + DETAIL
+    base = {}
+    if with_baselines:
+        dp_plan = _fixed(search, Pin(tensor=1, pipeline=1), zeros, recs, common,
+                         "data parallelism: the ZeRO stage, recomputation and microbatches that fit best")
+        if dp_plan is not None:
+            base["data_parallel"] = dp_plan
+        if pin is not None:
+            pinned = _fixed(search, pin, zeros if pin.zero is None else (pin.zero,),
+                                       recs if pin.recompute is None else (pin.recompute,), common,
+                                       f"pinned {pin.describe()}; the rest searched", reference)
+            if pinned is None:
+                raise ValueError(f"no plan of the space matches the pin {pin.describe()} on {cluster.devices} "
+                                 "devices: the degrees must multiply to the device count and divide the batch")
+            base["published"] = pinned
+    return to_plan(best, search, common, info, base)
+
+
+def _fixed(search: Search, pin: Pin, zeros, recs, common, detail: str, reference: dict | None = None
+           ) -> Plan | None:
+    """The best plan matching ``pin`` (as written, fitting or not), or None when none exists."""
+    start = time.perf_counter()
+    best, least, _, _ = search.best(pin, zeros, recs)
+    pr = best or least
+    if pr is None:
+        return None
+    fits = "" if best is not None else "; does not fit the devices' memory"
+    info = SearchInfo("pinned", time.perf_counter() - start, status="fixed", detail=detail + fits)
+    return to_plan(pr, search, common, info, {}, reference)
+
+
+__all__ = ["FLAT_LIMIT", "use_hierarchical", "wanted", "plan_hierarchical", "default_precision", "Search"]

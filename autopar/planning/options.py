@@ -1,0 +1,127 @@
+"""Training options on the flat path: precision as asked, ZeRO and recomputation when memory binds.
+
+The flat exact search prices one graph at a time, so the options are global: each option set is
+the graph under ``core.blocks.apply_training``, its own tables and its own exact search. The
+rule, so that small plans stay what they were: the plain option (no ZeRO, no recomputation) is
+searched first; only when memory binds it (no plan fits, or the best fitting plan is slower than
+the best plan ignoring memory) are ZeRO-1/2/3 and recomputation tried (where "auto"), and the
+fastest plan that fits wins (ties: the fewest features, in the order tried). Each search is
+exact, so the result is exact over the options tried.
+
+The data-parallel baseline gets the same treatment: when plain data parallelism does not fit,
+it is priced with the first ZeRO stage / recomputation that makes it fit (FSDP-style data
+parallelism), so "data parallelism does not fit" is never a straw man.
+
+Not in the flat model's memory, stated in the plan's notes: the transient of a recomputed block
+during its backward and of ZeRO-3's gathered parameters (the hierarchical search counts both).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autopar.core.batch import batch_dims
+from autopar.core.blocks import apply_training, repeated_blocks
+from autopar.core.errors import InfeasibleError
+from autopar.core.ir import Graph
+from autopar.core.strategy import Strategy, TrainingOptions
+from autopar.core.tables import CostTables, Solution
+
+NOTE = "memory leaves out the transients of recomputed blocks and ZeRO-3 gathers (flat path)"
+
+
+def option_sets(precision: str | None, zero, recompute) -> list[TrainingOptions]:
+    """Plain first, then by ZeRO stage, then with recomputation."""
+    zs = [0, 1, 2, 3] if zero == "auto" else [int(zero)]
+    rcs = [False, True] if recompute == "auto" else [bool(recompute)]
+    return [TrainingOptions(z, precision or "fp32", rc) for rc in rcs for z in zs]
+
+
+@dataclass
+class FlatOptions:
+    graph: Graph
+    cluster: object
+    model: object
+    mode: str
+    optimizer: str | None
+    capacity: float | None
+    sets: list[TrainingOptions]
+    _tables: dict = field(default_factory=dict)
+
+    def graph_for(self, opts: TrainingOptions) -> Graph:
+        return self.tables_for(opts)[0]
+
+    def tables_for(self, opts: TrainingOptions) -> tuple[Graph, CostTables]:
+        if opts not in self._tables:
+            from autopar.cost_models.tables import build_tables
+
+            g = apply_training(self.graph, opts)
+            t = build_tables(g, self.cluster, self.model, space="mesh", mode=self.mode, optimizer=self.optimizer)
+            if self.capacity is not None:
+                t.memory_capacity = float(self.capacity)
+            self._tables[opts] = (g, t)
+        return self._tables[opts]
+
+    def solve(self, run) -> tuple[TrainingOptions, Graph, CostTables, Solution]:
+        """The fastest plan that fits over the option sets, by the rule of the module docstring;
+        InfeasibleError (from the plain tables) when none fits."""
+        plain = self.sets[0]
+        g, t = self.tables_for(plain)
+        best, error = None, None
+        try:
+            best = (plain, g, t, run(t))
+        except InfeasibleError as e:
+            error = e
+        if len(self.sets) == 1 or (best is not None and not self._binding(t, best[3], run)):
+            if best is None:
+                raise error
+            return best
+        for opts in self.sets[1:]:
+            g2, t2 = self.tables_for(opts)
+            try:
+                sol = run(t2)
+            except InfeasibleError:
+                continue
+            if best is None or sol.cost < best[3].cost * (1 - 1e-12):
+                best = (opts, g2, t2, sol)
+        if best is None:
+            raise error
+        return best
+
+    @staticmethod
+    def _binding(tables: CostTables, sol: Solution, run) -> bool:
+        """Does memory bind: is the best plan ignoring memory faster than the best that fits?"""
+        if not math.isfinite(tables.memory_capacity):
+            return False
+        free = CostTables(tables.nodes, tables.configs, tables.node_cost, tables.edge_cost, tables.memory,
+                          math.inf, tables.units)
+        return run(free).cost < sol.cost * (1 - 1e-9)
+
+    def fitting_data_parallel(self, choice_of) -> tuple[TrainingOptions, Graph, CostTables, list[int]]:
+        """Data parallelism under the first option set it fits (as written under the last if none):
+        ``choice_of(graph, tables)`` gives its configs."""
+        out = None
+        for opts in self.sets:
+            g, t = self.tables_for(opts)
+            choice = choice_of(g, t)
+            out = (opts, g, t, choice)
+            if t.total_memory(choice) <= t.memory_capacity:
+                break
+        return out
+
+
+def strategy_of(graph: Graph, opts: TrainingOptions, assignment: dict) -> Strategy:
+    """The plan's record: ZeRO over the mesh axes that split some node's batch (each parameter
+    shards over those of its own node that its gradient is partial along), the recomputed blocks."""
+    batch = batch_dims(graph)
+    axes: set[int] = set()
+    for node in graph.nodes:
+        b = batch.get(node.name)
+        cfg = assignment.get(node.name)
+        if b is not None and cfg is not None and cfg.mesh_axes:
+            axes.update(cfg.mesh_axes[[d.name for d in node.dims].index(b)])
+    notes = [NOTE] if (opts.zero == 3 or opts.recompute) else []
+    return Strategy(options=opts, zero_axes=tuple(sorted(axes)) if opts.zero else (),
+                    recompute=tuple(b.path for b in repeated_blocks(graph)) if opts.recompute else (),
+                    notes=notes)

@@ -1,0 +1,219 @@
+"""The step time and memory of one hierarchical candidate, from its tensor group's unit costs.
+
+A candidate is degrees (tensor x pipeline x data per level), a microbatch count ``m``, a ZeRO
+stage (over all data-parallel devices, or, ``zero_inner``, over those inside the innermost data
+levels, the pods replicating: hybrid sharding) and per-block recomputation. Its step:
+
+* pipeline (``search.pipeline.best_cuts``: exact cuts at unit boundaries, 1F1B, every stage
+  fitting): ``(m + p - 1) * t_max + sync_max``, ``t_max`` the slowest stage's compute, tensor-
+  parallel communication and send/recv per microbatch, ``sync_max`` its gradient sync inside the
+  tensor group; a stage holds its static state and ``p - s`` microbatches of activations;
+* data-parallel sync of the slowest stage over its data group, ZeRO-aware
+  (``cost_models/training.py``), plus, with ``zero_inner``, an all-reduce of the gradient shards
+  across the outer data group; not overlapped with compute (a stated, conservative choice);
+* the optimizer step of the largest stage (memory-bound, on the ZeRO shard).
+
+Transient memory on top of a stage's peak: one recomputed unit's full activations while its
+backward runs, and with ZeRO-3 two units' gathered parameters (one in use, one prefetched).
+Links: a group spanning several levels runs at the slowest level it spans.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autopar.core.cluster import Cluster
+from autopar.core.strategy import Degrees
+from autopar.cost_models.alpha_beta import collective_time
+from autopar.cost_models.memory import optimizer_states
+from autopar.cost_models.training import optimizer_step_time, zero_sync_time
+from autopar.planning.units import UnitStats
+from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
+
+
+@dataclass(frozen=True)
+class Candidate:
+    degrees: Degrees
+    microbatches: int
+    zero: int = 0
+    zero_inner: bool = False
+    recompute: bool = False
+
+    def describe(self) -> str:
+        z = f"ZeRO-{self.zero}" + (" (inside pods)" if self.zero_inner else "") if self.zero else "no ZeRO"
+        return (f"{self.degrees.describe()}; {self.microbatches} microbatch(es); {z}; "
+                f"{'recompute' if self.recompute else 'no recompute'}")
+
+
+@dataclass
+class Priced:
+    candidate: Candidate
+    cost: float
+    memory: float  # peak bytes per device
+    fits: bool
+    solution: PipelineSolution
+    terms: dict[str, float] = field(default_factory=dict)
+    memory_terms: dict[str, float] = field(default_factory=dict)
+    bottleneck: str = ""  # which units the slowest stage holds, in words
+
+
+def level_link(cluster: Cluster, level: int) -> tuple[float, float]:
+    return cluster.link(min(level, 2))
+
+
+def data_groups(deg: Degrees, zero_inner: bool) -> tuple[int, int, int, int]:
+    """(ZeRO group size, outer group size, ZeRO group's top level, outer group's top level)."""
+    levels = [l for l, k in enumerate(deg.data) if k > 1]
+    if not levels:
+        return 1, 1, 0, 0
+    if zero_inner and len(levels) > 1:
+        top = levels[-1]
+        inner = math.prod(deg.data[:top])
+        return inner, deg.data[top], max(l for l in levels if l < top), top
+    return deg.d, 1, levels[-1], levels[-1]
+
+
+def pipeline_level(deg: Degrees) -> int:
+    levels = [l for l, k in enumerate(deg.pipeline) if k > 1]
+    return levels[-1] if levels else 0
+
+
+def zero_factors(zero: int, group: int) -> tuple[float, float, float]:
+    """What ZeRO divides parameters, gradients and optimizer state by."""
+    return (group if zero >= 3 else 1, group if zero >= 2 else 1, group if zero >= 1 else 1)
+
+
+def dp_sync(zero: int, grads: float, params: float, m: int, cluster: Cluster, deg: Degrees,
+            zero_inner: bool):
+    """Seconds of one stage's data-parallel sync (numpy-friendly in grads/params)."""
+    g, o, lg, lo = data_groups(deg, zero_inner)
+    bw, lat = level_link(cluster, lg)
+    t = zero_sync_time(zero, grads, params, g, bw, lat, m)
+    if o > 1:
+        bw_o, lat_o = level_link(cluster, lo)
+        t = t + collective_time("all-reduce", grads / (g if zero >= 1 else 1), o, bw_o, lat_o)
+    return t
+
+
+def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimizer: str | None,
+          master: bool, itemsize: int, names: list[str] | None = None) -> Priced:
+    deg, m = c.degrees, c.microbatches
+    p = deg.p
+    g, _, _, _ = data_groups(deg, c.zero_inner)
+    fp, fg, fo = zero_factors(c.zero, g)
+    static = s.params / fp + s.grads / fg + s.optimizer / fo
+    if p == 1 and s.shared:  # tied parameters counted by the first and the last unit, one stage
+        raw = float(np.sum(s.params + s.grads + s.optimizer))
+        static = static.copy()
+        static[-1] -= s.shared * float(np.sum(static)) / raw if raw else 0.0
+    transient = float(np.max(s.full_acts - s.acts)) if c.recompute else 0.0
+    if c.zero >= 3:
+        transient += 2 * float(np.max(s.params))
+    cut = np.zeros(max(len(s.spans) - 1, 0))
+    if p > 1:
+        bw, lat = level_link(cluster, pipeline_level(deg))
+        cut = 2 * (lat + s.boundary / bw)
+    costs = StageCosts(cluster.devices // p, m, s.time, s.sync, static, s.acts, cut)
+    sol = best_cuts(costs, p, capacity - transient, "1f1b")
+    fits = sol is not None
+    if sol is None:  # priced as written, not fitting
+        sol = best_cuts(costs, p, math.inf, "1f1b")
+    states = optimizer_states(optimizer)
+    dp, opt = [], []
+    for a, b in sol.stages:
+        dp.append(float(dp_sync(c.zero, float(np.sum(s.grads[a:b])), float(np.sum(s.params[a:b])), m,
+                                cluster, deg, c.zero_inner)))
+        opt.append(optimizer_step_time(float(np.sum(s.numel[a:b])) / fo, itemsize, states, master,
+                                       cluster.memory_bandwidth))
+    k = int(np.argmax(sol.stage_time))
+    a, b = sol.stages[k]
+    cut_full = np.concatenate([[0.0], cut, [0.0]])
+    t_max = sol.stage_time[k]
+    terms = {
+        "compute": m * float(np.sum(s.compute[a:b])),
+        "tensor-parallel communication": m * float(np.sum(s.comm[a:b])),
+        "pipeline send/recv": m * float(cut_full[a] + cut_full[b]),
+        "pipeline bubble": (p - 1) * t_max,
+        "gradient sync inside the tensor group": max(sol.sync) if sol.sync else 0.0,
+        "data-parallel sync": max(dp),
+        "optimizer step": max(opt),
+    }
+    cost = sol.cost + max(dp) + max(opt)
+    w = int(np.argmax(sol.memory))
+    a, b = sol.stages[w]
+    held = min(m, p - w)
+    memory_terms = {
+        "parameters": float(np.sum(s.params[a:b] / fp)),
+        "gradients": float(np.sum(s.grads[a:b] / fg)),
+        "optimizer state + master weights": float(np.sum(s.optimizer[a:b] / fo)),
+        "activations in flight": held * float(np.sum(s.acts[a:b])),
+        "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
+    }
+    a, b = sol.stages[k]
+    units = f"{names[a]} .. {names[b - 1]}" if names and b - a > 1 else (names[a] if names else f"units {a}-{b - 1}")
+    bottleneck = (f"slowest stage: {b - a} unit(s) ({units}), {fmt(t_max)} per microbatch; fullest stage: "
+                  f"{held} microbatch(es) of activations in flight")
+    return Priced(c, cost, max(sol.memory) + transient, fits and max(sol.memory) + transient <= capacity,
+                  sol, terms, memory_terms, bottleneck)
+
+
+def fmt(seconds: float) -> str:
+    return f"{seconds * 1e3:.4g} ms" if seconds < 1 else f"{seconds:.4g} s"
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Whole-model figures the lower bounds need (per step, at the global batch)."""
+
+    train_flops: float  # forward x (1 + backward factor)
+    forward_flops: float
+    param_bytes: float  # parameters in their (compute) dtype, each once
+    numel: float
+
+
+def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: float, optimizer: str | None,
+                master: bool, itemsize: int) -> tuple[float, float, float]:
+    """(compute part, the rest, bytes per device) no plan of this candidate can beat: compute at
+    peak on every device with the pipeline's bubble; sync and optimizer step of perfectly sharded
+    state; the memory of perfectly sharded state (activations left out)."""
+    deg, m = c.degrees, c.microbatches
+    flops = tot.train_flops + (tot.forward_flops if c.recompute else 0.0)
+    compute = (m + deg.p - 1) / m * flops / (cluster.devices * peak * eff)
+    per = deg.t * deg.p
+    g, _, _, _ = data_groups(deg, c.zero_inner)
+    grads = tot.param_bytes / per
+    rest = float(dp_sync(c.zero, grads, grads, m, cluster, deg, c.zero_inner))
+    fp, fg, fo = zero_factors(c.zero, g)
+    states = optimizer_states(optimizer)
+    rest += optimizer_step_time(tot.numel / per / fo, itemsize, states, master, cluster.memory_bandwidth)
+    opt_bytes = tot.numel * (states * 4 + (4 if master else 0))
+    mem = (tot.param_bytes / fp + tot.param_bytes / fg + opt_bytes / fo) / per
+    return compute, rest, mem
+
+
+def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute_lb: float, rest_lb: float
+                    ) -> float:
+    """A bound from the group's optimum at a larger microbatch ``b_ref``: the least per-microbatch
+    time ``T(b)`` of any layout has ``T(b)/b`` non-increasing in b (each term is affine in b with a
+    non-negative constant: latencies, weights read), so ``T(b) >= b/b_ref T(b_ref)``, and the
+    slowest of p stages takes at least ``T(b)/p``."""
+    deg, m = c.degrees, c.microbatches
+    return max(compute_lb, (m + deg.p - 1) / deg.p * group_time * b / b_ref) + rest_lb
+
+
+def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | None, master: bool,
+                itemsize: int) -> float:
+    """A lower bound on ``price(c, s, ...).cost`` without cutting the pipeline: the slowest stage
+    takes at least the average and at least the slowest unit; syncs at least their averages."""
+    deg, m, p = c.degrees, c.microbatches, c.degrees.p
+    t_max = max(float(np.sum(s.time)) / p, float(np.max(s.time)))
+    g, _, _, _ = data_groups(deg, c.zero_inner)
+    _, _, fo = zero_factors(c.zero, g)
+    dp = float(dp_sync(c.zero, float(np.sum(s.grads)) / p, float(np.sum(s.params)) / p, m, cluster, deg,
+                       c.zero_inner))
+    opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, optimizer_states(optimizer), master,
+                              cluster.memory_bandwidth)
+    return (m + p - 1) * t_max + float(np.sum(s.sync)) / p + dp + opt

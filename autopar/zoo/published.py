@@ -1,0 +1,110 @@
+"""The largest published trainings, as zoo models with their papers' shapes, and what they ran.
+
+Each factory builds the model on ``device="meta"`` by default (shapes only: no weights are
+allocated) with the paper's width, depth, heads, vocabulary, sequence length and *global* batch
+(the planner splits it into data-parallel shards and microbatches). ``PUBLISHED[name]`` is the
+training the paper reports: its cluster (an ``autopar.Cluster`` preset), its degrees, options and
+measured utilisation, so ``autopar plan zoo:NAME --published`` can price it beside autopar's plan.
+
+* ``megatron_8b`` -- Shoeybi et al. 2019, "Megatron-LM: Training Multi-Billion Parameter Language
+  Models Using Model Parallelism", Table 1 and section 5: GPT-2 8.3B, 72 layers, hidden 3072,
+  32 heads, sequence 1024, vocabulary 51,200, global batch 512; 8-way model parallel x 64-way data
+  parallel on 512 V100 (32 DGX-2H); mixed precision (fp16), activation checkpointing per layer;
+  "15.1 PetaFLOPs per second sustained over the entire application", 76% scaling efficiency.
+  The paper does not say whether its FLOP count includes the recomputed forward; its follow-up
+  (Narayanan et al. 2021) does, so it is compared as hardware FLOPs.
+* ``megatron_1t`` -- Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+  Clusters Using Megatron-LM", Table 1: 1008B, 128 layers, hidden 25600, 160 heads, sequence 2048,
+  vocabulary 51,200, batch 3072; tensor 8 x pipeline 64 on 3072 A100 (data 6); microbatch 1,
+  activation recomputation, fp16; 163 TFLOP/s per GPU = 52% of peak, counting the recomputation
+  (their FLOP formula 96 B s l h^2 (1 + s/6h + V/16lh) has the factor 4 of fwd + bwd + recompute).
+* ``mt_nlg_530b`` -- Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG
+  530B", sections 2-3: 105 layers, hidden 20480, 128 heads, sequence 2048, global batch 1920;
+  tensor 8 x pipeline 35 x data 12 = 3360 A100 (420 DGX A100), ZeRO stage 1 data parallelism,
+  microbatch 1, recomputation, bf16; 113 TFLOP/s per GPU at 420 nodes = 36.2% of peak (the issue's
+  table), same FLOP formula. Vocabulary: GPT-2's 50,257 padded to 51,200 as in Megatron-LM.
+* ``palm_540b`` -- Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways", Table 1
+  and sections 4 and 5: 118 layers, d_model 18432, 48 heads of 256, d_ff 73728 (SwiGLU),
+  multi-query attention, parallel blocks, vocabulary 256k, sequence 2048, batch 2048 sequences
+  (the last and longest phase of its batch schedule); 6144 TPU v4 in 2 pods of 3072, 12-way model
+  parallelism x 256-way fully sharded data parallelism in each pod, 2-way data parallel across
+  pods, no pipeline, rematerialisation, bf16; 46.2% model FLOPs utilisation (57.8% hardware).
+
+What the zoo's models differ in, stated: ``gpt`` has no dropout (Megatron's dropout masks and
+their memory are not modelled) and no fused kernels; attention is written out (scores
+materialised, as the 2019-2022 codes did); ``palm`` has no rotary embeddings or z-loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.zoo.gpt import gpt
+from autopar.zoo.palm import palm
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """A training as its paper reports it. Degrees are totals; ``data_inner`` is the part of the
+    data-parallel degree inside the innermost levels that ZeRO shards over when ``zero_inner``
+    (PaLM: 256 of 512 in a pod; the 2 pods replicate)."""
+
+    model: str
+    cluster: str  # autopar.Cluster preset
+    tensor: int
+    pipeline: int
+    data: int
+    zero: int
+    recompute: bool
+    precision: str
+    microbatch_size: int
+    utilisation: float  # fraction of peak FLOP/s
+    measure: str  # "hardware": counts the recomputed forward; "model": MFU
+    figure: str  # the paper's own words and numbers
+    source: str
+    zero_inner: bool = False  # ZeRO over the data parallelism inside a pod only
+
+
+def megatron_8b(batch=512, seq=1024, width=3072, heads=32, layers=72, vocab=51200, device="meta", seed=0):
+    return gpt(batch=batch, seq=seq, width=width, heads=heads, layers=layers, vocab=vocab,
+               attention="manual", device=device, seed=seed, tie=True)
+
+
+def megatron_1t(batch=3072, seq=2048, width=25600, heads=160, layers=128, vocab=51200, device="meta", seed=0):
+    return gpt(batch=batch, seq=seq, width=width, heads=heads, layers=layers, vocab=vocab,
+               attention="manual", device=device, seed=seed, tie=True)
+
+
+def mt_nlg_530b(batch=1920, seq=2048, width=20480, heads=128, layers=105, vocab=51200, device="meta", seed=0):
+    return gpt(batch=batch, seq=seq, width=width, heads=heads, layers=layers, vocab=vocab,
+               attention="manual", device=device, seed=seed, tie=True)
+
+
+def palm_540b(batch=2048, seq=2048, width=18432, heads=48, head_dim=256, ffn=73728, layers=118,
+              vocab=256000, device="meta", seed=0):
+    return palm(batch=batch, seq=seq, width=width, heads=heads, head_dim=head_dim, ffn=ffn,
+                layers=layers, vocab=vocab, attention="manual", device=device, seed=seed)
+
+
+PUBLISHED = {
+    "megatron_8b": PublishedRun(
+        "megatron_8b", "32x16xdgx2h", tensor=8, pipeline=1, data=64, zero=0, recompute=True,
+        precision="fp16", microbatch_size=8, utilisation=15.1e15 / (512 * 130e12), measure="hardware",
+        figure="15.1 PFLOP/s on 512 V100 (130 TFLOP/s peak each): 22.7% of peak; 76% scaling efficiency",
+        source="Shoeybi et al. 2019, Megatron-LM, section 5.1"),
+    "megatron_1t": PublishedRun(
+        "megatron_1t", "384x8xdgxa100", tensor=8, pipeline=64, data=6, zero=0, recompute=True,
+        precision="fp16", microbatch_size=1, utilisation=0.52, measure="hardware",
+        figure="163 TFLOP/s per A100, 502 PFLOP/s on 3072: 52% of peak",
+        source="Narayanan et al. 2021, Table 1"),
+    "mt_nlg_530b": PublishedRun(
+        "mt_nlg_530b", "420x8xdgxa100", tensor=8, pipeline=35, data=12, zero=1, recompute=True,
+        precision="bf16", microbatch_size=1, utilisation=0.362, measure="hardware",
+        figure="113 TFLOP/s per A100 on 420 DGX A100: 36.2% of peak",
+        source="Smith et al. 2022, MT-NLG, section 3"),
+    "palm_540b": PublishedRun(
+        "palm_540b", "2x3072xtpuv4", tensor=12, pipeline=1, data=512, zero=3, recompute=True,
+        precision="bf16", microbatch_size=4, utilisation=0.462, measure="model",
+        figure="46.2% model FLOPs utilisation (57.8% hardware) on 6144 TPU v4",
+        source="Chowdhery et al. 2022, PaLM, section 4 and Table 3", zero_inner=True),
+}

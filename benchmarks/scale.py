@@ -1,0 +1,206 @@
+"""Planning the largest published trainings, and how planning time grows with the device count.
+
+    .venv/bin/python -m benchmarks.scale [--repeat 3] [--only NAME ...] [--no-write]
+
+Part 1, the four published trainings (``autopar.zoo.published``) on their papers' clusters, as
+``autopar plan zoo:NAME --published`` does: trace (meta tensors), hierarchical search, the
+data-parallel baseline and the paper's plan pinned and priced. Reported: the whole time (trace +
+plan, median of ``repeat`` runs in one fresh process) and the process's peak resident memory;
+autopar's degrees and options beside the paper's; the predicted utilisation of the paper's plan
+beside the reported one (hardware FLOPs where the paper counts the recomputation, MFU for PaLM);
+autopar's predicted MFU and its speed-up over the paper's plan under the same cost model.
+Targets (issue 18): each under 60 s and 4 GB; autopar no slower than the paper's plan and
+fitting; the paper's plan predicted within 1.5x of its reported utilisation.
+
+Part 2, the sweep: the issue's GPT (width 12288, 96 heads, sequence 2048, 8 layers, vocabulary
+51200, batch 512) on DGX A100 nodes of 8 (``dgxa100``), 8 ... 4096 devices, with the
+hierarchical search forced at every count (and the automatic choice noted: the flat exact DP up
+to 64 devices). Reported per count: planning time (median of ``repeat``, tracing excluded: it
+does not depend on the device count), peak memory, degrees and MFU. Target: time growing at most
+linearly with log(devices) from 64 to 4096.
+
+Each case runs in a fresh process (``--child``). Results: ``benchmarks/scale.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "scale.md"
+PUBLISHED = ("megatron_8b", "megatron_1t", "mt_nlg_530b", "palm_540b")
+SWEEP = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+ISSUE_GPT = dict(width=12288, heads=96, seq=2048, layers=8, vocab=51200, batch=512, attention="manual",
+                 device="meta")
+TARGET_S, TARGET_BYTES = 60.0, 4 * 10**9
+
+
+def _rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _summary(plan) -> dict:
+    s = plan.strategy
+    d = s.degrees
+    return {"degrees": d.describe(), "t": d.t, "p": d.p, "d": d.d, "options": s.options.describe(),
+            "microbatch": f"{s.microbatch_size} x {plan.microbatches}", "cost": plan.cost,
+            "memory": plan.memory_per_device, "mfu": s.mfu(plan.cost, plan.devices),
+            "hfu": s.hfu(plan.cost, plan.devices), "status": plan.search.describe()}
+
+
+def child_published(name: str, repeat: int) -> dict:
+    import autopar
+    from autopar.cli import build_parser, _plan
+
+    walls = []
+    plan = None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        args = build_parser().parse_args(["plan", f"zoo:{name}", "--published"])
+        plan = _plan(args)
+        walls.append(time.perf_counter() - start)
+    rec = autopar.zoo.published_run(name)
+    pub = plan.baselines["published"]
+    hw = rec.measure == "hardware"
+    pred = pub.strategy.hfu(pub.cost, pub.devices) if hw else pub.strategy.mfu(pub.cost, pub.devices)
+    return {"case": name, "cluster": rec.cluster, "walls": walls, "wall": statistics.median(walls),
+            "rss_peak": _rss_bytes(), "autopar": _summary(plan), "published": _summary(pub),
+            "published_figure": rec.utilisation, "measure": rec.measure, "predicted": pred,
+            "fits": plan.memory_per_device <= plan.cluster["memory_capacity"],
+            "published_fits": pub.memory_per_device <= plan.cluster["memory_capacity"],
+            "search_seconds": plan.search.seconds}
+
+
+def child_sweep(devices: int, repeat: int) -> dict:
+    import autopar
+    from autopar.core.cluster import Cluster
+    from autopar.planning.hierarchical import use_hierarchical
+
+    model, inputs = autopar.zoo.get("gpt", **ISSUE_GPT)
+    graph = autopar.trace(model, inputs)
+    cluster = Cluster.preset("dgxa100", devices=devices)
+    before = _rss_bytes()
+    walls = []
+    plan = None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        plan = autopar.plan(model, inputs, cluster, graph=graph, hierarchical=True, model_name="gpt-issue18")
+        walls.append(time.perf_counter() - start)
+    flat = []
+    if not use_hierarchical(cluster):  # what the automatic choice runs at this size: the flat exact DP
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fp = autopar.plan(model, inputs, cluster, graph=graph, model_name="gpt-issue18")
+            flat.append(time.perf_counter() - start)
+    return {"case": f"sweep-{devices}", "devices": devices, "walls": walls, "wall": statistics.median(walls),
+            "flat_wall": statistics.median(flat) if flat else None,
+            "flat_cost": fp.cost if flat else None,
+            "rss_before": before, "rss_peak": _rss_bytes(), "auto_path": "hierarchical" if use_hierarchical(cluster)
+            else "flat exact DP", **_summary(plan)}
+
+
+def run(args_list: list[str], timeout: float = 1200.0) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.scale", "--child", *args_list]
+    try:
+        proc = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired:
+        return {"case": " ".join(args_list), "error": f"timed out after {timeout:.0f} s"}
+    if proc.returncode != 0:
+        return {"case": " ".join(args_list), "error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB"
+
+
+def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
+    lines = ["# Planning the largest published trainings (issue 18)", "",
+             f"`make bench-scale` (benchmarks/scale.py), {time.strftime('%Y-%m-%d')}, this machine (2 shared "
+             f"cores, OMP_NUM_THREADS=1); times are medians of {repeat} runs in one fresh process per case.", "",
+             "## The four published trainings, `autopar plan zoo:NAME --published`", "",
+             "| model | cluster | time (trace + plan) | peak RSS | autopar: degrees, options, microbatch | step | MFU | "
+             "paper: degrees, options | paper's plan priced | reported | predicted for it | ratio | autopar speed-up | fits |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in published:
+        if "error" in r:
+            lines.append(f"| {r['case']} | error: {r['error']} |" + " |" * 12)
+            continue
+        a, p = r["autopar"], r["published"]
+        what = "HFU" if r["measure"] == "hardware" else "MFU"
+        lines.append(
+            f"| {r['case']} | {r['cluster']} | {r['wall']:.1f} s | {r['rss_peak'] / 1e9:.2f} GB | {a['degrees']}; "
+            f"{a['options']}; {a['microbatch']} | {a['cost']:.2f} s | {a['mfu']:.1%} | {p['degrees']}; {p['options']} | "
+            f"{p['cost']:.2f} s | {r['published_figure']:.1%} {what} | {r['predicted']:.1%} | "
+            f"{r['predicted'] / r['published_figure']:.2f}x | {p['cost'] / a['cost']:.3f}x | "
+            f"{'yes' if r['fits'] else 'NO'} (paper's: {'yes' if r['published_fits'] else 'NO'}) |")
+    ok = [r for r in published if "error" not in r]
+    lines += ["", "Targets: " + "; ".join([
+        f"under {TARGET_S:.0f} s: {sum(r['wall'] < TARGET_S for r in ok)}/{len(published)}",
+        f"under 4 GB: {sum(r['rss_peak'] < TARGET_BYTES for r in ok)}/{len(published)}",
+        f"autopar no slower than the paper's plan and fitting: "
+        f"{sum(r['published']['cost'] >= r['autopar']['cost'] and r['fits'] for r in ok)}/{len(published)}",
+        f"paper's plan within 1.5x of its reported utilisation: "
+        f"{sum(1 / 1.5 <= r['predicted'] / r['published_figure'] <= 1.5 for r in ok)}/{len(published)}"]) + ".",
+        "", "Search status of autopar's plans: " + "; ".join(f"{r['case']}: {r['autopar']['status']}" for r in ok), ""]
+    lines += ["## Sweep: the issue's GPT (width 12288, 8 layers, batch 512) on DGX A100 nodes, hierarchical search", "",
+              "| devices | automatic path | planning time | peak RSS | degrees | options | microbatch | step | MFU | "
+              "flat exact DP: time, step |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sweep:
+        if "error" in r:
+            lines.append(f"| {r['case']} | error: {r['error']} |" + " |" * 7)
+            continue
+        flat = (f"{r['flat_wall']:.2f} s, {r['flat_cost']:.3g} s" if r.get("flat_wall") is not None else
+                "- (issue 18: 105 s and 9.9 GB at 128, over 5 min at 256)" if r["devices"] == 128 else "-")
+        lines.append(f"| {r['devices']} | {r['auto_path']} | {r['wall']:.2f} s | {r['rss_peak'] / 1e9:.2f} GB | "
+                     f"{r['degrees']} | {r['options']} | {r['microbatch']} | {r['cost']:.3g} s | {r['mfu']:.1%} | "
+                     f"{flat} |")
+    by = {r["devices"]: r for r in sweep if "error" not in r}
+    if 64 in by and 4096 in by:
+        grow = by[4096]["wall"] / by[64]["wall"]
+        lines += ["", f"Growth from 64 to 4096 devices: {grow:.2f}x the time for {math.log2(4096) / math.log2(64):.0f}x "
+                      f"log(devices) (linear in log(devices) allows 2x): "
+                      f"{'within' if grow <= 2 else 'NOT within'} the target."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=None, help="published model names and/or device counts")
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        kind, what = a.child[0], a.child[1]
+        out = child_published(what, a.repeat) if kind == "published" else child_sweep(int(what), a.repeat)
+        print(json.dumps(out))
+        return 0
+    only = set(a.only or [])
+    published = [run(["published", n, "--repeat", str(a.repeat)]) for n in PUBLISHED if not only or n in only]
+    for r in published:
+        print(json.dumps(r)[:400], flush=True)
+    sweep = [run(["sweep", str(p), "--repeat", str(a.repeat)]) for p in SWEEP if not only or str(p) in only]
+    for r in sweep:
+        print(json.dumps(r)[:300], flush=True)
+    text = write(published, sweep, a.repeat)
+    print(text)
+    if not a.no_write:
+        RESULTS.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

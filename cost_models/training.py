@@ -1,0 +1,99 @@
+"""What ZeRO, mixed precision and recomputation cost and save, as plain arithmetic.
+
+Both the per-node models (``analytic.py``, ``memory.py``) and the hierarchical search price with
+these functions, so a plan of either kind means the same thing.
+
+Bytes a parameter of ``numel`` elements holds in training, before any sharding (ZeRO paper,
+Rajbhandari et al. 2020, section 3.1: "16 bytes per parameter" for mixed-precision Adam):
+
+=============== ============================== ==========================================
+state           fp32 training                  mixed precision (bf16/fp16)
+=============== ============================== ==========================================
+parameters      4 numel                        2 numel (the compute copy)
+gradients       4 numel                        2 numel
+optimizer       4 k numel (k moments: Adam 2)  4 k numel + 4 numel (fp32 master weights)
+=============== ============================== ==========================================
+
+ZeRO over a data-parallel group of ``g`` devices divides the optimizer state (and master weights)
+by g at stage >= 1, the gradients at stage >= 2, the parameters at stage 3.
+
+Communication per step over that group (ring collectives, ``alpha_beta``), with ``G`` the local
+gradient bytes, ``P`` the local parameter bytes and ``m`` microbatches accumulated per step:
+
+* stage 0: one all-reduce of G (gradients accumulate locally over the microbatches);
+* stage 1: one reduce-scatter of G, then one all-gather of the updated P;
+* stage 2: a reduce-scatter of G per microbatch (the full gradient is never held), one
+  all-gather of P;
+* stage 3: per microbatch an all-gather of P before the forward, another before the backward
+  (the gathered copy is freed in between) and a reduce-scatter of G.
+
+With m = 1 and P = G, stages 0, 1 and 2 move the same bytes (all-reduce = reduce-scatter +
+all-gather) and stage 3 moves 1.5x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.cost_models.alpha_beta import collective_time
+
+OPTIMIZER_STATE_BYTES = 4  # fp32 moments, whatever the parameter dtype
+MASTER_BYTES = 4  # fp32 master weights of mixed precision
+
+
+@dataclass(frozen=True)
+class ParamBytes:
+    params: float
+    grads: float
+    optimizer: float  # optimizer state + master weights
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def param_bytes(numel: float, itemsize: int, states: int, master: bool, zero: int = 0,
+                group: float = 1.0) -> ParamBytes:
+    """Bytes one device holds for ``numel`` parameter elements (already divided by any tensor
+    sharding), under ZeRO stage ``zero`` over ``group`` data-parallel devices."""
+    opt = numel * (states * OPTIMIZER_STATE_BYTES + (MASTER_BYTES if master else 0))
+    return ParamBytes(params=numel * itemsize / (group if zero >= 3 else 1),
+                      grads=numel * itemsize / (group if zero >= 2 else 1),
+                      optimizer=opt / (group if zero >= 1 else 1))
+
+
+def zero_collectives(zero: int, grad_bytes: float, param_bytes_: float, microbatches: int = 1
+                     ) -> list[tuple[str, int, float]]:
+    """(kind, how many per step, N bytes per device) of the data-parallel sync of one bucket."""
+    m = max(1, int(microbatches))
+    if zero == 0:
+        return [("all-reduce", 1, grad_bytes)]
+    if zero == 1:
+        return [("reduce-scatter", 1, grad_bytes), ("all-gather", 1, param_bytes_)]
+    if zero == 2:
+        return [("reduce-scatter", m, grad_bytes), ("all-gather", 1, param_bytes_)]
+    return [("all-gather", 2 * m, param_bytes_), ("reduce-scatter", m, grad_bytes)]
+
+
+def zero_sync_time(zero: int, grad_bytes, param_bytes_, p, bandwidth, latency, microbatches: int = 1):
+    """Seconds of ``zero_collectives`` over a group of ``p`` devices (numpy-friendly)."""
+    total = 0.0
+    for kind, count, nbytes in zero_collectives(zero, grad_bytes, param_bytes_, microbatches):
+        total = total + count * collective_time(kind, nbytes, p, bandwidth, latency)
+    return total
+
+
+def zero_label(zero: int) -> str:
+    return {0: "weight-grad sync (bucketed)",
+            1: "ZeRO-1 sync: reduce-scatter grads, all-gather params",
+            2: "ZeRO-2 sync: reduce-scatter grads, all-gather params",
+            3: "ZeRO-3: all-gather params (forward, backward), reduce-scatter grads"}[zero]
+
+
+def optimizer_step_time(numel: float, itemsize: int, states: int, master: bool,
+                        memory_bandwidth: float, efficiency: float = 0.8) -> float:
+    """An element-wise optimizer step is memory-bound: it reads the gradient, reads and writes
+    every moment and the weights (fp32 master and the compute copy when mixed)."""
+    moved = numel * (itemsize + 2 * states * OPTIMIZER_STATE_BYTES
+                     + 2 * (MASTER_BYTES if master else 0) + 2 * itemsize)
+    return moved / (memory_bandwidth * efficiency)
