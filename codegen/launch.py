@@ -1,10 +1,19 @@
 """Run a function on N local CPU processes joined by a gloo process group.
 
-For examples and tests: ``launch(fn, 2, *args)`` spawns two processes, each calling
-``fn(rank, world_size, *args)`` inside an initialized gloo group, and returns their return values
-in rank order. Under ``torchrun`` none of this is needed (the sharded module only wants an
+For examples, tests and ``autopar run``: ``launch(fn, 2, *args)`` spawns two processes, each
+calling ``fn(rank, world_size, *args)`` inside an initialized gloo group, and returns their return
+values in rank order. Under ``torchrun`` none of this is needed (the sharded module only wants an
 initialized default group); this exists so that a laptop or CI box can run a real multi-process
 plan from one Python call.
+
+What a user sees when something goes wrong is one line naming the rank and the cause, and no
+process left behind: the first rank that fails (an exception, a signal, the out-of-memory killer)
+ends the run at once, since its peers would otherwise wait in a collective for gloo's 30-minute
+timeout; ``timeout`` bounds the whole run, also when a rank is stopped (SIGSTOP), which no
+collective ever notices; SIGTERM to the caller ends the ranks before it returns; and each rank
+dies with its parent (Linux ``PR_SET_PDEATHSIG``), so even a SIGKILLed caller leaves no orphans.
+torch's own ``ProcessContext.join`` is not used for this: on a failure it terminates the other
+ranks and then joins them without a limit, which never returns for a stopped rank.
 
 Why spawn (not fork): torch's intra-op thread pools and gloo do not survive a fork reliably.
 Why a fresh free port per call: several launches may run at once on one machine (parallel test
@@ -13,20 +22,40 @@ workers, other users); a fixed port would make them collide.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import sys
+import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.multiprocessing.spawn import ProcessException
+
+from autopar.core.errors import AutoparError
+
+GRACE_S = 3.0  # how long the other ranks get to report their own error before they are ended
+# errors a rank raises because a peer went away: not the cause, when a peer's own failure is known
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "timed out",
+              "Timed out", "ECONNRESET", "EPIPE", "Connection refused", "SIGTERM")
 
 
-class LaunchError(RuntimeError):
-    """A child process failed; the message holds its rank and traceback text."""
+class LaunchError(AutoparError, RuntimeError):
+    """The run failed: the message is one line naming the rank and the cause; ``details`` holds
+    every failing rank's traceback text (for a programmer; the command line prints the line)."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
+
+
+class Terminated(BaseException):
+    """SIGTERM reached the process that launched the ranks; they have been ended."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +66,13 @@ class _Job:
     port: int
     args: tuple
     threads: int
+    parent: int  # the launching process: a rank whose parent is gone ends itself
+
+
+@dataclass
+class _Outcome:
+    ok: dict[int, Any] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)  # rank -> traceback text
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
@@ -46,7 +82,19 @@ def free_port(addr: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux only)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def _worker(rank: int, job: _Job, results) -> None:
+    _die_with_parent(job.parent)
     os.environ.update(MASTER_ADDR=job.addr, MASTER_PORT=str(job.port),
                       RANK=str(rank), WORLD_SIZE=str(job.world_size))
     import torch
@@ -61,7 +109,7 @@ def _worker(rank: int, job: _Job, results) -> None:
     except BaseException:
         # the text travels: exception objects themselves may not pickle
         results.put((rank, "error", traceback.format_exc()))
-        raise
+        raise SystemExit(1) from None  # the traceback went to the parent, not to stderr
     finally:
         dist.destroy_process_group()
 
@@ -70,45 +118,159 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
            timeout: float | None = None) -> list:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` gloo processes; return results by rank.
 
-    ``fn``, ``args`` and the results must pickle (``fn`` a module-level function). A failure in
-    any child raises ``LaunchError`` carrying the child's traceback. With ``timeout`` (seconds),
-    children still running then (a deadlocked collective) are terminated and ``LaunchError``
-    raised, so that a test fails instead of hanging.
+    ``fn``, ``args`` and the results must pickle (``fn`` a module-level function). A failing
+    rank (an exception, a signal) ends every rank and raises ``LaunchError`` (one line: the rank
+    and the cause; ``.details``: the tracebacks). With ``timeout`` (seconds), ranks still running
+    then (a deadlocked collective, a stopped process) are ended and ``LaunchError`` raised. SIGTERM
+    to this process, or Ctrl-C, ends the ranks and raises ``Terminated`` / ``KeyboardInterrupt``.
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"launch: nprocs must be a positive int, not {nprocs!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"launch: timeout must be a positive number of seconds, not {timeout!r}")
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    job = _Job(fn, nprocs, addr, free_port(addr), tuple(args), threads)
-    procs = mp.start_processes(_worker, args=(job, results), nprocs=nprocs, join=False,
-                               start_method="spawn")
-    found: dict[str, dict[int, Any]] = {"ok": {}, "error": {}}
-    deadline = None if timeout is None else time.monotonic() + timeout
+    job = _Job(fn, nprocs, addr, free_port(addr), tuple(args), threads, os.getpid())
+    procs = [ctx.Process(target=_worker, args=(r, job, results), name=f"autopar-rank-{r}")
+             for r in range(nprocs)]
+    found = _Outcome()
+    with _ending(procs):
+        for p in procs:
+            p.start()
+        _watch(procs, results, found, None if timeout is None else time.monotonic() + timeout, timeout)
+    return [found.ok.get(r) for r in range(nprocs)]
+
+
+@contextlib.contextmanager
+def _ending(procs):
+    """End the ranks however the block is left; SIGTERM becomes ``Terminated`` meanwhile."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+
+    def on_term(signum, frame):
+        raise Terminated("stopped by SIGTERM")
+
+    if main:
+        signal.signal(signal.SIGTERM, on_term)
     try:
-        # read while waiting: a child blocks on a full pipe until the parent drains it
-        while not procs.join(timeout=0.2):
-            _drain(results, found)
-            if deadline is not None and time.monotonic() > deadline:
-                _stop(procs)
-                raise LaunchError(f"{nprocs} processes still running after {timeout} s; stopped")
-    except ProcessException as e:
+        yield
+    finally:
+        try:
+            _end(procs)
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
+
+
+def _watch(procs, results, found: _Outcome, deadline: float | None, timeout: float | None) -> None:
+    while True:
         _drain(results, found)
-        detail = "\n".join(f"--- rank {r} ---\n{t}" for r, t in sorted(found["error"].items()))
-        raise LaunchError(f"{e}\n{detail}" if detail else str(e)) from None
+        failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if failed or found.errors:
+            _settle(procs, results, found)
+            raise LaunchError(_cause(procs, found), _details(found))
+        if all(p.exitcode == 0 for p in procs):
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            states = {r: _state(p.pid) for r, p in enumerate(procs) if p.exitcode is None}
+            _end(procs)
+            _drain(results, found)
+            raise LaunchError(_late(states, timeout), _details(found))
+        alive = [p.sentinel for p in procs if p.exitcode is None]
+        wait(alive, timeout=0.2)
+
+
+def _settle(procs, results, found: _Outcome) -> None:
+    """Give the other ranks a moment to report their own errors, then end them."""
+    until = time.monotonic() + GRACE_S
+    while time.monotonic() < until and any(p.exitcode is None for p in procs):
+        wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.2)
+        _drain(results, found)
+    _end(procs)
     _drain(results, found)
-    return [found["ok"].get(r) for r in range(nprocs)]
 
 
-def _stop(procs) -> None:
-    """Terminate the children this launch started (and only them)."""
-    for p in procs.processes:
-        if p.is_alive():
+def _cause(procs, found: _Outcome) -> str:
+    """One line: the rank whose failure started it and why, then how many others followed."""
+    causes = []
+    for r, p in enumerate(procs):
+        code = p.exitcode
+        if r in found.errors:
+            line = _last_line(found.errors[r])
+            rank_of = 1 if any(s in line for s in _PEER_GONE) else 0
+            causes.append((rank_of, r, f"rank {r} failed: {line}"))
+        elif code is not None and code < 0 and getattr(p, "_ended_by_us", False) is False:
+            causes.append((0, r, f"rank {r} was killed by {_signal_name(-code)}"
+                           + (" (the kernel's out-of-memory killer sends SIGKILL: is memory short?)"
+                              if -code == signal.SIGKILL else "")))
+        elif code not in (None, 0) and code > 0:
+            causes.append((1, r, f"rank {r} exited with code {code}"))
+    if not causes:
+        return "a rank failed without saying why"
+    causes.sort()
+    first = causes[0][2]
+    others = len(causes) - 1
+    return first + (f"; {others} other rank(s) failed after it" if others else "") + "; every rank was ended"
+
+
+def _late(states: dict[int, str], timeout: float | None) -> str:
+    stopped = [r for r, s in states.items() if s == "T"]
+    what = []
+    if stopped:
+        what.append(f"rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} "
+                    f"{'were' if len(stopped) > 1 else 'was'} stopped (SIGSTOP or Ctrl-Z) and never resumed")
+    running = [r for r in states if r not in stopped]
+    if running:
+        what.append(f"rank{'s' if len(running) > 1 else ''} {', '.join(map(str, running))} still running "
+                    "(waiting on a peer, or slower than the timeout)")
+    return (f"the run did not finish within its {timeout:g} s timeout: " + "; ".join(what)
+            + "; every rank was ended (raise --timeout for a longer run)")
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (R, S, T for stopped, ...), '?' where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _last_line(text: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return lines[-1].strip() if lines else "an error without a message"
+
+
+def _details(found: _Outcome) -> str:
+    return "\n".join(f"--- rank {r} ---\n{t}" for r, t in sorted(found.errors.items()))
+
+
+def _end(procs) -> None:
+    """End the ranks this launch started (and only them): SIGTERM, then SIGKILL, then reap."""
+    alive = [p for p in procs if p.pid is not None and p.exitcode is None]
+    for p in alive:
+        p._ended_by_us = True
+        with contextlib.suppress(OSError):
             p.terminate()
-    for p in procs.processes:
-        p.join(5)
+            os.kill(p.pid, signal.SIGCONT)  # a stopped rank acts on SIGTERM only once continued
+    until = time.monotonic() + 2.0
+    for p in alive:
+        p.join(max(0.0, until - time.monotonic()))
+    for p in alive:
+        if p.exitcode is None:
+            with contextlib.suppress(OSError):
+                p.kill()
+            p.join()
 
 
-def _drain(results, found: dict[str, dict[int, Any]]) -> None:
+def _drain(results, found: _Outcome) -> None:
     while not results.empty():
         rank, status, value = results.get()
-        found[status][rank] = value
+        (found.ok if status == "ok" else found.errors)[rank] = value

@@ -1,4 +1,5 @@
-"""``codegen.launch``: a failing child's traceback reaches the caller (no hang, no silence)."""
+"""``codegen.launch``: a failing child's traceback reaches the caller (no hang, no silence); more
+failure cases (stopped, killed, out of memory) in test_launch_failures.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def fail_on_rank_one(rank, world):
 def test_child_exception_propagates_with_its_traceback():
     with pytest.raises(LaunchError) as e:
         launch(fail_on_rank_one, 2, timeout=120)
-    text = str(e.value)
+    assert str(e.value).startswith("rank 1 failed: ValueError: boom on rank one")  # one line, for a user
+    text = e.value.details
     assert "--- rank 1 ---" in text and "ValueError: boom on rank one" in text
     assert "fail_on_rank_one" in text  # the child's own frames, not just the parent's
 
