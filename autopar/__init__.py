@@ -28,6 +28,22 @@ def compile(model, example_inputs=(), cluster=None, **kwargs):
     return _compile(model, example_inputs, cluster, **kwargs)
 
 
+def save_checkpoint(path, module, optimizer=None, *, step: int, keep: int = 2):
+    """Save ``module`` and ``optimizer`` sharded, as step ``step`` under folder ``path`` (see
+    ``autopar.codegen.checkpoint.save``); every rank calls it."""
+    from autopar.codegen.checkpoint import save
+
+    return save(path, module, optimizer, step=step, keep=keep)
+
+
+def load_checkpoint(path, module, optimizer=None) -> int:
+    """Load the newest checkpoint under ``path`` into a compiled module (any plan, any device
+    count) or the plain model; returns its step (see ``autopar.codegen.checkpoint.load``)."""
+    from autopar.codegen.checkpoint import load
+
+    return load(path, module, optimizer)
+
+
 def fuse(models, example_inputs, **kwargs):
     """K models of one architecture as one module (see ``autopar.fusion.fuse``)."""
     from autopar.fusion import fuse as _fuse
@@ -44,5 +60,6 @@ def compile_many(models, devices, example_inputs, **kwargs):
 
 __all__ = [
     "AutoparError", "Cluster", "InfeasibleError", "LaunchRequiredError", "Plan", "PlanMismatchError",
-    "TraceError", "compile", "compile_many", "fuse", "plan", "trace", "zoo",
+    "TraceError", "compile", "compile_many", "fuse", "load_checkpoint", "plan", "save_checkpoint", "trace",
+    "zoo",
 ]
