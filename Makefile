@@ -56,3 +56,9 @@ bench-many: setup
 .PHONY: bench-scale
 bench-scale: setup
 	$(PY) -m benchmarks.scale
+
+# autopar's module beside DDP, parallelize_module and fully_shard on 2 and 4 gloo processes (issue 15):
+# writes benchmarks/runtime.md; run it on a quiet machine
+.PHONY: bench-runtime
+bench-runtime: setup
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.runtime

@@ -66,6 +66,13 @@ def check_mode(mode: str) -> str:
 
 TERM_KINDS = ("compute", "sync", "stats", "optimizer", "infeasible")
 
+# Memory passes over one fp32 element per optimizer update, in torch's default per-tensor
+# implementations (what a DTensor parameter gets): AdamW's lerp_ (3: read moment and gradient,
+# write the moment), mul_ + addcmul_ of the second moment (2 + 4), sqrt, division and add_ of the
+# denominator (2 + 2 + 2), addcdiv_ into the parameter (4) and the decay's mul_ (2) = 21; Adam the
+# same less the decay (19); plain SGD one add_ (3). Measured on this CPU: see benchmarks/runtime.md.
+OPTIMIZER_PASSES = {"adamw": 21, "adam": 19, "sgd": 3}
+
 
 @dataclass(frozen=True)
 class Term:
@@ -128,6 +135,10 @@ class AnalyticModel:
     # 1): the hierarchical search solves tensor groups for per-microbatch time (0) or weighs the
     # sync by 1 / (microbatches + stages - 1), as often as a step pays it against a microbatch
     sync_scale: float = 1.0
+    # the optimizer whose update ends a training step ("adam", "adamw", "sgd"; None: unpriced): a
+    # memory-bound pass over each device's local parameter elements, so replicated parameters
+    # (data parallelism) pay it whole on every device and sharded ones (tensor splits, ZeRO) in part
+    optimizer: str | None = None
     name: str = "analytic"
     units: str = "s"
     # Edge tables with equal layouts share their reshard structure (reshard_table.StructureCache,
@@ -218,6 +229,15 @@ class AnalyticModel:
                          + f"; in buckets of {BUCKET_BYTES / 2**20:g} MiB the latency term counts {share:.4g} "
                          f"of itself = {seconds:.4g} s")
                 out.terms.append(Term(zero_label(train.zero), seconds, f, "sync"))
+        own = owner_matrix([cfg], mesh)[0]
+        step = float(self._optimizer_step(node, own, mesh, cluster)[0])
+        if step:
+            f = ""
+            if text:
+                elems = float(self._local_elements(node, own, mesh)[0])
+                f = (f"{OPTIMIZER_PASSES[self.optimizer.lower()]} passes x 4 B x {elems:.6g} local elements / "
+                     f"({cluster.memory_bandwidth:.4g} * {self.memory_efficiency:g}) = {step:.4g} s")
+            out.terms.append(Term(f"{self.optimizer} update of the local parameters", step, f, "optimizer"))
         return out
 
     def node_cost(self, node: Node, configs: list[Config], cluster: Cluster,
@@ -248,8 +268,34 @@ class AnalyticModel:
         if mode == "train":
             again = 1.0 if node_training(node).recompute else 0.0
             sync = self._grad_sync(node, own, mesh, cluster) * self.sync_scale if self.sync_scale else 0.0
-            cost = cost * (1.0 + self.backward_factor + again) + sync + _bn_stats_many(node, own, mesh, cluster)
+            cost = (cost * (1.0 + self.backward_factor + again) + sync + _bn_stats_many(node, own, mesh, cluster)
+                    + self._optimizer_step(node, own, mesh, cluster))
         return np.where(ok, cost, math.inf)
+
+    def _local_elements(self, node: Node, own: np.ndarray, mesh: Mesh) -> np.ndarray:
+        """Float parameter elements one device updates under each config (rows of ``own``): its
+        shard of each parameter, further divided over the data-parallel axes under ZeRO >= 1."""
+        sizes = np.asarray(mesh.shape, dtype=float)
+        zero = node_training(node).zero
+        out = np.zeros(len(own))
+        for op in node.params:
+            if op.spec.dtype not in FLOAT_DTYPES:
+                continue
+            sh = shard_mask(node, op.spec, own)
+            local = op.spec.numel / np.prod(np.where(sh, sizes, 1.0), axis=1)
+            if zero >= 1:  # the optimizer state and its update are split over the gradient's group
+                local = local / np.prod(np.where((own >= 0) & ~sh, sizes, 1.0), axis=1)
+            out += local
+        return out
+
+    def _optimizer_step(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
+        """Seconds of the optimizer's update of the node's local parameters, per config: torch's
+        default (per-tensor) updates are memory-bound, ``OPTIMIZER_PASSES`` fp32 passes per element."""
+        passes = OPTIMIZER_PASSES.get((self.optimizer or "").lower(), 0)
+        if not passes or not node.params:
+            return np.zeros(len(own))
+        elems = self._local_elements(node, own, mesh)
+        return elems * passes * 4.0 / (cluster.memory_bandwidth * self.memory_efficiency)
 
     def _grad_sync(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
         """Weight-gradient all-reduces per distinct group of mesh axes. The runtime sums them in

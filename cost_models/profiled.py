@@ -354,8 +354,9 @@ class ProfiledModel(AnalyticModel):
         est = next(t.seconds for t in nc.terms if t.kind == "compute")  # the forward, listed first
         t = self.timing(node, config, est)
         rest = [x for x in nc.terms if x.kind != "compute"]
-        if mode == "train":
-            rest += self._optimizer_terms(node, config, text)
+        if mode == "train" and (measured_step := self._optimizer_terms(node, config, text)):
+            # the measured update replaces the analytic estimate (kept where it cannot be timed)
+            rest = [x for x in rest if x.kind != "optimizer"] + measured_step
         if t.error:
             why = f"analytic, not measured: {t.error}"
             nc.terms = [dataclasses.replace(x, label=f"{x.label} ({why})")

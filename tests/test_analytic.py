@@ -347,3 +347,36 @@ def test_batch_norm_with_split_batch_pays_two_statistics_all_reduces():
             vec = MODEL.node_cost(bn, cfgs, cluster, mode)
             ref = [MODEL.node_breakdown(bn, c, cluster, mode, text=False).seconds for c in cfgs]
             assert np.allclose(vec, ref, rtol=1e-12, atol=0), mode
+
+
+@pytest.mark.parametrize("optimizer,passes", [("adamw", 21), ("adam", 19), ("sgd", 3)])
+def test_optimizer_update_is_a_memory_pass_over_each_devices_parameter_elements(optimizer, passes):
+    """Replicated parameters (data parallelism) are updated whole on every device, sharded ones in
+    part, and ZeRO splits the update over the data-parallel devices: elements counted by hand."""
+    import dataclasses
+
+    from autopar.core.strategy import NodeTraining
+
+    node = linear("l", "input:x")
+    model = AnalyticModel(optimizer=optimizer)
+    per_element = passes * 4 / (MEMBW * 0.8)
+
+    def update(n, splits, mode="train"):
+        terms = model.node_breakdown(n, Config(splits), C8, mode).terms
+        return sum(t.seconds for t in terms if t.kind == "optimizer")
+
+    assert math.isclose(update(node, (8, 1, 1, 1)), (N * K + N) * per_element)  # data parallel
+    assert math.isclose(update(node, (1, 1, 8, 1)), (N * K + N) / 8 * per_element)  # weight and bias split
+    assert math.isclose(update(node, (1, 1, 1, 8)), (N * K / 8 + N) * per_element)  # bias whole
+    assert update(node, (8, 1, 1, 1), "inference") == 0
+    assert AnalyticModel().node_breakdown(node, Config((8, 1, 1, 1)), C8).seconds < \
+        model.node_breakdown(node, Config((8, 1, 1, 1)), C8).seconds  # None: not priced
+    zero = dataclasses.replace(node, attrs={**node.attrs, "train": NodeTraining(zero=1)})
+    assert math.isclose(update(zero, (8, 1, 1, 1)), (N * K + N) / 8 * per_element)
+    assert math.isclose(update(zero, (2, 1, 4, 1)), (N * K + N) / 8 * per_element)
+    # the vectorised tables price the same update
+    from autopar.core.space import mesh_configs
+
+    cfgs = mesh_configs(node, C8.mesh())
+    with_update = model.node_cost(node, cfgs, C8) - AnalyticModel().node_cost(node, cfgs, C8)
+    assert np.allclose(with_update, [update(node, c.splits) for c in cfgs], rtol=1e-9)

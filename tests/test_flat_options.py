@@ -41,7 +41,11 @@ def test_zero_lets_data_parallelism_fit_and_the_search_is_exact_over_the_options
             except InfeasibleError:
                 continue
             costs[(zero, recompute)] = p.cost
-    assert plan.cost == pytest.approx(min(costs.values()), rel=1e-12)
+    # the rule (planning/options.py): ZeRO and recomputation are searched only when memory binds
+    # the plain set; then the automatic choice is the fastest of all that fit, else the plain plan
+    # (since the optimizer update is priced, ZeRO-1 can be cheaper even where memory does not bind)
+    binds = costs[(0, False)] > free.cost * (1 + 1e-12)
+    assert plan.cost == pytest.approx(min(costs.values()) if binds else costs[(0, False)], rel=1e-12)
     opts = plan.strategy.options
     assert costs[(opts.zero, opts.recompute)] == pytest.approx(plan.cost, rel=1e-12)
     if opts.zero:

@@ -53,8 +53,8 @@ def mesh_rows(graph: Graph, tables: CostTables, assignment: dict[str, Config], m
               sync_apart: bool = False, memory: list[float] | None = None) -> list[NodeRow]:
     """One row per node of a mesh plan (analytic or profiled), priced by ``model`` on ``cluster``.
 
-    ``sync_apart``: keep the gradient sync out of ``comm`` (a pipeline stage pays it once per
-    step). ``memory``: bytes per device per node, when not the tables' (a stage's in-flight)."""
+    ``sync_apart``: keep the gradient sync and the optimizer update out of ``comm`` and
+    ``compute`` (a pipeline stage pays them once per step). ``memory``: bytes per device per node, when not the tables' (a stage's in-flight)."""
     mesh = cluster.mesh()
     choice = choice_of(tables, assignment)
     into = incoming(tables, choice)
@@ -86,7 +86,8 @@ def mesh_rows(graph: Graph, tables: CostTables, assignment: dict[str, Config], m
         if into[i]:
             terms.append(CostTerm("reshard", "resharding the node's inputs (forward and backward)", float(into[i])))
         cost = float(tables.node_cost[i][choice[i]])
-        sync = sum(t.seconds for t in terms if t.kind == "sync")
+        once = ("sync", "optimizer") if sync_apart else ("sync",)  # paid once per step in a pipeline
+        sync = sum(t.seconds for t in terms if t.kind in once)
         other = sum(t.seconds for t in terms if t.kind not in _NOT_COMM + ("sync", "reshard", "output"))
         compute = cost - sync - other - red if math.isfinite(cost) else cost
         mem = memory[i] if memory is not None else (

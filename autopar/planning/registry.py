@@ -26,7 +26,7 @@ class CostModelEntry:
 def _analytic(graph, cluster, mode, optimizer):
     from autopar.cost_models.analytic import AnalyticModel
 
-    return AnalyticModel()
+    return AnalyticModel(optimizer=optimizer if mode == "train" else None)
 
 
 def _profiled(graph, cluster, mode, optimizer):

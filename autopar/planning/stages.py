@@ -95,7 +95,7 @@ def price_options(graph: Graph, cluster: Cluster, mode: str, optimizer, solve, m
                     s = 0.0
                     if node.params:
                         nc = model.node_breakdown(node, cfg, sub, mode, text=False)
-                        s = sum(term.seconds for term in nc.terms if term.kind == "sync")
+                        s = sum(term.seconds for term in nc.terms if term.kind in ("sync", "optimizer"))
                     mb = node_memory(node, cfg, mesh, mode, optimizer)
                     seen[key] = (s, mb.params + mb.grads + mb.optimizer, mb.activations)
                 sync[i], static[i], acts[i] = seen[key]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from autopar.report.format import NODE_HEADER, PLACEMENT_KEY, fmt_bytes, fold, node_cells, table
 
 STAGE_HEADER = ["stage", "nodes", "first .. last", "devices", "per microbatch", "compute", "comm", "send/recv",
-                "grad sync/step", "memory/device", "holds"]
+                "sync+update/step", "memory/device", "holds"]
 
 
 def step_numbers(plan) -> dict[str, float]:
@@ -29,7 +29,7 @@ def pipeline_lines(plan, units) -> list[str]:
     n = step_numbers(plan)
     slow = max(range(s_count), key=lambda k: plan.stages[k].cost)
     sync = max(range(s_count), key=lambda k: plan.stages[k].sync)
-    lines.append(f"  step = (M + S - 1) x slowest stage + slowest grad sync = ({m} + {s_count} - 1) x "
+    lines.append(f"  step = (M + S - 1) x slowest stage + slowest sync and update = ({m} + {s_count} - 1) x "
                  f"{units(n['bottleneck'])} (stage {slow}) + {units(n['sync'])} (stage {sync}) = "
                  f"{units(n['step'])}")
     lines.append(f"  bubble (fill and drain): (S - 1)/(M + S - 1) = {s_count - 1}/{n['slots']} = "
@@ -38,7 +38,7 @@ def pipeline_lines(plan, units) -> list[str]:
         for k, st in enumerate(plan.stages):
             lines.append(f"  stage {k}: {st.nodes[0]} .. {st.nodes[-1]} ({len(st.nodes)} nodes), "
                          f"devices {k * st.devices}-{(k + 1) * st.devices - 1}, "
-                         f"{units(st.cost)} per microbatch, grad sync {units(st.sync)} per step"
+                         f"{units(st.cost)} per microbatch, grad sync and optimizer update {units(st.sync)} per step"
                          + (f", {fmt_bytes(st.memory)}/device" if st.memory is not None else ""))
         return lines
     rows = []
