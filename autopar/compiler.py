@@ -213,6 +213,10 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
     if plan.stages:
         from autopar.codegen import pipeline
 
+        if overrides or (plan.strategy is not None and plan.strategy.options.zero + plan.strategy.options.recompute
+                         + plan.strategy.options.mixed):
+            raise ValueError("ZeRO, mixed precision and recomputation are generated for single-stage plans only: "
+                             "plan with pipeline=False to use them")
         if graph.fx_graph.meta.get("autopar_frontend") == "export":
             raise ValueError("pipelined plans run fx-traced models only for now: plan this model with "
                              "pipeline=False (autopar.compile(..., pipeline=False))")

@@ -17,6 +17,7 @@ has none):
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,7 @@ class ProgramTraining:
 
     dtype: torch.dtype | None = None  # compute dtype of mixed precision; None: the model's own
     recompute: tuple[str, ...] = ()  # block paths run under torch.utils.checkpoint
-    zero: int = 0  # ZeRO stage (1: optimizer state sharded, 2: also gradients)
+    zero: int = 0  # ZeRO stage (1: optimizer state sliced, 2: also gradients; 3 runs as 2)
     zero_axes: tuple[int, ...] | None = None  # mesh axes ZeRO shards over (None: every axis a gradient sums over)
 
     @property
@@ -64,8 +65,14 @@ def program_training(graph, strategy=None, *, zero=None, precision=None, recompu
             axes = None
     if opts.recompute and not blocks:
         blocks = tuple(b.path for b in repeated_blocks(graph))
+    if opts.precision == "fp16":
+        raise ValueError("fp16 mixed precision needs loss scaling, which codegen does not do: "
+                         "compile with precision='bf16' (or 'fp32')")
+    if opts.zero == 3:  # same numerics, more memory: say so rather than fail a searched plan
+        warnings.warn("ZeRO-3 (parameters stored sharded) is not generated: this plan runs as ZeRO-2 "
+                      "(optimizer state and gradients sliced, parameters whole)", stacklevel=3)
     dtype = getattr(torch, PRECISIONS[opts.precision]) if opts.mixed else None
-    return ProgramTraining(dtype, blocks, opts.zero, axes if opts.zero else None)
+    return ProgramTraining(dtype, blocks, min(opts.zero, 2), axes if opts.zero else None)
 
 
 def block_of(module_path: str, recompute: tuple[str, ...]) -> str | None:

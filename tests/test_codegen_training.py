@@ -218,3 +218,22 @@ def test_bf16_within_bf16_tolerance_of_one_bf16_device(run):
         diff = max(float((torch.as_tensor(ranks[0][kind]["bf16"]["grads"][n]).double()
                           - torch.as_tensor(fp32[n])).abs().max()) for n in fp32)
         assert diff > 1e-4, "bf16 run computed in fp32"
+
+
+def test_program_training_reads_the_strategy_and_the_overrides():
+    from autopar.codegen.training import program_training
+
+    graph = autopar.trace(*gpt(torch.float32))
+    strategy = strategy_of(graph, TrainingOptions(zero=1, precision="bf16", recompute=True), {})
+    t = program_training(graph, strategy)
+    assert (t.zero, t.dtype, t.recompute) == (1, torch.bfloat16, ("blocks.0", "blocks.1"))
+    assert program_training(graph, strategy, recompute=False, precision="fp32").plain is False  # still ZeRO-1
+    assert program_training(graph, None).plain
+    t = program_training(graph, None, zero=2, recompute=True)
+    assert (t.zero, t.zero_axes, t.recompute, t.dtype) == (2, None, ("blocks.0", "blocks.1"), None)
+    with pytest.raises(ValueError, match="loss scaling"):
+        program_training(graph, None, precision="fp16")
+    with pytest.raises(ValueError, match="ZeRO stage"):
+        program_training(graph, None, zero=5)
+    with pytest.warns(UserWarning, match="runs as ZeRO-2"):
+        assert program_training(graph, None, zero=3).zero == 2
