@@ -237,3 +237,40 @@ def test_program_training_reads_the_strategy_and_the_overrides():
         program_training(graph, None, zero=5)
     with pytest.warns(UserWarning, match="runs as ZeRO-2"):
         assert program_training(graph, None, zero=3).zero == 2
+
+
+def accumulating(rank, world, docs, made):
+    out = {}
+    for kind, doc in docs.items():
+        for stage in (1, 2):
+            model, inputs = copy.deepcopy(made[0]), made[1]
+            module = autopar.compile(model, inputs, plan=Plan.from_json(doc), zero=stage, recompute=True)
+            opt = module.optimizer(torch.optim.AdamW, lr=LR)
+            for _ in range(2):
+                opt.zero_grad()
+                module.train_step(*inputs)
+                module.train_step(*inputs)
+                opt.step()
+            out[(kind, stage)] = _params(module)
+    return out
+
+
+@pytest.mark.dist
+def test_zero_accumulates_gradients_over_backwards_with_recomputation():
+    """Two backwards per step (gradient accumulation), ZeRO-1/2 with recomputed blocks, on 4 ranks
+    as threads: equal to one device doing the same."""
+    from tests.dist_utils import run_threaded
+
+    made = gpt()
+    ranks = run_threaded(accumulating, 4, make_plans(4), made)
+    model, inputs = gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    for _ in range(2):
+        opt.zero_grad()
+        model(*inputs).backward()
+        model(*inputs).backward()
+        opt.step()
+    want = {n: p.detach() for n, p in model.named_parameters()}
+    for r in ranks:
+        for key, params in r.items():
+            _close(params, want, f"{key} accumulating", rtol=1e-5, atol=1e-9)
