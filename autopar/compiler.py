@@ -46,7 +46,9 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
     as DTensors). ``inputs``: "global" (every rank passes the whole batch; the module keeps its
     slice) or "local" (each rank passes only its slice over the data-parallel mesh axes, as with
     DDP: ``module.data_parallel`` is the (replicas, rank) for a ``DistributedSampler``,
-    ``module.local_batch(*whole)`` cuts it from a whole batch). Other keywords go to ``autopar.plan``.
+    ``module.local_batch(*whole)`` cuts it from a whole batch). Other keywords go to ``autopar.plan``;
+    ``zero`` (0-2), ``precision`` ("fp32", "bf16") and ``recompute`` (bool) with a given plan set
+    the training options codegen runs in place of the plan's ``strategy`` (``codegen/training.py``).
 
     The module keeps the model's parameter names (each parameter a DTensor: ``p.full_tensor()``
     is its whole value); ``module.plan`` is its plan and ``module.code`` the program this rank
@@ -70,6 +72,8 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
                          "(and/or example_kwargs, a dict of its keyword arguments)")
     devices = _device_count(devices)
     cluster = _cluster(cluster, devices)
+    overrides = {k: plan_kwargs.pop(k) for k in ("zero", "precision", "recompute") if k in plan_kwargs} \
+        if plan is not None else {}  # a given plan: codegen's training options, over its strategy
     if plan is not None and plan_kwargs:
         raise ValueError(f"a given plan is used as it is: drop the planning options {sorted(plan_kwargs)}")
     from autopar.frontend.trace import trace
@@ -84,7 +88,7 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
         single.train_step = _single_train_step(single)
         return single
     chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
-    return _build(model, graph, chosen, example_inputs, outputs, inputs)
+    return _build(model, graph, chosen, example_inputs, outputs, inputs, overrides)
 
 
 def _single_train_step(module: nn.Module):
@@ -204,10 +208,15 @@ def _rebuild(kind: str, message: str) -> Exception:
 
 # -- codegen -------------------------------------------------------------------------------------
 
-def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str = "global") -> nn.Module:
+def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str = "global",
+           overrides: dict | None = None) -> nn.Module:
     if plan.stages:
         from autopar.codegen import pipeline
 
+        if overrides or (plan.strategy is not None and plan.strategy.options.zero + plan.strategy.options.recompute
+                         + plan.strategy.options.mixed):
+            raise ValueError("ZeRO, mixed precision and recomputation are generated for single-stage plans only: "
+                             "plan with pipeline=False to use them")
         if graph.fx_graph.meta.get("autopar_frontend") == "export":
             raise ValueError("pipelined plans run fx-traced models only for now: plan this model with "
                              "pipeline=False (autopar.compile(..., pipeline=False))")
@@ -215,8 +224,11 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
     else:
         from autopar.codegen.mesh import device_mesh, model_device_type
         from autopar.codegen.module import compile_module
+        from autopar.codegen.training import program_training
 
         mesh = device_mesh(tuple(plan.mesh.shape), model_device_type(model))
-        module = compile_module(model, graph, plan.assignment, mesh, outputs=outputs, inputs=local)
+        training = program_training(graph, plan.strategy, **(overrides or {}))
+        module = compile_module(model, graph, plan.assignment, mesh, outputs=outputs, inputs=local,
+                                training=training)
     module.plan = plan
     return module

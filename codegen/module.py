@@ -27,13 +27,14 @@ from autopar.core.tables import Config
 from .placements import LayoutError
 from .program import Program, build
 from .runtime import GradReducer
+from .training import PLAIN, ProgramTraining
 
 
 class CompiledModule(nn.Module):
     """This rank's module: the model's children with DTensor parameters, run by ``program``."""
 
     def __init__(self, model: nn.Module, program: Program, mesh: DeviceMesh, graph: Graph, signature,
-                 outputs: str = "replicate"):
+                 outputs: str = "replicate", training: ProgramTraining = PLAIN):
         super().__init__()
         self._outputs = outputs
         for name, child in model.named_children():
@@ -65,7 +66,8 @@ class CompiledModule(nn.Module):
                 local.requires_grad_(True)
                 leaves.append((t, local, program.reduce_axes.get(name, ())))
             self._state.append(local)
-        self.reducer = GradReducer(mesh, leaves)
+        self.training = training
+        self.reducer = GradReducer(mesh, leaves, zero=training.zero, zero_axes=training.zero_axes)
 
     @property
     def code(self) -> str:
@@ -84,6 +86,16 @@ class CompiledModule(nn.Module):
             leaves = iter(self.program.output_placements)
             out = fx.node.map_aggregate(out, lambda v: _as_dtensor(v, next(leaves), self.mesh))
         return out
+
+    def optimizer(self, cls=torch.optim.AdamW, **kwargs) -> torch.optim.Optimizer:
+        """The optimizer this module's plan trains with: ``cls(self.parameters(), **kwargs)``, or
+        under ZeRO-1/2 one that steps only this rank's slice of the optimizer state and gathers
+        the updated parameters (``zero.ShardedOptimizer``; one parameter group)."""
+        if not self.training.zero:
+            return cls(self.parameters(), **kwargs)
+        from .zero import ShardedOptimizer
+
+        return ShardedOptimizer(self.reducer, cls, **kwargs)
 
     def train_step(self, *args, **kwargs) -> torch.Tensor:
         """Forward and backward of one batch; returns the (detached) loss. Then optimizer.step()."""
@@ -213,8 +225,10 @@ def _tensor(module: nn.Module, name: str) -> torch.Tensor:
 
 
 def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh,
-                   outputs: str = "replicate", inputs: str = "global") -> CompiledModule:
-    """This rank's module for ``graph`` under ``assignment`` on ``mesh`` (``model`` is copied)."""
+                   outputs: str = "replicate", inputs: str = "global",
+                   training: ProgramTraining = PLAIN) -> CompiledModule:
+    """This rank's module for ``graph`` under ``assignment`` on ``mesh`` (``model`` is copied);
+    ``training``: mixed precision, recomputation and ZeRO (``training.py``)."""
     if graph.fx_graph is None:
         raise LayoutError("compile needs graph.fx_graph, the traced GraphModule the IR came from")
     from autopar.core.meta import exclusive
@@ -225,7 +239,7 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
         from .mesh import device_type, local_device
 
         model = model.to(local_device("nccl") if device_type() == "cuda" else torch.device("cuda"))
-    program = build(graph, assignment, mesh, model, outputs, inputs)  # on the plain copy: it reads shapes
+    program = build(graph, assignment, mesh, model, outputs, inputs, training)  # on the plain copy: it reads shapes
     _distribute_state(model, mesh, program.stored)
     try:
         signature = inspect.signature(model.forward) if graph.fx_graph.meta.get("autopar_frontend") != "export" \
@@ -234,7 +248,7 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
         signature = None
     if signature is not None and any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values()):
         signature = None
-    return CompiledModule(model, program, mesh, graph, signature, outputs)
+    return CompiledModule(model, program, mesh, graph, signature, outputs, training)
 
 
 def _distribute_state(model: nn.Module, mesh: DeviceMesh, stored) -> None:

@@ -36,6 +36,7 @@ from .ops import LocalCall
 from .placements import LayoutError, NodeLayout, Placements, node_layout
 from .runtime import Reshard, ReshardSpec, grad_target, needs_reshard
 from .strided import chunk_index
+from .training import PLAIN, ProgramTraining, block_of, cast_placeholders, recompute_blocks, tag_new_nodes
 from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
 from .values import (aliases, concrete, describe, has_tensor, is_pl, is_state, local_groups, split_words,
                      state_names, traced_values)
@@ -66,17 +67,18 @@ class _Value:
 
 
 def build(graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh, model: nn.Module,
-          outputs: str = "replicate", inputs: str = "global") -> Program:
+          outputs: str = "replicate", inputs: str = "global", training: ProgramTraining = PLAIN) -> Program:
     """This rank's program for ``graph`` under ``assignment`` on ``mesh``; ``model`` is the
     compiled module (its children are called by fx leaf-module nodes). ``inputs``: "global" (every
-    rank passes the whole batch) or "local" (each its slice over the data-parallel axes)."""
+    rank passes the whole batch) or "local" (each its slice over the data-parallel axes).
+    ``training``: mixed-precision casts and recomputed blocks (``training.py``)."""
     if inputs not in ("global", "local"):
         raise ValueError(f"inputs must be 'global' or 'local', not {inputs!r}")
-    return _Builder(graph, assignment, mesh, model, outputs, inputs).run()
+    return _Builder(graph, assignment, mesh, model, outputs, inputs, training).run()
 
 
 class _Builder:
-    def __init__(self, graph, assignment, mesh, model, outputs, inputs="global"):
+    def __init__(self, graph, assignment, mesh, model, outputs, inputs="global", training=PLAIN):
         if outputs not in ("replicate", "local", "dtensor"):
             raise ValueError(f"outputs must be 'replicate', 'local' or 'dtensor', not {outputs!r}")
         self.graph, self.mesh, self.model, self.outputs = graph, mesh, model, outputs
@@ -100,6 +102,8 @@ class _Builder:
         self.local_inputs = inputs == "local"
         self.input_layout = self._data_axes_of_inputs()
         self.input_placements: dict[str, Placements] = {}
+        self.training = training
+        self.float_inputs: list[fx.Node] = []  # cast to the compute dtype under mixed precision
 
     # -- state ----------------------------------------------------------------------------------
     def _stored_placements(self) -> None:
@@ -131,6 +135,17 @@ class _Builder:
             self.grad_of.setdefault(name, self.stored[name])
         return self.state_nodes[name]
 
+    def _floating_parameters(self) -> list[fx.Node]:
+        out = []
+        for name, ph in self.state_nodes.items():
+            try:
+                t = self.model.get_parameter(name)
+            except AttributeError:
+                continue  # a buffer: kept as it is (running statistics stay fp32)
+            if t.is_floating_point():
+                out.append(ph)
+        return out
+
     def _first_input(self):
         return next((n for n in self.new.nodes if n.op == "placeholder" and n.name.startswith("x_")),
                     None) or next(iter(self.new.nodes), None)
@@ -140,7 +155,13 @@ class _Builder:
 
     # -- the walk --------------------------------------------------------------------------------
     def run(self) -> Program:
+        block = None  # the recomputed block the walk is in (nodes that are no IR node stay in it)
         for n in self.src.graph.nodes:
+            mark = self.new._root.prev
+            if n.name in self.layouts:
+                block = block_of(self.graph.node(n.name).module, self.training.recompute)
+            elif n.op == "output":
+                block = None
             if n.op == "placeholder":
                 self._placeholder(n)
             elif n.op == "get_attr":
@@ -151,6 +172,10 @@ class _Builder:
                 self._ir_node(n, self.graph.node(n.name))
             else:
                 self._other(n)
+            if n.op != "placeholder":
+                tag_new_nodes(self.new, mark, block)
+        if self.training.dtype is not None:
+            cast_placeholders(self.new, self._floating_parameters() + self.float_inputs, self.training.dtype)
         module = fx.GraphModule(self.root, self.new, class_name="RankProgram")
         module.graph.eliminate_dead_code()
         module.recompile()
@@ -159,6 +184,7 @@ class _Builder:
         names = [by_node[s] for s in state]
         reduce_axes = {k: tuple(a for a, p in enumerate(self.grad_of[k]) if p.is_partial())
                        for k in names if k not in self.sync_bn}
+        module = recompute_blocks(module)
         return Program(module, names, self.inputs, self.input_specs, dict(self.stored),
                        reduce_axes, self.sync_bn, self.layouts, self.output_placements, self.input_placements)
 
@@ -183,6 +209,8 @@ class _Builder:
         if not isinstance(self.values.get(n), torch.Tensor):
             self.env[n] = _Value(ph, None)
             return
+        if self.values[n].is_floating_point():
+            self.float_inputs.append(ph)
         pl = self._replicated()
         if self.local_inputs:  # each rank passes its own slice of the batch over the data axes
             pl = self.input_layout.get(n.name, pl)

@@ -11,7 +11,8 @@ soon as its last gradient is accumulated (overlapping the rest of the backward),
 when the backward ends. DDP itself cannot be used: its parameters are DTensors, and different
 parameters reduce over different groups of mesh axes (a tensor-parallel weight only over the
 data axes, a replicated one over all of them). Sums, not averages: the program computes the
-global loss, so each rank's gradient is a partial sum of the true one.
+global loss, so each rank's gradient is a partial sum of the true one. Under ZeRO-1/2 the buckets
+are sliced over the data-parallel axes and stage 2 reduce-scatters them (``zero.py``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class GradReducer:
     DTensor view of its (reduced) local gradient, so optimizers and state dicts see DTensors."""
 
     def __init__(self, mesh: DeviceMesh, leaves: list[tuple[nn.Parameter, torch.Tensor, tuple[int, ...]]],
-                 bucket_bytes: int = BUCKET_BYTES):
+                 bucket_bytes: int = BUCKET_BYTES, zero: int = 0, zero_axes: tuple[int, ...] | None = None):
         self.mesh = mesh
         self.leaves = [(p, leaf) for p, leaf, _ in leaves]
         ids = {id(leaf): leaf for _, leaf, _ in leaves}
@@ -120,6 +121,12 @@ class GradReducer:
         self._base: dict[int, torch.Tensor] = {}  # id(leaf) -> gradient already reduced (accumulation)
         self._started = False
         self._hooks = [leaf.register_post_accumulate_grad_hook(self._on_grad) for _, leaf, _ in leaves]
+        self.zero = min(int(zero), 2)
+        self.shards = {}
+        if self.zero:
+            from .zero import zero_buckets
+
+            self.shards = zero_buckets(mesh, self.buckets, self.bucket_axes, zero_axes, lambda a: _group(mesh, a))
 
     def sync_zeroed(self) -> None:
         """Before a forward: a parameter whose ``.grad`` the optimizer set to None has its leaf's
@@ -165,7 +172,9 @@ class GradReducer:
         every step costs more than the copy) cut into one view per gradient."""
         if b not in self._buffers:
             leaves = self.buckets[b]
-            buf = torch.empty(sum(leaf.numel() for leaf in leaves), dtype=leaves[0].dtype, device=leaves[0].device)
+            z = self.shards.get(b)  # ZeRO: padded to equal slices, the padding zeros
+            buf = torch.zeros(z.numel, dtype=leaves[0].dtype, device=leaves[0].device) if z is not None else \
+                torch.empty(sum(leaf.numel() for leaf in leaves), dtype=leaves[0].dtype, device=leaves[0].device)
             views, offset = [], 0
             for leaf in leaves:
                 views.append(buf[offset:offset + leaf.numel()].view_as(leaf))
@@ -185,6 +194,11 @@ class GradReducer:
             if base is not None:
                 view.sub_(base)  # only what this backward added is summed over the ranks
         buf = self._buffers[b][0]
+        z = self.shards.get(b)
+        if self.zero == 2 and z is not None:
+            z.incoming = torch.empty(z.slice, dtype=buf.dtype, device=buf.device)
+            self._work.append((dist.reduce_scatter_single(z.incoming, buf, group=z.group, async_op=True), b))
+            return
         self._work.append((dist.all_reduce(buf, group=self.groups[self.bucket_axes[b]], async_op=True), b))
 
     def _finish(self) -> None:
@@ -193,6 +207,11 @@ class GradReducer:
                 self._launch(b)
         for work, b in self._work:
             work.wait()
+            z = self.shards.get(b)
+            if z is not None:
+                self._shard_grad(b, z)
+                if self.zero == 2:
+                    continue
             for leaf, view in zip(self.buckets[b], self._buffers[b][1]):
                 if leaf.grad is None:
                     continue
@@ -210,6 +229,24 @@ class GradReducer:
         self._ready = [0] * len(self.buckets)
         self._queued = False
         self._started = False
+
+    def _shard_grad(self, b: int, z) -> None:
+        """ZeRO: this rank's slice of the bucket's summed gradient as its master slice's gradient
+        (stage 2: what the reduce-scatter brought, summed over the other axes, added to what an
+        earlier backward left; the parameters keep no gradient)."""
+        if self.zero == 1:
+            z.master.grad = self._buffers[b][0][z.rank * z.slice:(z.rank + 1) * z.slice]
+            return
+        if z.rest is not None:
+            dist.all_reduce(z.incoming, group=z.rest)
+        if z.master.grad is None:
+            z.master.grad = z.incoming
+        else:
+            z.master.grad.add_(z.incoming)
+        z.incoming = None
+        self._buffers.pop(b, None)  # the whole bucket only lives for its reduce-scatter
+        for leaf in self.buckets[b]:
+            leaf.grad = None
 
     def remove(self) -> None:
         for h in self._hooks:

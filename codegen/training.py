@@ -1,0 +1,144 @@
+"""Training options in the generated program: mixed-precision casts and per-block recomputation.
+
+The plan's ``Strategy`` (``autopar.core.strategy``) says what the search priced; ``ProgramTraining``
+is what codegen does with it (or with the options given to ``autopar.compile`` for a plan that
+has none):
+
+* mixed precision: the parameters stay fp32 (the DTensors the optimizer steps: the master
+  weights); the program casts each floating parameter and floating input to the compute dtype
+  right after its placeholder, so every op computes in bf16 and autograd brings the gradients
+  back to fp32 through the cast (the data-parallel sync then sums fp32 gradients).
+* recomputation: the program's nodes are grouped by the repeated block (``layers.3``) of the IR
+  node they come from, each block cut out with ``torch.fx``'s ``split_module`` and run under
+  ``torch.utils.checkpoint`` (non-reentrant): only the block's inputs are kept for the backward,
+  which re-runs the block's forward, its collectives included (every rank re-runs the same ones).
+* ZeRO-1/2: ``zero.py`` (the gradient buckets and the sharded optimizer).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.fx.passes.split_module import split_module
+from torch.utils.checkpoint import checkpoint
+
+from autopar.core.blocks import block_path, repeated_blocks
+
+BLOCK = "autopar_block"  # node.meta key: the recomputed block a program node belongs to
+
+
+@dataclass(frozen=True)
+class ProgramTraining:
+    """What the program and its gradient sync do beyond the plan's splits."""
+
+    dtype: torch.dtype | None = None  # compute dtype of mixed precision; None: the model's own
+    recompute: tuple[str, ...] = ()  # block paths run under torch.utils.checkpoint
+    zero: int = 0  # ZeRO stage (1: optimizer state sliced, 2: also gradients; 3 runs as 2)
+    zero_axes: tuple[int, ...] | None = None  # mesh axes ZeRO shards over (None: every axis a gradient sums over)
+
+    @property
+    def plain(self) -> bool:
+        return self.dtype is None and not self.recompute and not self.zero
+
+
+PLAIN = ProgramTraining()
+
+
+def program_training(graph, strategy=None, *, zero=None, precision=None, recompute=None) -> ProgramTraining:
+    """The plan's strategy, with the options given to ``compile`` in its place (or over it)."""
+    from autopar.core.strategy import PRECISIONS, TrainingOptions
+
+    opts = strategy.options if strategy is not None else TrainingOptions()
+    blocks = tuple(strategy.recompute) if strategy is not None else ()
+    axes = tuple(strategy.zero_axes) if strategy is not None and strategy.zero_axes else None
+    if zero is not None or precision is not None or recompute is not None:
+        opts = TrainingOptions(opts.zero if zero is None else int(zero),
+                               opts.precision if precision is None else precision,
+                               opts.recompute if recompute is None else bool(recompute))
+        if recompute is not None:
+            blocks = tuple(b.path for b in repeated_blocks(graph)) if recompute else ()
+        if zero is not None and strategy is None:
+            axes = None
+    if opts.recompute and not blocks:
+        blocks = tuple(b.path for b in repeated_blocks(graph))
+    if opts.precision == "fp16":
+        raise ValueError("fp16 mixed precision needs loss scaling, which codegen does not do: "
+                         "compile with precision='bf16' (or 'fp32')")
+    if opts.zero == 3:  # same numerics, more memory: say so rather than fail a searched plan
+        warnings.warn("ZeRO-3 (parameters stored sharded) is not generated: this plan runs as ZeRO-2 "
+                      "(optimizer state and gradients sliced, parameters whole)", stacklevel=3)
+    dtype = getattr(torch, PRECISIONS[opts.precision]) if opts.mixed else None
+    return ProgramTraining(dtype, blocks, min(opts.zero, 2), axes if opts.zero else None)
+
+
+def block_of(module_path: str, recompute: tuple[str, ...]) -> str | None:
+    b = block_path(module_path)
+    return b if b in recompute else None
+
+
+def tag_new_nodes(graph: fx.Graph, mark: fx.Node, block: str | None) -> None:
+    """Tag the nodes appended after ``mark`` with their block."""
+    node = graph._root.prev
+    while node is not mark and node is not graph._root:
+        if node.op not in ("placeholder", "output") and block is not None:
+            node.meta[BLOCK] = block
+        node = node.prev
+
+
+def cast_placeholders(graph: fx.Graph, placeholders: list[fx.Node], dtype: torch.dtype) -> None:
+    """Each of ``placeholders`` read through ``.to(dtype)`` (inserted after the last placeholder)."""
+    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    at = last
+    for ph in placeholders:
+        users = list(ph.users)
+        with graph.inserting_after(at):
+            cast = graph.call_method("to", (ph, dtype))
+        at = cast
+        for u in users:
+            u.replace_input_with(ph, cast)
+
+
+class Recomputed(nn.Module):
+    """One block of the program, its forward re-run in the backward (``torch.utils.checkpoint``)."""
+
+    def __init__(self, inner: fx.GraphModule, block: str):
+        super().__init__()
+        self.inner = inner
+        self.block = block
+
+    def forward(self, *args):
+        return checkpoint(self.inner, *args, use_reentrant=False)
+
+    def extra_repr(self) -> str:
+        return f"recomputed block {self.block}"
+
+
+def recompute_blocks(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with each run of nodes tagged with one block as a ``Recomputed`` submodule (the
+    untagged runs as plain submodules between them); ``gm`` itself when nothing is tagged."""
+    segment, last, blocks = -1, object(), {}
+
+    def part_of(node: fx.Node) -> int:
+        nonlocal segment, last
+        b = node.meta.get(BLOCK)
+        if b != last:
+            segment, last = segment + 1, b
+            blocks[segment] = b
+        return segment
+
+    if not any(BLOCK in n.meta for n in gm.graph.nodes):
+        return gm
+    parts = {n: part_of(n) for n in gm.graph.nodes if n.op not in ("placeholder", "output")}
+    split = split_module(gm, gm, lambda n: parts[n], keep_original_order=True, keep_original_node_name=True)
+    for name, sub in list(split.named_children()):
+        if name.startswith("submod_") and blocks.get(int(name[7:])) is not None:
+            setattr(split, name, Recomputed(sub, blocks[int(name[7:])]))
+    before = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    after = [n.name for n in split.graph.nodes if n.op == "placeholder"]
+    if before != after:  # the caller feeds the state and inputs in the unsplit order
+        raise RuntimeError(f"recompute: split_module reordered the program's inputs ({before} -> {after})")
+    return split
