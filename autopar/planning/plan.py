@@ -107,6 +107,7 @@ class Plan:
     batch: int | None = None  # the global batch the plan was made for (pipelined: split in microbatches)
     explanation: list[str] = field(default_factory=list, repr=False)  # every term's arithmetic
     pase_rate: float | None = None  # PaSE plans: the FLOP-per-word rate r of its tables
+    notices: list[str] = field(default_factory=list, repr=False)  # what the report must say (mesh axes unused, why)
     # ZeRO stage, precision, recomputed blocks, degrees (hierarchical plans): what codegen applies
     strategy: Strategy | None = None
     graph: Any = field(default=None, repr=False, compare=False)  # ir.Graph (or PaSE view), not saved
@@ -160,6 +161,7 @@ class Plan:
             "batch": self.batch,
             "explanation": self.explanation,
             "pase_rate": self.pase_rate,
+            "notices": self.notices,
             "strategy": self.strategy.to_json() if self.strategy else None,
             "baselines": {k: b.to_json() for k, b in self.baselines.items()},
         }
@@ -195,6 +197,7 @@ class Plan:
                 batch=doc.get("batch"),
                 explanation=list(doc.get("explanation", [])),
                 pase_rate=doc.get("pase_rate"),
+                notices=[str(n) for n in doc.get("notices", [])],
                 strategy=Strategy.from_json(doc["strategy"]) if doc.get("strategy") else None,
             )
         except (KeyError, TypeError, ValueError) as e:
