@@ -135,6 +135,10 @@ def _cmd_run(args) -> int:
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
     model, inputs, kwargs, _ = load_call(args.model)  # a bad MODEL fails here, in one line, before any process starts
+    if args.plan:  # a plan that cannot train, before any process starts
+        from autopar.planning.plan import Plan
+
+        Plan.load(args.plan, mode="train")
     plan_kwargs = {} if args.plan else {"cluster": args.cluster, "cost_model": args.cost_model}
     results = launch(run_worker, args.nproc, args.model, args.steps, args.lr, args.plan, plan_kwargs,
                      timeout=args.timeout)

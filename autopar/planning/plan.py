@@ -204,9 +204,11 @@ class Plan:
             raise PlanMismatchError(f"corrupt plan file: missing or bad field {e}") from None
 
     @classmethod
-    def load(cls, path, graph=None, cluster=None) -> "Plan":
-        """Read a plan; with ``graph``/``cluster`` given, refuse one made for something else."""
+    def load(cls, path, graph=None, cluster=None, mode: str | None = None) -> "Plan":
+        """Read a plan, refusing one that cannot run as written (``plan_file.check``); with
+        ``graph``/``cluster``/``mode`` given, refuse one made for something else."""
         plan = cls.from_json(plan_file.read(path))
+        plan_file.check(plan, str(path), mode=mode)
         if graph is not None:
             from autopar.core.fingerprint import fingerprint
 
@@ -216,6 +218,7 @@ class Plan:
                     f"{path} was planned for another model ({plan.model_name or '?'}, graph {plan.fingerprint}); "
                     f"this model's graph is {fp}: re-plan it"
                 )
+            plan_file.check(plan, str(path), graph)
         if cluster is not None:
             theirs = dataclasses.asdict(cluster) if dataclasses.is_dataclass(cluster) else dict(cluster)
             if theirs != plan.cluster:
