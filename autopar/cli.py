@@ -111,17 +111,9 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from autopar.report.format import fmt_bytes, fmt_seconds
+    from autopar.report.compare import compare_lines
 
-    plan = _plan(args)
-    fmt = fmt_seconds if plan.units == "s" else (lambda v: f"{v:.6g}")
-    rows = [(name.replace("_", " "), b) for name, b in plan.baselines.items()] + [("autopar", plan)]
-    print(f"{plan.model_name} on {plan.cluster['name']} ({plan.devices} devices), cost model {plan.cost_model}")
-    print(f"{'plan':<15} {'step time':>12} {'memory/device':>14} {'speedup vs DP':>14}")
-    dp = plan.baselines.get("data_parallel")
-    for name, p in rows:
-        speedup = f"{dp.cost / p.cost:>13.2f}x" if dp is not None else f"{'-':>14}"
-        print(f"{name:<15} {fmt(p.cost):>12} {fmt_bytes(p.memory_per_device):>14} {speedup}")
+    print("\n".join(compare_lines(_plan(args))))
     return 0
 
 
@@ -143,6 +135,10 @@ def _cmd_run(args) -> int:
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
     model, inputs, kwargs, _ = load_call(args.model)  # a bad MODEL fails here, in one line, before any process starts
+    if args.plan:  # a plan that cannot train, before any process starts
+        from autopar.planning.plan import Plan
+
+        Plan.load(args.plan, mode="train")
     plan_kwargs = {} if args.plan else {"cluster": args.cluster, "cost_model": args.cost_model}
     results = launch(run_worker, args.nproc, args.model, args.steps, args.lr, args.plan, plan_kwargs,
                      timeout=args.timeout)
@@ -154,6 +150,8 @@ def _cmd_run(args) -> int:
     comparison = LossComparison(results[0][1], single_process_losses(model, inputs, args.steps, args.lr, kwargs),
                                 args.nproc)
     print(comparison.table())
+    if comparison.diverged:  # nan/inf: not "equal", and not a difference autopar made
+        raise AutoparError(comparison.diverged)
     return 0 if comparison.equal else 1
 
 

@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from autopar.core.cluster import Cluster
 from autopar.core.errors import AutoparError, LaunchRequiredError, PlanMismatchError
+from autopar.planning import plan_file
 from autopar.planning.plan import Plan
 
 # torch.fx patches module-level functions while it traces, so two traces at once in one process
@@ -155,6 +156,7 @@ def _local_plan(model, inputs, graph, cluster, plan, plan_kwargs) -> Plan:
     else:
         raise ValueError(f"plan must be None, an autopar.Plan or a plan file's path, not {type(plan).__name__}")
     _check_fingerprint(plan, graph, what)
+    plan_file.check(plan, what, graph)  # every node present, every split one its mesh can make
     return plan
 
 

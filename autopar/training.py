@@ -8,6 +8,7 @@ prints the two loss columns side by side and says how far apart they are.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -56,14 +57,27 @@ class LossComparison:
         return max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(self.sharded, self.single)), default=0.0)
 
     @property
+    def diverged(self) -> str:
+        """'' while every loss is finite; else which run first went to nan/inf, and at which step."""
+        for k, (a, b) in enumerate(zip(self.sharded, self.single)):
+            if not (math.isfinite(a) and math.isfinite(b)):
+                return (f"the losses diverged: not finite ({a:g} with {self.devices} processes, {b:g} on 1 process) "
+                        f"from step {k}: the runs cannot be compared; lower --lr")
+        return ""
+
+    @property
     def equal(self) -> bool:
-        return len(self.sharded) == len(self.single) and self.max_relative_difference <= RTOL
+        return (len(self.sharded) == len(self.single) and not self.diverged
+                and self.max_relative_difference <= RTOL)
 
     def table(self) -> str:
         head = f"{'step':>4}  {f'loss, {self.devices} processes (autopar)':>32}  {'loss, 1 process':>16}  {'rel. diff':>9}"
         rows = [head]
         for k, (a, b) in enumerate(zip(self.sharded, self.single)):
             rows.append(f"{k:>4}  {a:>32.7f}  {b:>16.7f}  {abs(a - b) / max(abs(b), 1e-12):>9.1e}")
+        if self.diverged:
+            rows.append("diverged: " + self.diverged.split(": ", 1)[1].split(": the runs")[0])
+            return "\n".join(rows)
         verdict = "equal" if self.equal else "DIFFERENT"
         rows.append(f"{verdict}: largest relative difference {self.max_relative_difference:.1e} "
                     f"(float32 rounding allows {RTOL:g})")

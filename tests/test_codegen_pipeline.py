@@ -57,6 +57,8 @@ def two_stage_plan(graph, microbatches: int, schedule: str, cut: int | None = No
     mesh = Mesh((2,) if devices == 1 else (2, devices))
     full = {k: Config(c.splits, tuple(tuple(a + 1 for a in axes) for axes in c.mesh_axes))
             for k, c in (assignment or {}).items()}
+    # every node has a config, as in a plan autopar writes (a file missing one is refused on load)
+    full = {n.name: full.get(n.name, Config((1,) * len(n.dims), ((),) * len(n.dims))) for n in graph.nodes}
     return Plan("hand", "", {}, mesh, "analytic", "mesh", "training", full, 0.0, "s", 0.0,
                 SearchInfo("by hand", 0.0),
                 stages=[Stage(names[:cut], devices), Stage(names[cut:], devices)],

@@ -304,10 +304,21 @@ _HANDLERS = {
     "view": _view, "cat": _cat, "stack": _cat, "split": _split, "embedding": _embedding,
     "lstm": _lstm, "cross_entropy": _cross_entropy, "opaque": _opaque,
 }
+SUPPORTED = ("linear, conv2d, pooling, batch and layer norm, softmax, einsum, LSTM, embedding, binary "
+             "elementwise, reshape, cat/stack/unbind, cross-entropy")
 _SOURCES = ("embedding", "conv2d", "linear", "einsum", "lstm")  # nodes even on graph inputs alone
 
 
 def pase_view(graph: ir.Graph, profile: str | PaseProfile = "default") -> PaseGraph:
     """PaSE's graph of a traced model; ``profile`` names the per-model fold rules (PROFILES)."""
     prof = PROFILES[profile] if isinstance(profile, str) else profile
-    return _View(graph, prof).run()
+    try:
+        return _View(graph, prof).run()
+    except PaseViewError as e:  # one line: what PaSE's space is, what this model has, what to use instead
+        missing = sorted({n.op for n in graph.nodes if n.op not in _HANDLERS})
+        has = f"ops {', '.join(missing)} PaSE has no node for, and " if missing else ""
+        raise PaseViewError(
+            f"space='pase' is PaSE's own view of a graph, with the nodes of its AlexNet, Inception-v3, RNNLM and "
+            f"Transformer ({SUPPORTED}); {graph.model_name or 'this model'} has {has}{e}: plan it with "
+            "cost_model='analytic' (space='mesh', which splits every op autopar traces), or use PaSE's space on "
+            "zoo:alexnet, zoo:inception3, zoo:rnnlm or zoo:transformer") from None

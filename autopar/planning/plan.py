@@ -107,6 +107,7 @@ class Plan:
     batch: int | None = None  # the global batch the plan was made for (pipelined: split in microbatches)
     explanation: list[str] = field(default_factory=list, repr=False)  # every term's arithmetic
     pase_rate: float | None = None  # PaSE plans: the FLOP-per-word rate r of its tables
+    notices: list[str] = field(default_factory=list, repr=False)  # what the report must say (mesh axes unused, why)
     # ZeRO stage, precision, recomputed blocks, degrees (hierarchical plans): what codegen applies
     strategy: Strategy | None = None
     graph: Any = field(default=None, repr=False, compare=False)  # ir.Graph (or PaSE view), not saved
@@ -160,6 +161,7 @@ class Plan:
             "batch": self.batch,
             "explanation": self.explanation,
             "pase_rate": self.pase_rate,
+            "notices": self.notices,
             "strategy": self.strategy.to_json() if self.strategy else None,
             "baselines": {k: b.to_json() for k, b in self.baselines.items()},
         }
@@ -195,15 +197,18 @@ class Plan:
                 batch=doc.get("batch"),
                 explanation=list(doc.get("explanation", [])),
                 pase_rate=doc.get("pase_rate"),
+                notices=[str(n) for n in doc.get("notices", [])],
                 strategy=Strategy.from_json(doc["strategy"]) if doc.get("strategy") else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanMismatchError(f"corrupt plan file: missing or bad field {e}") from None
 
     @classmethod
-    def load(cls, path, graph=None, cluster=None) -> "Plan":
-        """Read a plan; with ``graph``/``cluster`` given, refuse one made for something else."""
+    def load(cls, path, graph=None, cluster=None, mode: str | None = None) -> "Plan":
+        """Read a plan, refusing one that cannot run as written (``plan_file.check``); with
+        ``graph``/``cluster``/``mode`` given, refuse one made for something else."""
         plan = cls.from_json(plan_file.read(path))
+        plan_file.check(plan, str(path), mode=mode)
         if graph is not None:
             from autopar.core.fingerprint import fingerprint
 
@@ -213,6 +218,7 @@ class Plan:
                     f"{path} was planned for another model ({plan.model_name or '?'}, graph {plan.fingerprint}); "
                     f"this model's graph is {fp}: re-plan it"
                 )
+            plan_file.check(plan, str(path), graph)
         if cluster is not None:
             theirs = dataclasses.asdict(cluster) if dataclasses.is_dataclass(cluster) else dict(cluster)
             if theirs != plan.cluster:

@@ -46,3 +46,64 @@ def mesh_to_json(m: Mesh) -> dict:
 
 def mesh_from_json(d: dict) -> Mesh:
     return Mesh(tuple(d["shape"]), tuple(d.get("level", ())))
+
+
+def check(plan, what: str, graph=None, mode: str | None = None) -> None:
+    """Refuse (PlanMismatchError, one line naming the first problem) a plan that cannot run as
+    written: a mesh with another device count than its cluster, a split its mesh axes cannot make
+    (a split of 3 on a 2-wide axis), a node of ``graph`` it has no config for, a config with the
+    wrong number of dims, or a plan made for another ``mode`` (an inference plan used to train)."""
+    devices = plan.cluster.get("devices") if isinstance(plan.cluster, dict) else None
+    if devices is not None and plan.mesh.size != devices:
+        raise PlanMismatchError(f"{what}: its mesh {tuple(plan.mesh.shape)} has {plan.mesh.size} devices but its "
+                                f"cluster {plan.cluster.get('name', '?')} has {devices}: re-plan it")
+    if mode is not None and plan.mode != mode:
+        raise PlanMismatchError(f"{what} was made for {plan.mode}, not {mode} (it prices "
+                                f"{'the forward only' if plan.mode == 'inference' else 'a training step'}): "
+                                f"re-plan with --mode {mode}")
+    mesh = tuple(plan.mesh.shape)  # pipelined plans too: stage configs are on the full mesh (stages.py)
+    for name, cfg in plan.assignment.items():
+        problem = _config_problem(cfg, mesh)
+        if problem:
+            raise PlanMismatchError(f"{what}: node {name!r} {problem}: re-plan it")
+    if graph is None or plan.cost_model == "pase":  # PaSE plans name PaSE's nodes, not the graph's
+        return
+    for node in graph.nodes:
+        cfg = plan.assignment.get(node.name)
+        if cfg is None:
+            raise PlanMismatchError(f"{what} has no config for node {node.name!r}: re-plan it")
+        if len(cfg.splits) != len(node.dims):
+            raise PlanMismatchError(f"{what}: node {node.name!r} has {len(cfg.splits)} splits for its "
+                                    f"{len(node.dims)} dims: re-plan it")
+    extra = set(plan.assignment) - {n.name for n in graph.nodes}
+    if extra:
+        raise PlanMismatchError(f"{what} has a config for {sorted(extra)[0]!r}, which this model has no node "
+                                "named: re-plan it")
+
+
+def _config_problem(cfg: Config, mesh: tuple[int, ...]) -> str:
+    if any(not isinstance(s, int) or s < 1 for s in cfg.splits):
+        return f"has splits {tuple(cfg.splits)}; splits are whole numbers >= 1"
+    if not cfg.mesh_axes:  # a config without mesh axes (PaSE's space): its splits must fit the devices
+        total = 1
+        for s in cfg.splits:
+            total *= s
+        size = 1
+        for k in mesh:
+            size *= k
+        return "" if size % total == 0 else f"splits {tuple(cfg.splits)} over {total} devices, not a divisor of {size}"
+    if len(cfg.mesh_axes) != len(cfg.splits):
+        return f"has {len(cfg.splits)} splits but mesh axes for {len(cfg.mesh_axes)} dims"
+    used = [a for axes in cfg.mesh_axes for a in axes]
+    if any(not isinstance(a, int) or not 0 <= a < len(mesh) for a in used):
+        return f"uses mesh axes {used}; the mesh {mesh} has axes 0..{len(mesh) - 1}"
+    if len(set(used)) != len(used):
+        return f"uses mesh axes {used}, one of them twice"
+    for d, (s, axes) in enumerate(zip(cfg.splits, cfg.mesh_axes)):
+        size = 1
+        for a in axes:
+            size *= mesh[a]
+        if size != s:
+            return (f"splits dim {d} {s} ways on mesh axes {list(axes)} of mesh {mesh}, which have {size} "
+                    "devices")
+    return ""

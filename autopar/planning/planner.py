@@ -19,6 +19,7 @@ from autopar.core.ir import Graph
 from autopar.core.tables import CostTables, Solution
 from autopar.planning import baselines as base_plans
 from autopar.planning import breakdown, registry
+from autopar.planning.notices import mesh_axis_notices
 from autopar.planning.plan import Plan, SearchInfo, Stage
 
 # What a pipelined plan is (planning/stages.py): not an optimum over stages x splits.
@@ -128,6 +129,8 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     name = model_name or graph.model_name or type(model).__name__
     common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
                   mesh=cluster.mesh(), cost_model=cost_model, space=space, mode=mode)
+    if memory_capacity is not None:  # the plan (and its report and file) says the capacity it was made for
+        common["cluster"]["memory_capacity"] = float(memory_capacity)
     from autopar.planning import hierarchical as hier
 
     if hier.wanted(hierarchical, cluster, pin, entry.name):
@@ -179,6 +182,7 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
     plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
     plan.strategy = strategy_of(graph, opts, plan.assignment)
     plan.rows = breakdown.mesh_rows(priced, tables, plan.assignment, model, cluster, mode)
+    plan.notices = mesh_axis_notices(priced, tables, plan.assignment, cluster.mesh())
     if explain and entry.name == "analytic":
         from autopar.cost_models.analytic import explain_plan
 

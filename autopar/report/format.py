@@ -25,6 +25,33 @@ def fmt_bytes(b: float | None) -> str:
     return f"{b:.0f} B"
 
 
+def speed_words(ratio: float) -> str:
+    """'1.13x faster', '1.12x slower' or 'as fast' for ``ratio`` = other's cost / this one's: never
+    '1x faster' (equal within the 3 digits shown) nor '0.889x faster' (a slow-down said as one)."""
+    if not ratio > 0 or ratio != ratio or ratio == float("inf"):
+        return "not comparable"
+    big = max(ratio, 1 / ratio)
+    if f"{big:.3g}" == "1":
+        return "as fast (equal to 3 digits)"
+    return f"{big:.3g}x {'faster' if ratio > 1 else 'slower'}"
+
+
+def over_capacity(memory: float | None, capacity: float | None) -> str:
+    """'does not fit (3.51 GiB > 2 GiB)' when ``memory`` exceeds ``capacity``, else ''."""
+    if not capacity or memory is None or memory != memory or memory <= capacity:
+        return ""
+    return f"does not fit ({fmt_bytes(memory)} > {fmt_bytes(capacity)})"
+
+
+def replicates_everything(plan) -> bool:
+    """A single-stage plan on several devices that splits no node: every device runs the whole model."""
+    return (plan.devices > 1 and not plan.stages and bool(plan.assignment)
+            and all(all(s == 1 for s in c.splits) for c in plan.assignment.values()))
+
+
+NO_PARALLELISM = "no parallelism: every device runs the whole model"
+
+
 def units_of(plan):
     """The formatter for the plan's cost units (seconds, or e.g. PaSE's FLOP-equivalents)."""
     return fmt_seconds if plan.units == "s" else (lambda v: f"{v:.6g} {plan.units}")

@@ -25,14 +25,31 @@ KINDS = {
 COMM = "#303030"
 
 
+SCALES = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"))
+MAX_LABELS = 80  # node names on the x axis; beyond this every k-th node is named
+
+
 def _title(plan) -> str:
-    from autopar.report.format import units_of
+    from autopar.report.format import NO_PARALLELISM, replicates_everything, speed_words, units_of
 
     units = units_of(plan)
-    head = f"{plan.model_name} on {plan.cluster.get('name', '?')}: {units(plan.cost)}"
-    if "data_parallel" in plan.baselines:
-        head += f" ({plan.baselines['data_parallel'].cost / plan.cost:.2f}x over data parallel)"
+    head = f"{plan.model_name} on {plan.cluster.get('name', '?')}: {units(plan.cost)} per step"
+    if replicates_everything(plan):
+        head += f" ({NO_PARALLELISM})"
+    elif "data_parallel" in plan.baselines:
+        head += f" ({speed_words(plan.baselines['data_parallel'].cost / plan.cost)} than data parallel)"
     return head
+
+
+def seconds_scale(total: float) -> tuple[float, str]:
+    """The unit the title prints ``total`` in (fmt_seconds'), for the y axis to read the same."""
+    return next(((f, u) for f, u in SCALES if abs(total) >= f), SCALES[-1])
+
+
+def node_label(row) -> str:
+    """What a bar is called on the x axis: the module path and its op, e.g. 'blocks.0.fc1 linear'."""
+    label = row.module if row.module == row.name or row.op in row.module else f"{row.module} {row.op}"
+    return label if len(label) <= 32 else "..." + label[-29:]
 
 
 def _bars(plan, ax):
@@ -40,14 +57,22 @@ def _bars(plan, ax):
 
     nums = plan.rows
     colors = [KINDS[r.split_kind] for r in nums]
-    unit = (f"{plan.units}, PaSE's FLOP-equivalents" if plan.cost_model == "pase"
-            else "seconds" if plan.units == "s" else plan.units)
+    if plan.units == "s":
+        scale, name = seconds_scale(plan.cost)
+        unit = f"{name}, as in the title"
+    else:
+        scale, unit = 1.0, (f"{plan.units}, PaSE's FLOP-equivalents" if plan.cost_model == "pase" else plan.units)
     x = range(len(nums))
-    compute = [v.compute for v in nums]
-    ax.bar(x, compute, color=colors, width=1.0, linewidth=0)
-    ax.bar(x, [v.comm for v in nums], bottom=compute, color=COMM, alpha=0.75, width=1.0, linewidth=0)
-    ax.set_xlabel("node (execution order)")
+    compute = [v.compute / scale for v in nums]
+    ax.bar(x, compute, color=colors, width=0.8, linewidth=0)
+    ax.bar(x, [v.comm / scale for v in nums], bottom=compute, color=COMM, alpha=0.75, width=0.8, linewidth=0)
+    step = max(1, -(-len(nums) // MAX_LABELS))
+    ax.set_xticks(list(x)[::step])
+    ax.set_xticklabels([node_label(r) for r in nums][::step], rotation=90, fontsize=7)
+    ax.set_xlim(-0.6, len(nums) - 0.4)
+    ax.set_xlabel("node, in execution order" + (f" (every {step}th named)" if step > 1 else ""))
     ax.set_ylabel(f"predicted per step\n({unit})", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
     handles = [Patch(color=c, label=f"compute, {k}") for k, c in KINDS.items()]
     handles.append(Patch(color=COMM, alpha=0.75, label="communication"))
     ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=8, ncol=3,
@@ -70,8 +95,7 @@ def _timeline(plan, ax):
         syncs = [0.0] * s_count
         sends = [0.0] * s_count
     slot = max(times)
-    scale, unit = next(((f, u) for f, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"))
-                        if slot * (m + s_count) >= f), (1e-9, "ns"))
+    scale, unit = next(((f, u) for f, u in SCALES if slot * (m + s_count) >= f), SCALES[-1])
     for k in range(s_count):
         y = s_count - 1 - k
         for j in range(m):
@@ -101,6 +125,17 @@ def _timeline(plan, ax):
 
 
 def draw(plan, path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = figure(plan)
+    path = Path(path)
+    fig.savefig(path, format=path.suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return path
+
+
+def figure(plan):
+    """The matplotlib figure ``draw`` saves (its axes are what a test reads)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,12 +147,9 @@ def draw(plan, path) -> Path:
         fig, ax = plt.subplots(figsize=(12, 1.2 + 0.7 * len(plan.stages)))
         _timeline(plan, ax)
     else:
-        n = len(plan.rows)
-        fig, ax = plt.subplots(figsize=(max(8.0, min(4 + 0.08 * n, 40)), 5))
+        n = min(len(plan.rows), MAX_LABELS)
+        fig, ax = plt.subplots(figsize=(max(8.0, min(3 + 0.16 * n, 40)), 7))
         _bars(plan, ax)
     fig.suptitle(_title(plan), fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, format=path.suffix.lstrip(".") or "png")
-    plt.close(fig)
-    return path
+    return fig

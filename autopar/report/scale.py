@@ -7,7 +7,7 @@ one cost model for all of them), so a saved plan prints the same report.
 
 from __future__ import annotations
 
-from autopar.report.format import fmt_bytes, fmt_seconds
+from autopar.report.format import fmt_bytes, fmt_seconds, over_capacity, speed_words
 
 # why a term differs, in words (filled with the two plans' numbers)
 _WHY = {
@@ -31,7 +31,7 @@ def _level(deg, which) -> str:
 def _row(name: str, plan, capacity: float | None) -> list[str]:
     s = plan.strategy
     d = s.degrees
-    fits = "yes" if capacity is None or plan.memory_per_device <= capacity else "NO"
+    fits = over_capacity(plan.memory_per_device, capacity) or "yes"
     options = s.options.describe()
     if s.options.zero and s.zero_axes:
         group = 1
@@ -129,8 +129,10 @@ def format_scale_report(plan) -> str:
     for name, b in plan.baselines.items():
         if not b.strategy:
             continue
-        lines += ["", f"why autopar's plan differs from {name.replace('_', ' ')} "
-                      f"({fmt_seconds(b.cost)} -> {fmt_seconds(plan.cost)}, {b.cost / plan.cost:.3g}x):"]
+        misfit = over_capacity(b.memory_per_device, capacity)  # it would not run: no speed-up against it
+        lines += ["", f"why autopar's plan differs from {name.replace('_', ' ')} ({fmt_seconds(b.cost)} -> "
+                      f"{fmt_seconds(plan.cost)}, " + (f"but {name.replace('_', ' ')} {misfit}" if misfit else
+                      f"autopar is {speed_words(b.cost / plan.cost)}") + "):"]
         lines += ["  " + w for w in why_lines(plan, b, name.replace("_", " "))] or ["  (no term differs by more than 0.5%)"]
         if b.strategy.notes and plan.strategy.notes:
             lines += [f"  autopar's {plan.strategy.notes[0]}", f"  {name.replace('_', ' ')}'s {b.strategy.notes[0]}"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from autopar.report.pase import pase_lines
 from autopar.report.pipeline import pipeline_lines
-from autopar.report.format import NODE_HEADER, PLACEMENT_KEY, fmt_bytes, fmt_seconds, fold, node_cells, table, units_of
+from autopar.report.format import (NO_PARALLELISM, NODE_HEADER, PLACEMENT_KEY, fmt_bytes, fmt_seconds, fold, node_cells,
+                                   over_capacity, replicates_everything, speed_words, table, units_of)
 
 def header_lines(plan) -> list[str]:
     c = plan.cluster
@@ -30,10 +31,22 @@ def header_lines(plan) -> list[str]:
         lines.append(f"predicted step time: {units(plan.cost)}; memory per device: "
                      f"{fmt_bytes(plan.memory_per_device)}"
                      + (f" of {fmt_bytes(c['memory_capacity'])}" if c.get("memory_capacity") else ""))
+    alone = replicates_everything(plan)
+    if alone:
+        lines.append(NO_PARALLELISM + " (no node is split)")
+    lines += [f"  {n}" for n in plan.notices]
+    capacity = None if plan.cost_model == "pase" else c.get("memory_capacity")
     for name, b in plan.baselines.items():
-        lines.append(f"  vs {name.replace('_', ' ')}: {units(b.cost)}"
-                     + ("" if plan.cost_model == "pase" else f", {fmt_bytes(b.memory_per_device)}/device")
-                     + f" -> autopar is {b.cost / plan.cost:.3g}x faster")
+        misfit = over_capacity(b.memory_per_device, capacity)
+        line = (f"  vs {name.replace('_', ' ')}: {units(b.cost)}"
+                + ("" if plan.cost_model == "pase" else f", {fmt_bytes(b.memory_per_device)}/device"))
+        if misfit:  # it would not run: no speed-up against it
+            line += f": {misfit}"
+        elif alone:
+            line += f" -> the whole model on each device is {speed_words(b.cost / plan.cost)}"
+        else:
+            line += f" -> autopar is {speed_words(b.cost / plan.cost)}"
+        lines.append(line)
     return lines
 
 
