@@ -19,6 +19,7 @@ from autopar.planning.plan import Plan
 from tests.cli_utils import cli, one_line_error
 
 MLP = "zoo:mlp:batch=16,hidden=32"
+GPT = "zoo:gpt:layers=1,width=128,heads=4,seq=16,batch=2,vocab=64"  # its MLP block tensor-parallel on 2
 
 
 class Launched(Exception):
@@ -85,7 +86,7 @@ def test_checkpoint_options_are_checked_before_starting(args, needle, tmp_path, 
 
 
 def _run(*args):
-    r = subprocess.run([sys.executable, "-m", "autopar", "run", MLP, "--nproc", "2", *args], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "autopar", "run", GPT, "--nproc", "2", *args], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     rows = re.findall(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+(-?\d+\.\d+)\s+\S+$", r.stdout, flags=re.M)
@@ -94,7 +95,8 @@ def _run(*args):
 
 @pytest.mark.slow  # three runs of 2 processes
 def test_resume_prints_the_losses_of_a_straight_run(tmp_path):
-    _, straight = _run("--steps", "6")
+    out, straight = _run("--steps", "6")
+    assert re.search(r"fc1 +linear +n/2", out)  # a sharded parameter goes through the checkpoint
     out, first = _run("--steps", "3", "--checkpoint", str(tmp_path), "--checkpoint-every", "2")
     assert "steps 2, 3 (newest 3)" in out  # every 2 steps and after the last
     out, resumed = _run("--steps", "3", "--checkpoint", str(tmp_path), "--resume")
