@@ -36,7 +36,7 @@ def check_document(doc) -> None:
             _fail(f"{key!r} must be a number, not {v!r}")
     if "microbatches" in doc and not _count(doc["microbatches"]):
         _fail(f"microbatches must be a positive int, not {doc['microbatches']!r}")
-    if "mode" in doc and doc["mode"] not in ("train", "inference"):
+    if "mode" in doc and doc["mode"] not in ("train", "training", "inference"):
         _fail(f"mode must be 'train' or 'inference', not {doc['mode']!r}")
     for key in ("stages", "rows", "stage_rows", "explanation"):
         if key in doc and not isinstance(doc[key], list):
@@ -44,6 +44,8 @@ def check_document(doc) -> None:
     for key in ("baselines", "unsupported"):
         if key in doc and not isinstance(doc[key], dict):
             _fail(f"{key!r} must be an object, not {type(doc[key]).__name__}")
+    if doc.get("space", "mesh") != "mesh" or doc.get("cost_model") == "pase":
+        return  # PaSE's plans split over its own view of the devices
     staged = bool(doc.get("stages"))
     shape = _mesh(doc.get("mesh"), doc.get("cluster"), staged)
     for name, config in (doc.get("assignment") or {}).items():
@@ -59,7 +61,7 @@ def _mesh(mesh, cluster, staged: bool) -> list[int] | None:
     if not (isinstance(level, list) and len(level) in (0, len(shape))):
         _fail(f"the mesh levels {level!r} do not match its shape {shape}")
     devices = (cluster or {}).get("devices")
-    if cluster is not None and not _count(devices):
+    if devices is not None and not _count(devices):
         _fail(f"the cluster's devices must be a positive int, not {devices!r}")
     if devices is not None and not staged and math.prod(shape) != devices:
         _fail(f"a mesh {tuple(shape)} of {math.prod(shape)} devices on a cluster of {devices}")
