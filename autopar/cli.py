@@ -6,7 +6,10 @@ Every failure the user can fix ends in one line on stderr and exit code 2, never
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+from pathlib import Path
 
 from autopar.core.errors import AutoparError
 
@@ -96,7 +99,26 @@ def _published(args, name: str):
     return record
 
 
+def _output_paths(args) -> None:
+    """Every file ``plan`` will write can be written: checked before planning, not after it.
+    A missing folder is an error (as with a shell redirection), not created: a typo should not
+    leave new folders behind."""
+    for flag in ("json", "svg", "png"):
+        path = getattr(args, flag, None)
+        if not path:
+            continue
+        where, parent = Path(path), Path(path).parent
+        if where.is_dir():
+            raise ValueError(f"--{flag} {path} is a folder: give a file name, e.g. {where / ('plan.' + flag)}")
+        if not parent.is_dir():
+            raise ValueError(f"--{flag} {path}: there is no folder {str(parent)!r}: create it first "
+                             f"(mkdir -p {parent})")
+        if not os.access(parent, os.W_OK):
+            raise ValueError(f"--{flag} {path}: the folder {str(parent)!r} is not writable")
+
+
 def _cmd_plan(args) -> int:
+    _output_paths(args)
     plan = _plan(args)
     print(plan.report(explain=args.explain))
     if args.json:
@@ -120,35 +142,47 @@ def _cmd_compare(args) -> int:
 def _cmd_show(args) -> int:
     from autopar.planning.plan import Plan
 
+    if Path(args.plan).is_dir():
+        raise ValueError(f"{args.plan} is a folder: give the plan's file (autopar plan ... --json PLAN.json)")
     print(Plan.load(args.plan).report(explain=args.explain))
     return 0
 
 
 def _cmd_run(args) -> int:
     """Train a few steps of the sharded module on local CPU processes, beside one process."""
+    from autopar import run_setup
     from autopar.codegen.launch import launch
     from autopar.model_spec import load_call
-    from autopar.training import LossComparison, run_worker, single_process_losses
+    from autopar.training import LossComparison, run_worker
 
     if args.nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    saving = run_setup.checkpointing(args)
     model, inputs, kwargs, _ = load_call(args.model)  # a bad MODEL fails here, in one line, before any process starts
     if args.plan:  # a plan that cannot train, before any process starts
         from autopar.planning.plan import Plan
 
         Plan.load(args.plan, mode="train")
-    plan_kwargs = {} if args.plan else {"cluster": args.cluster, "cost_model": args.cost_model}
-    results = launch(run_worker, args.nproc, args.model, args.steps, args.lr, args.plan, plan_kwargs,
+    # the same steps on one process first: a model that cannot train fails here, in one line
+    single = run_setup.reference_losses(model, inputs, kwargs, saving.start + args.steps, args.lr, args.model)
+    plan = run_setup.search(args, model, inputs, kwargs)
+    run_setup.check_memory(plan, args.nproc, args.ignore_memory)
+    results = launch(run_worker, args.nproc, args.model, args.steps, args.lr, plan.to_json(), saving,
                      timeout=args.timeout)
     errors = [r[1] for r in results if r[0] == "error"]
     if errors:
         raise AutoparError(errors[0])
-    print(results[0][2])
+    print(plan.report())
     print()
-    comparison = LossComparison(results[0][1], single_process_losses(model, inputs, args.steps, args.lr, kwargs),
-                                args.nproc)
+    if saving.folder:
+        from autopar.codegen.checkpoint import describe
+
+        print(f"checkpoints: {describe(saving.folder)}" + (f" (resumed from step {saving.start})"
+                                                           if saving.resume else ""))
+        print()
+    comparison = LossComparison(results[0][1], single[saving.start:], args.nproc, first=saving.start)
     print(comparison.table())
     if comparison.diverged:  # nan/inf: not "equal", and not a difference autopar made
         raise AutoparError(comparison.diverged)
@@ -171,11 +205,29 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors one line (no usage block above them), as every other error here."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def _positive(text: str) -> float:
+    """A finite number > 0 (for --lr): nan, inf and 0 are refused by argparse, before anything runs."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from autopar.core.cluster import known_presets
     from autopar.planning import registry
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="autopar",
         description="Automatic parallelization-strategy search for PyTorch models.",
         epilog="MODEL is zoo:NAME[:key=value,...] (e.g. zoo:gpt:layers=4) or path/to/file.py:factory, "
@@ -235,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
     r.add_argument("--nproc", type=int, default=2, help="number of local CPU processes (default 2)")
     r.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    r.add_argument("--lr", type=_positive, default=1e-3, help="AdamW learning rate (default 1e-3)")
     r.add_argument("--plan", metavar="PLAN.json", help="run a saved plan (autopar plan ... --json) without searching")
     r.add_argument("--cluster", default="cpu",
                    help="cluster preset the search prices (default cpu: this machine, --nproc devices)")
@@ -243,7 +295,15 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=[k for k, e in registry.COST_MODELS.items() if e.space == "mesh"],
                    help="cost model of the search (default analytic): "
                    + registry.choices_help({k: e for k, e in registry.COST_MODELS.items() if e.space == "mesh"}))
-    r.add_argument("--timeout", type=float, default=600.0, help="stop the processes after this many seconds")
+    r.add_argument("--timeout", type=_positive, default=600.0, help="stop the processes after this many seconds")
+    r.add_argument("--ignore-memory", action="store_true",
+                   help="start even when the plan's predicted memory x --nproc exceeds this machine's available memory")
+    r.add_argument("--checkpoint", metavar="DIR", default=None,
+                   help="save the sharded model and optimizer under DIR (torch.distributed.checkpoint; after the "
+                   "last step, and every --checkpoint-every steps)")
+    r.add_argument("--checkpoint-every", type=int, default=None, metavar="N", help="also save every N steps")
+    r.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint under --checkpoint DIR: --steps more steps")
     r.set_defaults(func=_cmd_run)
     from autopar.sweep import add_parser as add_sweep_parser
 
@@ -260,10 +320,28 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:  # `autopar plan ... | head`: the reader has what it wanted
+        _quiet_stdout()
+        return 141  # 128 + SIGPIPE, what a shell shows for a tool ended by a closed pipe
     except (AutoparError, ValueError, KeyError) as e:
-        print(f"autopar: error: {e}", file=sys.stderr)
+        print(f"autopar: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file or folder the user named: one line, what and where
+        where = f": {e.filename}" if e.filename else ""
+        print(f"autopar: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's own flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in a test)
+        pass
 
 
 if __name__ == "__main__":

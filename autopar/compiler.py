@@ -94,8 +94,9 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
 
 def _single_train_step(module: nn.Module):
     def train_step(*args, **kwargs):
-        out = module(*args, **kwargs)
-        loss = out["loss"] if isinstance(out, dict) else getattr(out, "loss", out)
+        from autopar.codegen.module import training_loss
+
+        loss = training_loss(module(*args, **kwargs))
         loss.backward()
         return loss.detach()
 

@@ -52,11 +52,14 @@ def load_call(spec: str):
         raise ValueError(f"no such file {path!r} (MODEL {spec!r})")
     module_spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's file: say where, in one line
+        raise ValueError(f"{path} fails on import: {_where(e)}{type(e).__name__}: {e}") from None
     factory = getattr(module, fn, None)
     if not callable(factory):
         raise ValueError(f"{path} has no function {fn!r} (MODEL {spec!r})")
-    result = factory()
+    result = _call_factory(factory, spec)
     if not (isinstance(result, tuple) and len(result) in (2, 3)):
         raise ValueError(f"{spec} must return (model, example_inputs) or (model, args, kwargs), "
                          f"got {type(result).__name__}")
@@ -69,6 +72,32 @@ def load_call(spec: str):
     if isinstance(inputs, Mapping):  # keyword inputs, as Hugging Face models are called
         return model, (), dict(inputs), file.stem
     return model, _positional(inputs), {}, file.stem
+
+
+def _call_factory(factory, spec: str):
+    """``factory()``; a factory that needs arguments or raises is a one-line ValueError saying where."""
+    import inspect
+
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise ValueError(f"{spec}: the factory must take no arguments (it has {inspect.signature(factory)}): "
+                         "wrap it, e.g. def make(): return factory(size=...)") from None
+    except ValueError:  # no signature to read (a builtin): just call it
+        pass
+    try:
+        return factory()
+    except Exception as e:  # noqa: BLE001 - the user's code: its error, where it happened, in one line
+        raise ValueError(f"{spec} raised {type(e).__name__}: {e} ({_where(e)}fix the factory)") from None
+
+
+def _where(e: BaseException) -> str:
+    """"file.py:12: " of the innermost frame, or ""."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith("<") and f.filename != __file__]
+    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
 
 
 def _positional(inputs) -> tuple:

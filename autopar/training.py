@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from autopar.codegen.module import training_loss
+
 # Adam's eps: with the default 1e-8, a gradient that is zero in exact arithmetic (rounding noise
 # of 1e-9 in one run, 0 in the other) takes a full lr-sized step of either sign; 1e-6 keeps such
 # noise from deciding a step while leaving ordinary gradients (>> 1e-6) unaffected.
@@ -21,23 +23,30 @@ ADAM_EPS = 1e-6
 RTOL = 1e-4  # per-step losses of the two runs agree to float32 rounding, accumulated over steps
 
 
-def train_steps(module: nn.Module, inputs, steps: int = 3, lr: float = 1e-3, kwargs=None) -> list[float]:
+def optimizer(module: nn.Module, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(module.parameters(), lr=lr, eps=ADAM_EPS)
+
+
+def train_steps(module: nn.Module, inputs, steps: int = 3, lr: float = 1e-3, kwargs=None, *, opt=None,
+                after_step=None) -> list[float]:
     """``steps`` AdamW steps of a module whose forward returns the loss (a scalar, or an output
     with a ``loss``); the loss of each step. A compiled module's ``train_step`` runs forward and
-    backward whatever its plan."""
-    opt = torch.optim.AdamW(module.parameters(), lr=lr, eps=ADAM_EPS)
+    backward whatever its plan. ``opt``: the optimizer to step (default a fresh AdamW);
+    ``after_step(k)`` is called after step k (0-based), e.g. to save a checkpoint."""
+    opt = opt if opt is not None else optimizer(module, lr)
     kwargs = kwargs or {}
     losses = []
-    for _ in range(steps):
+    for k in range(steps):
         opt.zero_grad()
         if hasattr(module, "train_step"):
             loss = module.train_step(*inputs, **kwargs)
         else:
-            out = module(*inputs, **kwargs)
-            loss = out["loss"] if isinstance(out, dict) else getattr(out, "loss", out)
+            loss = training_loss(module(*inputs, **kwargs))
             loss.backward()
         opt.step()
         losses.append(loss.detach().item())
+        if after_step is not None:
+            after_step(k)
     return losses
 
 
@@ -51,6 +60,7 @@ class LossComparison:
     sharded: list[float]
     single: list[float]
     devices: int
+    first: int = 0  # the step the first loss is of (a resumed run's)
 
     @property
     def max_relative_difference(self) -> float:
@@ -74,7 +84,7 @@ class LossComparison:
         head = f"{'step':>4}  {f'loss, {self.devices} processes (autopar)':>32}  {'loss, 1 process':>16}  {'rel. diff':>9}"
         rows = [head]
         for k, (a, b) in enumerate(zip(self.sharded, self.single)):
-            rows.append(f"{k:>4}  {a:>32.7f}  {b:>16.7f}  {abs(a - b) / max(abs(b), 1e-12):>9.1e}")
+            rows.append(f"{k + self.first:>4}  {a:>32.7f}  {b:>16.7f}  {abs(a - b) / max(abs(b), 1e-12):>9.1e}")
         if self.diverged:
             rows.append("diverged: " + self.diverged.split(": ", 1)[1].split(": the runs")[0])
             return "\n".join(rows)
@@ -84,21 +94,31 @@ class LossComparison:
         return "\n".join(rows)
 
 
-def run_worker(rank: int, world: int, spec: str, steps: int, lr: float, plan_path: str | None,
-               plan_kwargs: dict) -> tuple:
-    """One rank of ``autopar run``: compile MODEL ``spec`` and train it; errors come back as text.
+def run_worker(rank: int, world: int, spec: str, steps: int, lr: float, plan_doc: dict, saving=None) -> tuple:
+    """One rank of ``autopar run``: compile MODEL ``spec`` with the plan its parent made (or read)
+    and train it, resuming from and saving checkpoints as ``saving`` (a ``run_setup.Checkpointing``)
+    says; autopar's one-line errors come back as text.
 
-    Returns ``("ok", losses, report or None)`` (the report from rank 0 only) or
-    ``("error", message)`` for autopar's own one-line errors, which every rank raises alike.
+    Returns ``("ok", losses)`` or ``("error", message)`` for autopar's own one-line errors, which
+    every rank raises alike.
     """
-    from autopar import compile as compile_model
+    from autopar import compile as compile_model, load_checkpoint, save_checkpoint
     from autopar.core.errors import AutoparError
     from autopar.model_spec import load_call
+    from autopar.planning.plan import Plan
 
     try:
         model, inputs, kwargs, _ = load_call(spec)
-        module = compile_model(model, inputs, example_kwargs=kwargs, devices=world, plan=plan_path, **plan_kwargs)
+        module = compile_model(model, inputs, example_kwargs=kwargs, devices=world, plan=Plan.from_json(plan_doc))
+        opt = optimizer(module, lr)
+        start = 0
+        if saving is not None and saving.resume:
+            start = load_checkpoint(saving.folder, module, opt)
+
+        def after_step(k: int) -> None:
+            if saving is not None and saving.due(start + k + 1, start + steps):
+                save_checkpoint(saving.folder, module, opt, step=start + k + 1)
+
+        return ("ok", train_steps(module, inputs, steps, lr, kwargs, opt=opt, after_step=after_step))
     except (AutoparError, ValueError) as e:
         return ("error", str(e))
-    losses = train_steps(module, inputs, steps, lr, kwargs)
-    return ("ok", losses, module.plan.report() if rank == 0 else None)

@@ -99,11 +99,7 @@ class CompiledModule(nn.Module):
 
     def train_step(self, *args, **kwargs) -> torch.Tensor:
         """Forward and backward of one batch; returns the (detached) loss. Then optimizer.step()."""
-        loss = self(*args, **kwargs)
-        loss = loss["loss"] if isinstance(loss, dict) else getattr(loss, "loss", loss)
-        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
-            raise ValueError("train_step needs a model whose forward returns the loss (a scalar, or an "
-                             "output with .loss); for other outputs call the module and backward yourself")
+        loss = training_loss(self(*args, **kwargs))
         loss.backward()
         return loss.detach()
 
@@ -111,6 +107,9 @@ class CompiledModule(nn.Module):
         names = self.program.inputs
         if self._call is not None:  # the call as traced: positional and keyword, one-line errors
             args, kwargs = self._as_traced(args, kwargs)
+            leaves = [leaf.placeholder for leaf in self._call.inputs if leaf.placeholder]
+            for name, v in zip(leaves, self._call.flatten(args, kwargs)):
+                self._check_kind(name, v)  # rank and dtype first: a wrong one is no batch-size matter
             tensors = self._call.check(args, kwargs) if not self.program.input_placements else \
                 self._call.flatten(args, kwargs)  # local slices: the shapes are checked below
             leaves = [leaf.placeholder for leaf in self._call.inputs if leaf.placeholder]
@@ -128,6 +127,7 @@ class CompiledModule(nn.Module):
                 raise TypeError(f"missing input {name!r}: this module was compiled for the inputs {names}")
             v = bound[name]
             spec = self._input_specs.get(name)
+            self._check_kind(name, v)
             if spec is not None and isinstance(v, torch.Tensor) and tuple(v.shape) != self._expected(name, spec):
                 what = "this rank's slice of" if name in self.program.input_placements else "the whole"
                 raise ValueError(f"input {name!r} has shape {tuple(v.shape)}; this module was compiled for "
@@ -156,6 +156,20 @@ class CompiledModule(nn.Module):
         if any(p not in bound.arguments for p in params[:n]) or any(k not in bound.arguments for k in keys):
             return args, kwargs
         return tuple(bound.arguments[p] for p in params[:n]), {k: bound.arguments[k] for k in keys}
+
+    def _check_kind(self, name: str, v) -> None:
+        """One-line ValueError for an input of another rank or dtype than the traced one."""
+        spec = self._input_specs.get(name)
+        if spec is None or not isinstance(v, torch.Tensor):
+            return
+        if v.dim() != len(spec.shape):
+            raise ValueError(f"input {name!r} has {v.dim()} dims (shape {tuple(v.shape)}); this module was "
+                             f"compiled for {len(spec.shape)} (shape {tuple(spec.shape)}): pass inputs shaped "
+                             "like the example inputs, or compile again with the new ones")
+        if str(v.dtype).removeprefix("torch.") != spec.dtype:
+            raise ValueError(f"input {name!r} is {str(v.dtype).removeprefix('torch.')}; this module was compiled "
+                             f"for {spec.dtype}: convert it (x.to(torch.{spec.dtype})), or compile again with "
+                             "example inputs of that dtype")
 
     def _expected(self, name: str, spec) -> tuple[int, ...]:
         shape = list(spec.shape)
@@ -290,3 +304,22 @@ def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], 
 
 
 __all__ = ["CompiledModule", "compile_module", "shard_module"]
+
+
+def training_loss(out) -> torch.Tensor:
+    """The loss in what a model returns: a scalar tensor, or an output (dict or object) with a
+    scalar ``loss``; else a one-line ValueError saying what was returned and what to do."""
+    if isinstance(out, dict):
+        loss = out.get("loss")
+        what = f"a dict with keys {sorted(map(str, out))}" if loss is None else None
+    else:
+        loss = getattr(out, "loss", out)
+        what = None
+    if what is None and not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+        what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+                else f"a {type(loss).__name__}")
+    if what is not None:
+        raise ValueError(f"training needs a forward that returns the loss (a scalar tensor, or an output "
+                         f"with a scalar 'loss'), but it returned {what}: return the loss (e.g. add a loss "
+                         "such as F.cross_entropy to forward), or call the module and backward yourself")
+    return loss

@@ -76,7 +76,8 @@ class Builder:
         if not has_tensor(value):  # shapes, sizes and arithmetic on them: constants, no node
             self.env[node] = concrete(value)
             return
-        if node.target is getattr and isinstance(args[0], Tensor) and args[1] not in ATTRIBUTES:
+        if node.target is getattr and isinstance(args[0], Tensor) and args[1] not in ATTRIBUTES \
+                and not isinstance(value, torch.Tensor):  # .shape, .dtype: constants
             self.env[node] = concrete(value)
             return
         if node.target is operator.getitem and isinstance(args[0], (list, tuple)):
@@ -99,6 +100,8 @@ class Builder:
     def target_name(self, node: fx.Node) -> str:
         if node.op == "call_method":
             return f"Tensor.{node.target}"
+        if node.target is getattr and isinstance(node.args[1], str):  # a tensor attribute: x.real, x.imag
+            return f"Tensor.{node.args[1]}"
         if node.op == "call_module":
             return f"torch.nn.{type(self.model.get_submodule(node.target)).__name__}"
         t = node.target

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.planning import plan_file
+from autopar.planning.plan_checks import check_document
 from autopar.planning.rows import (NodeRow, StageRow, row_from_json, row_to_json, stage_from_json,
                                    stage_to_json)
 from autopar.core.errors import PlanMismatchError
@@ -172,6 +173,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, doc: dict) -> "Plan":
+        check_document(doc)  # planning/plan_checks.py: one line for the first impossible field
         try:
             return cls(
                 model_name=doc["model_name"],
@@ -200,7 +202,7 @@ class Plan:
                 notices=[str(n) for n in doc.get("notices", [])],
                 strategy=Strategy.from_json(doc["strategy"]) if doc.get("strategy") else None,
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanMismatchError(f"corrupt plan file: missing or bad field {e}") from None
 
     @classmethod

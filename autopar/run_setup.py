@@ -1,0 +1,106 @@
+"""What ``autopar run`` settles in its own process before it starts any rank.
+
+Everything that can be found out here fails here, in one line, rather than as N ranks' tracebacks
+or an out-of-memory kill minutes later: the model trains on one process (its forward returns a
+scalar loss, its inputs suit its layers), the plan is searched (or read) once and its predicted
+memory x local processes fits this machine's available memory, and the checkpoint to resume from
+exists. The plan then travels to the ranks, which use it as it is (no search on rank 0 again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.report.format import fmt_bytes
+
+
+@dataclass
+class Checkpointing:
+    """``--checkpoint DIR`` / ``--checkpoint-every N`` / ``--resume`` as the ranks need them."""
+
+    folder: str | None = None
+    every: int = 0  # 0: only after the last step
+    resume: bool = False
+    start: int = 0  # the step the run resumes from (0: from scratch)
+
+    def due(self, step: int, last: int) -> bool:
+        """Whether to save after global step ``step`` (1-based) of a run ending at ``last``."""
+        return self.folder is not None and (step == last or (self.every > 0 and step % self.every == 0))
+
+
+def checkpointing(args) -> Checkpointing:
+    """The run's checkpoint options, checked: ValueError (one line) when they do not fit together."""
+    from autopar.codegen import checkpoint
+
+    folder, every, resume = args.checkpoint, args.checkpoint_every, args.resume
+    if every is not None and every < 1:
+        raise ValueError(f"--checkpoint-every must be at least 1 step, got {every}")
+    if folder is None:
+        if resume or every is not None:
+            flag = "--resume" if resume else "--checkpoint-every"
+            raise ValueError(f"{flag} needs --checkpoint DIR: the folder the checkpoints are in")
+        return Checkpointing()
+    start = 0
+    if resume:
+        done = checkpoint.steps(folder)
+        if not done:
+            raise ValueError(f"--resume: no checkpoint in {folder!r}: run once with --checkpoint {folder} first")
+        start = done[-1]
+    return Checkpointing(str(folder), every or 0, resume, start)
+
+
+def reference_losses(model, inputs, kwargs, steps: int, lr: float, spec: str) -> list[float]:
+    """The unsplit model's losses on this one process; its own error, in one line, if it does not train."""
+    from autopar.training import single_process_losses
+
+    try:
+        return single_process_losses(model, inputs, steps, lr, kwargs)
+    except ValueError:
+        raise
+    except (RuntimeError, TypeError, IndexError) as e:  # torch's own: wrong dtypes, shapes, indices
+        message = " ".join(str(e).split())
+        raise ValueError(f"{spec} does not train on one process either: {type(e).__name__}: {message} "
+                         "(fix the model or its example inputs; autopar runs what the model runs)") from None
+
+
+def search(args, model, inputs, kwargs):
+    """The plan the ranks will use: ``--plan`` read, or searched here for --nproc devices."""
+    import autopar
+    from autopar.core.cluster import Cluster
+    from autopar.planning.plan import Plan
+
+    if args.plan:
+        return Plan.load(args.plan)
+    cluster = Cluster.preset(args.cluster, devices=args.nproc)
+    graph = autopar.trace(model, inputs, kwargs)
+    return autopar.plan(model, inputs, cluster, graph=graph, example_kwargs=kwargs, cost_model=args.cost_model)
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can give new processes now (MemAvailable in /proc/meminfo, else psutil); None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
+
+
+def check_memory(plan, processes: int, ignore: bool = False) -> None:
+    """ValueError (one line) when the plan's predicted memory per process x ``processes`` exceeds
+    what this machine has available; ``ignore`` (--ignore-memory) skips the check."""
+    per = float(getattr(plan, "memory_per_device", 0.0) or 0.0)
+    have = available_memory()
+    if ignore or have is None or not per > 0:
+        return
+    need = per * processes
+    if need > have:
+        raise ValueError(f"the plan predicts {fmt_bytes(per)} per process x {processes} processes = "
+                         f"{fmt_bytes(need)}, but this machine has {fmt_bytes(have)} available: use a smaller "
+                         "model or fewer processes, or pass --ignore-memory to start anyway")

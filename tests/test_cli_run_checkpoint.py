@@ -1,0 +1,105 @@
+"""``autopar run``: the memory check before starting, and --checkpoint / --resume (issue 17).
+
+The memory case runs in this process with the machine's available memory monkeypatched below the
+plan's prediction; the launch is replaced so that nothing starts. The resume case runs the command
+three times as a user would: 6 steps straight, then 3 with --checkpoint and 3 more with --resume;
+the resumed run's per-step losses must be the straight run's last three.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from autopar import run_setup
+from autopar.planning.plan import Plan
+from tests.cli_utils import cli, one_line_error
+
+MLP = "zoo:mlp:batch=16,hidden=32"
+GPT = "zoo:gpt:layers=1,width=128,heads=4,seq=16,batch=2,vocab=64"  # its MLP block tensor-parallel on 2
+
+
+class Launched(Exception):
+    pass
+
+
+def _launch(*args, **kwargs):
+    raise Launched
+
+
+def test_run_refuses_a_plan_over_the_available_memory(monkeypatch):
+    monkeypatch.setattr(run_setup, "available_memory", lambda: 1000)  # bytes
+    monkeypatch.setattr("autopar.codegen.launch.launch", _launch)
+    seen = {}
+    real = run_setup.check_memory
+
+    def spy(plan, processes, ignore=False):
+        seen["per"] = plan.memory_per_device
+        return real(plan, processes, ignore)
+
+    monkeypatch.setattr(run_setup, "check_memory", spy)
+    r = cli("run", MLP, "--nproc", "2")
+    assert one_line_error(r), r.stderr
+    assert seen["per"] > 1000 / 2  # the prediction did exceed what we said was there
+    from autopar.report.format import fmt_bytes
+
+    assert f"{fmt_bytes(seen['per'])} per process x 2 processes = {fmt_bytes(2 * seen['per'])}" in r.stderr
+    assert "this machine has 1000 B available" in r.stderr and "--ignore-memory" in r.stderr
+    with pytest.raises(Launched):  # and it goes on when told to
+        cli("run", MLP, "--nproc", "2", "--ignore-memory")
+
+
+def test_the_memory_check_passes_when_it_fits(monkeypatch):
+    monkeypatch.setattr(run_setup, "available_memory", lambda: 2**40)
+    monkeypatch.setattr("autopar.codegen.launch.launch", _launch)
+    with pytest.raises(Launched):
+        cli("run", MLP, "--nproc", "2")
+
+
+def test_available_memory_reads_this_machine():
+    have = run_setup.available_memory()
+    assert have is None or 2**20 < have < 2**50
+
+
+def test_a_saved_plan_is_checked_as_well(monkeypatch, tmp_path):
+    path = tmp_path / "plan.json"
+    assert cli("plan", MLP, "--devices", "2", "--cluster", "cpu", "--json", str(path)).returncode == 0
+    monkeypatch.setattr(run_setup, "available_memory", lambda: int(Plan.load(path).memory_per_device))
+    monkeypatch.setattr("autopar.codegen.launch.launch", _launch)
+    r = cli("run", MLP, "--nproc", "2", "--plan", str(path))  # fits one process, not two
+    assert one_line_error(r) and "x 2 processes" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--resume"], "--resume needs --checkpoint DIR"),
+    (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint DIR"),
+    (["--checkpoint", "{tmp}", "--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
+    (["--checkpoint", "{tmp}", "--resume"], "no checkpoint in"),
+])
+def test_checkpoint_options_are_checked_before_starting(args, needle, tmp_path, monkeypatch):
+    monkeypatch.setattr("autopar.codegen.launch.launch", _launch)
+    r = cli("run", MLP, *[a.format(tmp=tmp_path) for a in args])
+    assert one_line_error(r) and needle in r.stderr, r.stderr
+
+
+def _run(*args):
+    r = subprocess.run([sys.executable, "-m", "autopar", "run", GPT, "--nproc", "2", *args], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = re.findall(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+(-?\d+\.\d+)\s+\S+$", r.stdout, flags=re.M)
+    return r.stdout, {int(k): float(a) for k, a, _ in rows}
+
+
+@pytest.mark.slow  # three runs of 2 processes
+def test_resume_prints_the_losses_of_a_straight_run(tmp_path):
+    out, straight = _run("--steps", "6")
+    assert re.search(r"fc1 +linear +n/2", out)  # a sharded parameter goes through the checkpoint
+    out, first = _run("--steps", "3", "--checkpoint", str(tmp_path), "--checkpoint-every", "2")
+    assert "steps 2, 3 (newest 3)" in out  # every 2 steps and after the last
+    out, resumed = _run("--steps", "3", "--checkpoint", str(tmp_path), "--resume")
+    assert "resumed from step 3" in out
+    assert sorted(first) == [0, 1, 2] and sorted(resumed) == [3, 4, 5]
+    assert {**first, **resumed} == pytest.approx(straight, rel=1e-6)
