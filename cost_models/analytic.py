@@ -40,7 +40,7 @@ import numpy as np
 
 from autopar.core.buckets import BUCKET_BYTES
 from autopar.core.cluster import Cluster
-from autopar.core.ir import Node
+from autopar.core.ir import FLOAT_DTYPES, Node
 from autopar.core.layout import (Layout, NodeLayouts, Partial, Shard, dim_placements, format_layout,
                             grad_of_input, grad_of_output, node_layouts, owner_matrix,
                             shard_factor, shard_factors, shard_mask, tensor_layout,
@@ -49,10 +49,11 @@ from autopar.core.strategy import node_training
 from autopar.core.tables import Config, Mesh
 from autopar.cost_models.reshard_table import StructureCache
 from autopar.cost_models.training import zero_collectives, zero_label, zero_sync_time
+from autopar.cost_models.batchnorm_stats import bn_stats, bn_stats_many
+from autopar.cost_models.optimizer_step import OPTIMIZER_PASSES, local_elements, optimizer_step
 from autopar.cost_models.comm import (Collective, collective, collective_time,
                                       reshard_matrix_codes, reshard_steps)
 
-FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "complex64"}
 MODES = ("train", "inference")
 
 
@@ -66,12 +67,6 @@ def check_mode(mode: str) -> str:
 
 TERM_KINDS = ("compute", "sync", "stats", "optimizer", "infeasible")
 
-# Memory passes over one fp32 element per optimizer update, in torch's default per-tensor
-# implementations (what a DTensor parameter gets): AdamW's lerp_ (3: read moment and gradient,
-# write the moment), mul_ + addcmul_ of the second moment (2 + 4), sqrt, division and add_ of the
-# denominator (2 + 2 + 2), addcdiv_ into the parameter (4) and the decay's mul_ (2) = 21; Adam the
-# same less the decay (19); plain SGD one add_ (3). Measured on this CPU: see benchmarks/runtime.md.
-OPTIMIZER_PASSES = {"adamw": 21, "adam": 19, "sgd": 3}
 
 
 @dataclass(frozen=True)
@@ -230,11 +225,11 @@ class AnalyticModel:
                          f"of itself = {seconds:.4g} s")
                 out.terms.append(Term(zero_label(train.zero), seconds, f, "sync"))
         own = owner_matrix([cfg], mesh)[0]
-        step = float(self._optimizer_step(node, own, mesh, cluster)[0])
+        step = float(optimizer_step(self.optimizer, node, own, mesh, cluster, self.memory_efficiency)[0])
         if step:
             f = ""
             if text:
-                elems = float(self._local_elements(node, own, mesh)[0])
+                elems = float(local_elements(node, own, mesh)[0])
                 f = (f"{OPTIMIZER_PASSES[self.optimizer.lower()]} passes x 4 B x {elems:.6g} local elements / "
                      f"({cluster.memory_bandwidth:.4g} * {self.memory_efficiency:g}) = {step:.4g} s")
             out.terms.append(Term(f"{self.optimizer} update of the local parameters", step, f, "optimizer"))
@@ -268,34 +263,9 @@ class AnalyticModel:
         if mode == "train":
             again = 1.0 if node_training(node).recompute else 0.0
             sync = self._grad_sync(node, own, mesh, cluster) * self.sync_scale if self.sync_scale else 0.0
-            cost = (cost * (1.0 + self.backward_factor + again) + sync + _bn_stats_many(node, own, mesh, cluster)
-                    + self._optimizer_step(node, own, mesh, cluster))
+            cost = (cost * (1.0 + self.backward_factor + again) + sync + bn_stats_many(node, own, mesh, cluster)
+                    + optimizer_step(self.optimizer, node, own, mesh, cluster, self.memory_efficiency))
         return np.where(ok, cost, math.inf)
-
-    def _local_elements(self, node: Node, own: np.ndarray, mesh: Mesh) -> np.ndarray:
-        """Float parameter elements one device updates under each config (rows of ``own``): its
-        shard of each parameter, further divided over the data-parallel axes under ZeRO >= 1."""
-        sizes = np.asarray(mesh.shape, dtype=float)
-        zero = node_training(node).zero
-        out = np.zeros(len(own))
-        for op in node.params:
-            if op.spec.dtype not in FLOAT_DTYPES:
-                continue
-            sh = shard_mask(node, op.spec, own)
-            local = op.spec.numel / np.prod(np.where(sh, sizes, 1.0), axis=1)
-            if zero >= 1:  # the optimizer state and its update are split over the gradient's group
-                local = local / np.prod(np.where((own >= 0) & ~sh, sizes, 1.0), axis=1)
-            out += local
-        return out
-
-    def _optimizer_step(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
-        """Seconds of the optimizer's update of the node's local parameters, per config: torch's
-        default (per-tensor) updates are memory-bound, ``OPTIMIZER_PASSES`` fp32 passes per element."""
-        passes = OPTIMIZER_PASSES.get((self.optimizer or "").lower(), 0)
-        if not passes or not node.params:
-            return np.zeros(len(own))
-        elems = self._local_elements(node, own, mesh)
-        return elems * passes * 4.0 / (cluster.memory_bandwidth * self.memory_efficiency)
 
     def _grad_sync(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
         """Weight-gradient all-reduces per distinct group of mesh axes. The runtime sums them in
@@ -429,43 +399,6 @@ class AnalyticModel:
             lines.append("  layouts agree: no communication")
         lines.append(f"  edge total = {total:.4g} s")
         return lines, total
-
-
-def bn_stats(node: Node, cfg: Config, mesh: Mesh, cluster: Cluster) -> Collective | None:
-    """One of the two forward all-reduces of a training batch norm whose batch dim is split.
-
-    ``codegen/batchnorm.py`` makes the statistics global: the per-channel mean and then the mean
-    of squared deviations, each a ``Partial -> Replicate`` of ``C / channel splits`` numbers over
-    the mesh axes that cut the batch dim (``dims[0]``; channels are ``dims[1]``). Their backward
-    is ``Replicate -> Partial``: free. ``None`` when the node is no batch norm or its batch is
-    whole. ``cfg`` is mapped onto the mesh; the caller prices it twice, in training only.
-    """
-    if node.op != "batch_norm" or not node.inputs or len(node.dims) < 2 or not cfg.mesh_axes:
-        return None
-    batch = cfg.mesh_axes[0]
-    if not batch:
-        return None
-    spec = node.inputs[0].spec
-    channel_split = math.prod(mesh.shape[a] for a in cfg.mesh_axes[1])
-    c = collective("all-reduce", spec.shape[1] * spec.itemsize / channel_split, batch, mesh,
-                   cluster)
-    return c if c.p > 1 else None
-
-
-def _bn_stats_many(node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
-    """``2 * bn_stats(...).seconds`` for every config (rows of the owner matrix) at once."""
-    if node.op != "batch_norm" or not node.inputs or len(node.dims) < 2 or not len(mesh.shape):
-        return np.zeros(len(own))
-    spec = node.inputs[0].spec
-    sizes = np.asarray(mesh.shape, dtype=float)
-    level = np.asarray(mesh.level or (0,) * len(mesh.shape)) > 0
-    batch = own == 0
-    p = np.prod(np.where(batch, sizes, 1.0), axis=1)
-    nbytes = spec.shape[1] * spec.itemsize / np.prod(np.where(own == 1, sizes, 1.0), axis=1)
-    cross = (batch & level).any(axis=1)
-    bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
-    lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
-    return 2.0 * collective_time("all-reduce", nbytes, p, bw, lat)
 
 
 def _codes(node: Node, spec, output: bool, configs: list[Config], mesh: Mesh, book: dict,

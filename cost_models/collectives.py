@@ -15,7 +15,8 @@ from autopar.core.layout import (Layout, Partial, Shard, format_layout, grad_of_
                             shard_factor, tensor_layout, to_mesh)
 from autopar.core.tables import Config
 
-from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, bn_stats, check_mode
+from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, check_mode
+from autopar.cost_models.batchnorm_stats import bn_stats
 from autopar.cost_models.comm import Collective, collective, reshard_steps
 
 # the cost model's kind -> the op name CommDebugMode counts (c10d_functional, namespace stripped)

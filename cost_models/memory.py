@@ -29,14 +29,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.core.ir import Node
+from autopar.core.ir import FLOAT_DTYPES, Node
 from autopar.core.layout import (NodeLayouts, Partial, grad_of_input, node_layouts, owner_matrix, shard_factor, shard_factors,
                             shard_mask, to_mesh)
 from autopar.core.strategy import node_training
 from autopar.core.tables import Config, Mesh
 from autopar.cost_models.training import OPTIMIZER_STATE_BYTES, param_bytes  # noqa: F401 (re-exported)
 
-FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "complex64"}
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1, "momentum": 1, "sgd_momentum": 1,
                     "plain_sgd": 0, "none": 0}
 

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 AxisDims = tuple[str, ...]  # the dims indexing one tensor axis, major first; () = unsplittable
 
+# dtypes whose tensors carry gradients and optimizer state (parameters of other dtypes are buffers)
+FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16", "complex64"})
+
 
 @dataclass(frozen=True)
 class Dim:
