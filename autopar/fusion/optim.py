@@ -44,6 +44,19 @@ def _rows(p: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return p.view(k, -1), p.grad.reshape(k, -1)
 
 
+def _closure_loss(closure):
+    """torch.optim's closure protocol: re-evaluate the loss with gradients on, if given."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+def _check_k(k: int) -> None:
+    if k < 1:
+        raise ValueError(f"k must be >= 1, not {k}")
+
+
 class FusedAdamW(torch.optim.Optimizer):
     """AdamW (``decoupled=True``, torch.optim.AdamW) or Adam (``False``) over K fused models.
 
@@ -52,8 +65,7 @@ class FusedAdamW(torch.optim.Optimizer):
 
     def __init__(self, params, k: int, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  decoupled: bool = True):
-        if k < 1:
-            raise ValueError(f"k must be >= 1, not {k}")
+        _check_k(k)
         defaults = dict(lr=_per_model(lr, k, "lr"), betas=_pairs(betas, k, "betas"), eps=_per_model(eps, k, "eps"),
                         weight_decay=_per_model(weight_decay, k, "weight_decay"), decoupled=decoupled, k=k)
         if any(v < 0 for v in defaults["lr"]) or any(not (0 <= b < 1) for pair in defaults["betas"] for b in pair):
@@ -62,10 +74,7 @@ class FusedAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             k, lrs, wds, eps = group["k"], group["lr"], group["weight_decay"], group["eps"]
             b1s, b2s = [b[0] for b in group["betas"]], [b[1] for b in group["betas"]]
@@ -111,8 +120,7 @@ class FusedSGD(torch.optim.Optimizer):
 
     def __init__(self, params, k: int, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov: bool = False):
-        if k < 1:
-            raise ValueError(f"k must be >= 1, not {k}")
+        _check_k(k)
         defaults = dict(lr=_per_model(lr, k, "lr"), momentum=_per_model(momentum, k, "momentum"),
                         dampening=_per_model(dampening, k, "dampening"),
                         weight_decay=_per_model(weight_decay, k, "weight_decay"), nesterov=nesterov, k=k)
@@ -122,10 +130,7 @@ class FusedSGD(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             lrs, moms, wds = group["lr"], group["momentum"], group["weight_decay"]
             # torch ignores dampening where there is no momentum: the buffer is then the gradient

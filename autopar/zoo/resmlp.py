@@ -4,9 +4,10 @@ The runtime benchmark's first model (issue 15): every block is one tensor-parall
 (column-parallel fc1, row-parallel fc2), so data, tensor and sharded-data parallelism all apply.
 """
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from autopar.zoo.mlp import classifier_call, classify
 
 
 class Block(nn.Module):
@@ -28,16 +29,8 @@ class ResMLP(nn.Module):
     def forward(self, x, labels=None):
         for block in self.blocks:
             x = block(x)
-        logits = self.head(x)
-        if labels is None:
-            return logits
-        return F.cross_entropy(logits, labels)
+        return classify(self.head, x, labels)
 
 
 def resmlp(batch=64, width=512, hidden=2048, blocks=4, classes=16, device="cpu", seed=0):
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = ResMLP(width, hidden, blocks, classes)
-        x = torch.randn(batch, width)
-        labels = torch.randint(0, classes, (batch,))
-    return model, (x, labels)
+    return classifier_call(lambda: ResMLP(width, hidden, blocks, classes), batch, width, classes, device, seed)
