@@ -15,7 +15,7 @@ import pytest
 import autopar
 from autopar.training import single_process_losses
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 CASES = {

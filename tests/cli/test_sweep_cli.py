@@ -14,7 +14,7 @@ import pytest
 from autopar.cli import main
 from autopar.sweep import build_grid, comparison
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("argv,message", [

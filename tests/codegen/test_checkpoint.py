@@ -25,7 +25,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.fingerprint import fingerprint
 from autopar.core.tables import Config
 from autopar.planning.plan import Plan, SearchInfo, Stage
-from tests.dist_utils import run_gloo
+from tests.helpers.dist_utils import run_gloo
 
 SIZES = dict(batch=4, seq=8, width=16, heads=2, layers=2, vocab=32)
 LR, EPS = 1e-2, 1e-3

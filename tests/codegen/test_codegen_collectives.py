@@ -30,10 +30,10 @@ from autopar.core.cluster import Cluster
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.cost_models.collectives import Collectives, predicted_collectives
 from autopar.core.tables import Config
-from tests.dist_utils import run_gloo
-from tests.test_codegen_ir import mlp_graph
-from tests.test_codegen_mlp import MLP, plans as mlp_plans
-from tests.test_codegen_plans import data_parallel
+from tests.helpers.dist_utils import run_gloo
+from tests.helpers.mlp import mlp_graph
+from tests.helpers.mlp import MLP, plans as mlp_plans
+from tests.helpers.plans import data_parallel
 
 # big enough that autopar's own plan splits on the cpu preset (a tiny one stays replicated)
 GPT = dict(layers=1, batch=16, seq=32, width=128, heads=4, vocab=128)

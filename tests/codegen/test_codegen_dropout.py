@@ -13,8 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import autopar
-from tests.dist_utils import run_gloo
-from tests.test_compile_zoo import split_everything
+from tests.helpers.dist_utils import run_gloo
+from tests.helpers.plans import split_everything
 
 SEED, STEPS = 123, 3
 

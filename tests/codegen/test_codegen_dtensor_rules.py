@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.experimental import local_map
 
-from tests.dist_utils import run_threaded
+from tests.helpers.dist_utils import run_threaded
 
 
 def conv(a, c):

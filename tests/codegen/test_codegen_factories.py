@@ -16,9 +16,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import autopar
-from tests.dist_utils import run_threaded
-from tests.test_codegen_numerics import check_module, reference_run
-from tests.test_compile_zoo import split_everything
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.numerics import check_module, reference_run
+from tests.helpers.plans import split_everything
 
 
 class FromSizes(nn.Module):

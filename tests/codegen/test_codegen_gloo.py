@@ -17,10 +17,10 @@ import pytest
 import autopar
 from autopar.codegen.comms import measure
 from autopar.codegen.module import shard_module
-from tests.dist_utils import run_gloo
-from tests.test_codegen_ir import linear_cfg, mlp_graph
-from tests.test_codegen_mlp import MLP, ew, plans
-from tests.test_codegen_numerics import check_rank, reference_run
+from tests.helpers.dist_utils import run_gloo
+from tests.helpers.mlp import linear_cfg, mlp_graph
+from tests.helpers.mlp import MLP, ew, plans
+from tests.helpers.numerics import check_rank, reference_run
 
 
 def gloo_rank(rank, world, model, inputs, graph, assignments, mesh_shape, ref, checked):

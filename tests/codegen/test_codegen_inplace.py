@@ -18,9 +18,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import autopar
-from tests.dist_utils import run_threaded
-from tests.test_codegen_numerics import check_module, reference_run
-from tests.test_compile_zoo import split_everything
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.models import ConstantIndex
+from tests.helpers.numerics import check_module, reference_run
+from tests.helpers.plans import split_everything
 
 
 class InPlace(nn.Module):
@@ -40,18 +41,6 @@ class InPlace(nn.Module):
         out = self.fc3(g)
         self.act(out)  # reads out after the module wrote into it
         return F.mse_loss(out, y)
-
-
-class ConstantIndex(nn.Module):
-    """A tensor made while tracing (``torch.arange``), stored on the fx module as a constant."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-
-    def forward(self, x):
-        h = self.fc(x)
-        return h[torch.arange(4), 1:5].pow(2).mean() + h.mean()
 
 
 class ResidualBlocks(nn.Module):

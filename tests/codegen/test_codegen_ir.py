@@ -1,71 +1,19 @@
 """Placement derivation from the IR, on a hand-built IR of the zoo MLP.
 
-``mlp_graph`` is a stand-in for ``autopar.trace`` (linear, elementwise, cross_entropy only) so
-that codegen can be tested before and independently of the tracer; the numerics tests use it too.
+``mlp_graph`` (tests/helpers/mlp.py) is a stand-in for ``autopar.trace`` (linear, elementwise,
+cross_entropy only) so that codegen can be tested before and independently of the tracer.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.fx as fx
 from torch.distributed.tensor import Partial, Replicate, Shard
-from torch.fx.passes.shape_prop import ShapeProp
 
 import autopar
-from autopar.core.ir import Dim, Graph, Node, Operand, TensorSpec
+from autopar.core.ir import Dim, Node, Operand, TensorSpec
 from autopar.core.tables import Config
 from autopar.codegen.placements import LayoutError, StridedCut, local_shape, node_layout
-
-
-def _spec(t, axes) -> TensorSpec:
-    return TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(axes))
-
-
-def _shape(n: fx.Node):
-    return n.meta["tensor_meta"]
-
-
-def mlp_graph(model, inputs) -> Graph:
-    """Trace the zoo MLP with fx and write its IR by hand: linear (b, n, k), relu (b, f), CE."""
-    gm = fx.symbolic_trace(model)
-    ShapeProp(gm).propagate(*inputs)
-    nodes = []
-    for n in gm.graph.nodes:
-        if n.op == "call_module":
-            mod = gm.get_submodule(n.target)
-            (b, k), nout = _shape(n.args[0]).shape, mod.out_features
-            x_src = f"input:{n.args[0].name}" if n.args[0].op == "placeholder" else n.args[0].name
-            nodes.append(Node(
-                n.name, "linear", "torch.nn.Linear", n.target,
-                (Dim("b", b), Dim("n", nout), Dim("k", k, reduction=True)),
-                (Operand(x_src, 0, _spec(_shape(n.args[0]), [("b",), ("k",)])),),
-                (Operand(f"param:{n.target}.weight", 0, _spec(mod.weight, [("n",), ("k",)])),
-                 Operand(f"param:{n.target}.bias", 0, _spec(mod.bias, [("n",)]))),
-                (_spec(_shape(n), [("b",), ("n",)]),), flops=2 * b * nout * k))
-        elif n.op == "call_function" and n.target is torch.nn.functional.relu:
-            b, f = _shape(n).shape
-            nodes.append(Node(
-                n.name, "elementwise", "torch.nn.functional.relu", "", (Dim("b", b), Dim("f", f)),
-                (Operand(n.args[0].name, 0, _spec(_shape(n.args[0]), [("b",), ("f",)])),), (),
-                (_spec(_shape(n), [("b",), ("f",)]),), attrs={"fn": "relu"}))
-        elif n.op == "call_function" and n.target is torch.nn.functional.cross_entropy:
-            b, c = _shape(n.args[0]).shape
-            nodes.append(Node(
-                n.name, "cross_entropy", "torch.nn.functional.cross_entropy", "",
-                (Dim("b", b, reduction=True), Dim("c", c, reduction=True, splittable=False)),
-                (Operand(n.args[0].name, 0, _spec(_shape(n.args[0]), [("b",), ("c",)])),
-                 Operand(f"input:{n.args[1].name}", 0, _spec(_shape(n.args[1]), [("b",)]))), (),
-                (_spec(_shape(n), []),), attrs={"reduction": n.kwargs.get("reduction", "mean")}))
-    specs = {n.name: TensorSpec(tuple(_shape(n).shape), str(_shape(n).dtype)[6:],
-                                ((),) * len(_shape(n).shape))
-             for n in gm.graph.nodes if n.op == "placeholder"}
-    return Graph(nodes, specs, [(nodes[-1].name, 0)], "mlp", fx_graph=gm)
-
-
-def linear_cfg(b=(), n=(), k=()) -> Config:
-    """A linear's config from the mesh axes cutting its b, n, k dims (mesh of 2s)."""
-    return Config(tuple(2 ** len(a) for a in (b, n, k)), (tuple(b), tuple(n), tuple(k)))
+from tests.helpers.mlp import linear_cfg, mlp_graph
 
 
 @pytest.fixture(scope="module")

@@ -8,50 +8,11 @@ process group keep this fast; ``test_codegen_gloo`` runs the same check on real 
 from __future__ import annotations
 
 import pytest
-import torch
 
 import autopar
-from tests.dist_utils import run_threaded
-from tests.test_codegen_ir import linear_cfg, mlp_graph
-from tests.test_codegen_numerics import check_rank, reference_run
-from autopar.core.tables import Config
-
-MLP = dict(batch=8, inputs=8, hidden=16, layers=2, classes=4)
-
-
-def ew(*axes_b_f) -> Config:
-    b, f = axes_b_f
-    return Config((2 ** len(b), 2 ** len(f)), (tuple(b), tuple(f)))
-
-
-def ce(b=()) -> Config:
-    return Config((2 ** len(b), 1), (tuple(b), ()))
-
-
-def plans(world: int) -> dict[str, dict[str, Config]]:
-    """Named assignments for a mesh of ``world`` devices (1-d for 2, (2, 2) for 4)."""
-    if world == 2:
-        return {
-            "data_parallel": {"layers_0": linear_cfg(b=(0,)), "relu": ew((0,), ()),
-                              "layers_1": linear_cfg(b=(0,)), "relu_1": ew((0,), ()),
-                              "head": linear_cfg(b=(0,)), "cross_entropy": ce((0,))},
-            "megatron": {"layers_0": linear_cfg(n=(0,)), "relu": ew((), (0,)),
-                         "layers_1": linear_cfg(k=(0,))},
-            "reduction_split": {"layers_0": linear_cfg(k=(0,)), "relu": ew((), (0,)),
-                                "layers_1": linear_cfg(k=(0,)), "head": linear_cfg(n=(0,))},
-        }
-    return {
-        "data_parallel": {"layers_0": linear_cfg(b=(0, 1)), "relu": ew((0, 1), ()),
-                          "layers_1": linear_cfg(b=(0, 1)), "relu_1": ew((0, 1), ()),
-                          "head": linear_cfg(b=(0, 1)), "cross_entropy": ce((0, 1))},
-        "dp_x_megatron": {"layers_0": linear_cfg(b=(0,), n=(1,)), "relu": ew((0,), (1,)),
-                          "layers_1": linear_cfg(b=(0,), k=(1,)), "relu_1": ew((0,), ()),
-                          "head": linear_cfg(b=(0,)), "cross_entropy": ce((0,))},
-        "reduction_split": {"layers_0": linear_cfg(b=(0,), k=(1,)), "relu": ew((1,), (0,)),
-                            "layers_1": linear_cfg(k=(0, 1)), "relu_1": ew((), (0, 1)),
-                            "head": linear_cfg(k=(0, 1)), "cross_entropy": ce((1,))},
-    }
-
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.mlp import MLP, mlp_graph, plans
+from tests.helpers.numerics import check_rank, reference_run
 
 @pytest.fixture(scope="module")
 def mlp_case():

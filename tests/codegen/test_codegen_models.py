@@ -19,9 +19,9 @@ import torch.nn.functional as F
 import autopar
 from autopar.codegen.module import shard_module
 from autopar.codegen.placements import node_layout
-from tests.dist_utils import run_threaded
-from tests.test_codegen_numerics import check_rank, reference_run
-from tests.test_codegen_plans import data_parallel, follow
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.numerics import check_rank, reference_run
+from tests.helpers.plans import data_parallel, follow
 
 GPT = dict(layers=1, batch=4, seq=8, width=16, heads=2, vocab=32)
 CNN = dict(blocks=1, batch=4, channels=4, image=8)

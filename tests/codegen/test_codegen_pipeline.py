@@ -20,12 +20,12 @@ import torch
 from torch.distributed.tensor import DTensor
 
 import autopar
-from autopar.planning.plan import Plan, SearchInfo, Stage
-from autopar.core.tables import Config, Mesh
+from autopar.planning.plan import Plan, Stage
 from autopar.codegen.pipeline import check_stages, pipeline_module, split_stages, stage_modules
-from tests.dist_utils import run_gloo
-from tests.test_codegen_mlp import plans
-from tests.test_codegen_numerics import ATOL, EPS, LR, PARAM_ATOL, RTOL, STEPS, reference_run
+from tests.helpers.dist_utils import run_gloo
+from tests.helpers.mlp import plans
+from tests.helpers.numerics import ATOL, EPS, LR, PARAM_ATOL, RTOL, STEPS, reference_run
+from tests.helpers.plans import two_stage_plan
 
 SIZES = {
     "mlp": dict(batch=8, inputs=8, hidden=16, layers=2, classes=4),
@@ -43,24 +43,6 @@ WIDE_CASES = [
     ("mlp-megatron-gpipe-2", "mlp", "gpipe", 2, False),
     ("gpt-expert-1f1b-2", "gpt", "1f1b", 2, True),
 ]
-
-
-def two_stage_plan(graph, microbatches: int, schedule: str, cut: int | None = None,
-                   devices: int = 1, assignment: dict | None = None) -> Plan:
-    """Cut in the middle of the node list (inside GPT's second block: stage 1 starts at its qkv).
-
-    ``assignment``: configs on the stage's sub-mesh; the plan holds them on the full mesh (the
-    stage axis first), as ``autopar.plan`` writes them.
-    """
-    names = [n.name for n in graph.nodes]
-    cut = len(names) // 2 if cut is None else cut
-    mesh = Mesh((2,) if devices == 1 else (2, devices))
-    full = {k: Config(c.splits, tuple(tuple(a + 1 for a in axes) for axes in c.mesh_axes))
-            for k, c in (assignment or {}).items()}
-    return Plan("hand", "", {}, mesh, "analytic", "mesh", "training", full, 0.0, "s", 0.0,
-                SearchInfo("by hand", 0.0),
-                stages=[Stage(names[:cut], devices), Stage(names[cut:], devices)],
-                microbatches=microbatches, schedule=schedule, graph=graph)
 
 
 def run_stages(gm, parts, inputs):

@@ -10,8 +10,8 @@ import pytest
 
 import autopar
 from autopar.codegen.placements import node_layout
-from tests.dist_utils import run_threaded
-from tests.test_codegen_numerics import check_rank, reference_run
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.numerics import check_rank, reference_run
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 import autopar
 from autopar.core.tables import Mesh
 from autopar.core.space import mesh_configs
-from tests.dist_utils import run_threaded
-from tests.test_codegen_numerics import check_rank, reference_run
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.numerics import check_rank, reference_run
 
 
 class Odd(nn.Module):

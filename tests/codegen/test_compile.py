@@ -12,8 +12,8 @@ import torch
 
 import autopar
 from autopar.compiler import torchrun_command
-from tests.dist_utils import run_gloo, run_threaded
-from tests.test_codegen_numerics import check_module, reference_run
+from tests.helpers.dist_utils import run_gloo, run_threaded
+from tests.helpers.numerics import check_module, reference_run
 
 
 def _gpt():
@@ -144,7 +144,7 @@ def _pipelined_losses(rank, world, plan_path):
 def test_compile_runs_a_pipelined_plan_through_torch_pipelining(tmp_path):
     from autopar.core.fingerprint import fingerprint
     from autopar.training import single_process_losses
-    from tests.test_codegen_pipeline import two_stage_plan
+    from tests.helpers.plans import two_stage_plan
 
     model, inputs = _gpt()
     graph = autopar.trace(model, inputs)

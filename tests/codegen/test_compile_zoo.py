@@ -16,9 +16,9 @@ import dataclasses
 import pytest
 
 import autopar
-from autopar.core.space import mesh_configs
-from tests.dist_utils import run_threaded
-from tests.test_codegen_numerics import check_module, reference_run
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.numerics import check_module, reference_run
+from tests.helpers.plans import split_everything
 
 SIZES = {
     "mlp": dict(batch=8, inputs=8, hidden=16, layers=2, classes=4),
@@ -27,14 +27,6 @@ SIZES = {
     "transformer": dict(batch=4, seq=8, vocab=32, width=16, heads=2, hidden=32, layers=1),
 }
 PLANS = ("autopar", "data_parallel", "split_everything")
-
-
-def split_everything(graph, mesh) -> dict:
-    def score(node, config):
-        cut = [d for d, s in zip(node.dims, config.splits) if s > 1]
-        return (len(cut), sum(d.reduction for d in cut), config.devices)
-
-    return {n.name: max(mesh_configs(n, mesh), key=lambda c, n=n: score(n, c)) for n in graph.nodes}
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from autopar.codegen.launch import LaunchError, launch
-from tests.proc_utils import kill_all, wait_gone
+from tests.helpers.proc_utils import kill_all, wait_gone
 
 
 def _note_pid(folder: str, rank: int) -> None:

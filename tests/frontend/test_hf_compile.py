@@ -18,10 +18,10 @@ import functools
 import pytest
 
 import autopar
-from tests.dist_utils import run_threaded
-from tests.hf_models import NAMES, build
-from tests.test_codegen_numerics import check_module, reference_run
-from tests.test_compile_zoo import split_everything
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.hf_models import NAMES, build
+from tests.helpers.numerics import check_module, reference_run
+from tests.helpers.plans import split_everything
 
 pytest.importorskip("transformers")  # the test extra: `pip install -e .[test]`
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 import autopar
 from autopar.core.batch import batch_dims
 from autopar.core.space import mesh_configs
-from tests import hf_models
+from tests.helpers import hf_models
 
 NAMES = hf_models.NAMES
 

@@ -8,7 +8,7 @@ RMSNorm, repeat_kv, masks, the fused qkv split, the class token's cat, drop-path
 import pytest
 
 import autopar
-from tests import hf_models, shard_check
+from tests.helpers import hf_models, shard_check
 
 
 @pytest.mark.parametrize("name", hf_models.NAMES)

@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import autopar
-from tests import hf_models
+from tests.helpers import hf_models
 
 NAMES = hf_models.NAMES
 

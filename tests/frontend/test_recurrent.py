@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import autopar
-from tests.dist_utils import run_threaded
-from tests.test_codegen_numerics import check_module, reference_run
-from tests.test_compile_zoo import split_everything
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.numerics import check_module, reference_run
+from tests.helpers.plans import split_everything
 
 
 CELLS = {"gru": lambda **kw: nn.GRU(8, 8, **kw), "rnn": lambda **kw: nn.RNN(8, 8, **kw),

@@ -162,7 +162,7 @@ def test_tracing_leaves_the_model_as_it_was_and_repeats_exactly():
     ``_tensor_constant0`` on the user's model, and a second trace then named its constant
     ``_tensor_constant1``, so its fingerprint differed and a saved plan was refused."""
     from autopar.core.fingerprint import fingerprint
-    from tests.test_codegen_inplace import ConstantIndex  # h[torch.arange(4), 1:5]
+    from tests.helpers.models import ConstantIndex  # h[torch.arange(4), 1:5]
 
     model, x = ConstantIndex(), (torch.randn(8, 8),)
     before = set(vars(model))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -77,7 +78,7 @@ def run_gloo(fn: Callable, world_size: int, *args: Any) -> list:
 
 def _ensure_importable() -> None:
     """Spawned children unpickle test helpers by module name; make ``tests.*`` resolvable."""
-    root = __file__.rsplit("/tests/", 1)[0]
+    root = str(Path(__file__).resolve().parents[2])  # the repository: tests/helpers/dist_utils.py
     if root not in sys.path:
         sys.path.insert(0, root)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # pytest runs with --import-mode=importlib; benchmarks/ lives at the repo root
     sys.path.insert(0, str(ROOT))
 

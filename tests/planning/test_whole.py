@@ -8,7 +8,7 @@ import pytest
 import autopar
 from autopar.core.tables import Config, CostTables
 from autopar.planning.whole import fix_and_fold, kept_whole
-from tests import hf_models
+from tests.helpers import hf_models
 
 
 def _random_tables(seed: int) -> CostTables:

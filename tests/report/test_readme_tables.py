@@ -6,7 +6,7 @@ ones in benchmarks/results.md, which `make bench` writes.
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PLAN_COLUMNS = 10  # case .. fits (DP fits); the last three are timings
 
 
