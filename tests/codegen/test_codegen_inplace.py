@@ -4,7 +4,7 @@
 ``F.relu(x, inplace=True)`` and ``nn.ReLU(inplace=True)`` (torchvision's default) failed in every
 compiled model (a residual block of torchvision's pattern is among the cases); a tensor built while tracing (``torch.arange`` in an index) was looked up on the
 wrong module. Each model here trains 3 AdamW steps on 2 and 4 threaded ranks under data
-parallelism and under a plan that splits every node as much as it can (``test_compile_zoo``),
+parallelism and under a plan that splits every node as much as it can (``helpers/plans.py``),
 and must match one device: loss, every gradient, every parameter.
 """
 

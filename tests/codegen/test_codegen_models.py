@@ -1,6 +1,6 @@
 """GPT and CNN, traced by ``autopar.trace``, sharded and trained against a single-device run.
 
-Plans (``tests.test_codegen_plans``): data parallel; Megatron (attention heads split from the
+Plans (``tests/helpers/plans.py``): data parallel; Megatron (attention heads split from the
 q/k/v views on, column/row-parallel MLP, so every block ends in an all-reduce of partial sums);
 vocab-parallel embedding + head with a forced row-split fc1 (reduction splits that do not come
 in Megatron's pairs); channel-parallel convolutions (out-channel split, then in-channel split

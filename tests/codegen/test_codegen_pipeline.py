@@ -6,7 +6,7 @@ arithmetic are right), and plans that cannot run are refused with one-line error
 
 On 2 gloo processes (one launch for every case, process start-up being the slow part): 2 stages x
 1 device, GPipe and 1F1B with 2 and 4 microbatches, against the single-device run of
-``test_codegen_numerics``: the loss of each of 3 AdamW steps (on every rank), every parameter's
+``tests/helpers/numerics.py``: the loss of each of 3 AdamW steps (on every rank), every parameter's
 gradient after the first backward, every parameter after the last step. On 4 gloo processes the
 same check for 2 stages x 2 devices, each stage Megatron-split (DTensor) on its own sub-mesh.
 """
@@ -240,7 +240,7 @@ def trained():
 
 @pytest.fixture(scope="module")
 def trained_wide():
-    """Stage configs: Megatron for the MLP (``test_codegen_mlp``), the planner's expert
+    """Stage configs: Megatron for the MLP (``helpers/mlp.py``), the planner's expert
     (Megatron) baseline for the GPT, planned at microbatch size on a stage's 2 devices."""
     gpt_micro = autopar.zoo.get("gpt", **{**SIZES["gpt"], "batch": SIZES["gpt"]["batch"] // 2})
     expert = autopar.plan(*gpt_micro, autopar.Cluster(devices=2)).baselines["expert"]

@@ -103,7 +103,7 @@ def test_empty_matrix():
 def test_nested_shard_order_is_priced_as_dtensor_runs_it():
     """A tensor axis cut by two mesh axes: DTensor 2.13's greedy redistribute replicates the
     misaligned (minor) mesh axis first; checked against CommDebugMode on a (2, 2) gloo mesh by
-    tests/test_codegen_collectives.py."""
+    tests/codegen/test_codegen_collectives.py."""
     from autopar.cost_models.comm import misaligned
 
     c = Cluster.preset("cpu", devices=4)

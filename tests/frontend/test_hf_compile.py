@@ -6,7 +6,7 @@ attention, rotary embeddings, RMSNorm), ViT (class token), ResNet (batch norm) a
 ATen graph: called with keyword inputs as Hugging Face models are, returning their ModelOutput.
 Each on 2 and 4 threaded ranks under autopar's plan, data parallelism and a forced plan that
 splits every node it can (heads, hidden units, channels, the vocabulary): the loss at every step, every gradient and every parameter after 3 AdamW steps equal
-the single-device run's (``tests/test_codegen_numerics``). Dropout is 0 here (its masks are
+the single-device run's (``tests/helpers/numerics.py``). Dropout is 0 here (its masks are
 tested in ``test_codegen_dropout``)."""
 
 from __future__ import annotations

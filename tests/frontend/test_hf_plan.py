@@ -16,19 +16,10 @@ from tests.helpers import hf_models
 NAMES = hf_models.NAMES
 
 
-@pytest.fixture(scope="module")
-def traced():
-    out = {}
-    for name in NAMES:
-        model, kwargs = hf_models.build(name)
-        out[name] = (model, kwargs, autopar.trace(model, kwargs))
-    return out
-
-
 @pytest.mark.parametrize("devices", [4, 8])
 @pytest.mark.parametrize("name", NAMES)
-def test_plans_and_reports_every_replicated_op_with_its_reason(traced, name, devices):
-    model, kwargs, graph = traced[name]
+def test_plans_and_reports_every_replicated_op_with_its_reason(hf_traced, name, devices):
+    model, kwargs, graph = hf_traced[name]
     plan = autopar.plan(model, kwargs, autopar.Cluster.preset("8xH100", devices=devices), graph=graph)
     dp = plan.baselines["data_parallel"]
     assert plan.cost <= dp.cost * (1 + 1e-9)  # the optimum is never worse than data parallelism
@@ -56,8 +47,8 @@ def _offers(configs, names, dim) -> bool:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_linear_conv_and_attention_offer_data_and_tensor_splits(traced, name):
-    _, _, graph = traced[name]
+def test_linear_conv_and_attention_offer_data_and_tensor_splits(hf_traced, name):
+    _, _, graph = hf_traced[name]
     mesh = autopar.Cluster(devices=4).mesh()
     batch = batch_dims(graph)
     heavy = [n for n in graph.nodes if n.flops and n.op in ("linear", "matmul", "conv1d", "conv2d", "sdpa")]
@@ -79,8 +70,8 @@ def _head_views(graph):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "vit"])
-def test_heads_stay_splittable_through_view_and_transpose(traced, name):
-    _, _, graph = traced[name]
+def test_heads_stay_splittable_through_view_and_transpose(hf_traced, name):
+    _, _, graph = hf_traced[name]
     views = list(_head_views(graph))
     assert len(views) >= 6  # q, k and v of two layers
     for node, h in views:
@@ -91,9 +82,9 @@ def test_heads_stay_splittable_through_view_and_transpose(traced, name):
 
 
 @pytest.mark.parametrize("name", ["bert", "vit"])
-def test_the_expert_plan_splits_heads_end_to_end(traced, name):
+def test_the_expert_plan_splits_heads_end_to_end(hf_traced, name):
     """Megatron pins the projections column-parallel; the heads then flow to attention with no reshard."""
-    model, kwargs, graph = traced[name]
+    model, kwargs, graph = hf_traced[name]
     plan = autopar.plan(model, kwargs, autopar.Cluster.preset("8xH100", devices=4), graph=graph)
     expert = plan.baselines["expert"]
     for node in graph.nodes:
@@ -102,9 +93,9 @@ def test_the_expert_plan_splits_heads_end_to_end(traced, name):
             assert config.splits[[d.name for d in node.dims].index("h")] == 4, node.name
 
 
-def test_gpt2_and_llama_get_the_expert_baseline(traced):
+def test_gpt2_and_llama_get_the_expert_baseline(hf_traced):
     """GPT-2's projections are addmm (Conv1D) and Llama's norm is RMSNorm: both still transformers."""
     for name in ("gpt2", "llama"):
-        model, kwargs, graph = traced[name]
+        model, kwargs, graph = hf_traced[name]
         plan = autopar.plan(model, kwargs, autopar.Cluster.preset("8xH100", devices=4), graph=graph)
         assert "expert" in plan.baselines, name

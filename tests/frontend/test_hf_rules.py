@@ -1,7 +1,7 @@
 """The rules' axis maps on six Hugging Face models, checked against torch by running the pieces.
 
 For every node of each model and every dim it offers to split, the op runs on the pieces of its
-operands and must give the pieces of its output (``tests/shard_check.py``): rotary embeddings,
+operands and must give the pieces of its output (``tests/helpers/shard_check.py``): rotary embeddings,
 RMSNorm, repeat_kv, masks, the fused qkv split, the class token's cat, drop-path and all.
 """
 

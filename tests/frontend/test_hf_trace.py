@@ -16,19 +16,9 @@ from tests.helpers import hf_models
 NAMES = hf_models.NAMES
 
 
-@pytest.fixture(scope="module")
-def traced():
-    """name -> (model, kwargs, graph), traced once for the module."""
-    out = {}
-    for name in NAMES:
-        model, kwargs = hf_models.build(name)
-        out[name] = (model, kwargs, autopar.trace(model, kwargs))
-    return out
-
-
 @pytest.mark.parametrize("name", NAMES)
-def test_traces_through_export_with_the_call_recorded(traced, name):
-    model, kwargs, graph = traced[name]
+def test_traces_through_export_with_the_call_recorded(hf_traced, name):
+    model, kwargs, graph = hf_traced[name]
     assert graph.frontend == "export" and isinstance(graph.program, torch.export.ExportedProgram)
     assert graph.fx_graph is graph.program.graph_module
     assert graph.call.input_names == list(kwargs)  # the keyword names are the graph's inputs
@@ -46,8 +36,8 @@ def test_traces_through_export_with_the_call_recorded(traced, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_graph_outputs_rebuild_what_the_model_returns(traced, name):
-    model, kwargs, graph = traced[name]
+def test_graph_outputs_rebuild_what_the_model_returns(hf_traced, name):
+    model, kwargs, graph = hf_traced[name]
     expected = model(**kwargs)
     flat = graph.program.module()(**kwargs)  # the exported program returns the graph's outputs
     got = graph.call.unflatten(flat)
@@ -58,8 +48,8 @@ def test_graph_outputs_rebuild_what_the_model_returns(traced, name):
     assert graph.outputs[0] == (graph.nodes[[n.op for n in graph.nodes].index("cross_entropy")].name, 0)
 
 
-def test_default_gpt2_traces_with_its_cache_dropped(traced):
-    model, kwargs, graph = traced["gpt2"]
+def test_default_gpt2_traces_with_its_cache_dropped(hf_traced):
+    model, kwargs, graph = hf_traced["gpt2"]
     assert model.config.use_cache  # the default config: export alone stops on the DynamicCache
     assert [(leaf.path, "DynamicCache" in leaf.dropped) for leaf in graph.call.dropped] == [("cache", True)]
     assert any("DynamicCache" in note for note in graph.call.notes)
@@ -70,8 +60,8 @@ def test_default_gpt2_traces_with_its_cache_dropped(traced):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_exported_batch_is_dynamic(traced, name):
-    model, _, graph = traced[name]
+def test_the_exported_batch_is_dynamic(hf_traced, name):
+    model, _, graph = hf_traced[name]
     _, kwargs3 = hf_models.build(name, batch=3)
     got = graph.call.unflatten(graph.program.module()(**kwargs3))
     torch.testing.assert_close(got.loss, model(**kwargs3).loss)
@@ -90,8 +80,8 @@ def test_a_static_batch_is_recorded_and_another_size_is_one_line():
     assert "\n" not in msg and "batch size 3" in msg and "batch size 1 only" in msg
 
 
-def test_a_call_that_is_not_the_traced_one_is_one_line(traced):
-    _, kwargs, graph = traced["llama"]
+def test_a_call_that_is_not_the_traced_one_is_one_line(hf_traced):
+    _, kwargs, graph = hf_traced["llama"]
     with pytest.raises(ValueError, match="missing labels") as info:
         graph.call.flatten((), {k: v for k, v in kwargs.items() if k != "labels"})
     assert "\n" not in str(info.value)

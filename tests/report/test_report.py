@@ -7,7 +7,6 @@ and compared to 3 significant digits (what the report prints).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -42,16 +41,6 @@ def close3(printed: float, exact: float) -> bool:
 # -- pipelined plans -----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def piped():
-    model, inputs = autopar.zoo.get("gpt", layers=4, width=1024, heads=16, seq=512, batch=32, vocab=32768,
-                                    device="meta")
-    slow = dataclasses.replace(autopar.Cluster.preset("2x8xH100"), inter_bandwidth=2e8, name="slow-ib")
-    plan = autopar.plan(model, inputs, slow, pipeline=True)
-    assert plan.stages, "a slow inter-node link makes the pipeline win (see test_planner)"
-    return plan, slow
-
-
 def _positions(plan):
     pos = {n.name: i for i, n in enumerate(plan.graph.nodes)}
     return [(pos[s.nodes[0]], pos[s.nodes[-1]]) for s in plan.stages]
@@ -71,8 +60,8 @@ def _stage_table(text: str) -> dict[int, list[str]]:
     return rows
 
 
-def test_every_stage_is_listed_with_its_node_range_and_devices(piped):
-    plan, _ = piped
+def test_every_stage_is_listed_with_its_node_range_and_devices(piped_gpt):
+    plan = piped_gpt.plan
     text = plan.report()
     rows = _stage_table(text)
     per = plan.stages[0].devices
@@ -105,8 +94,8 @@ def _stage_setup(plan, cluster):
     return scale_batch(plan.graph, plan.microbatches), sub, local
 
 
-def test_stage_times_follow_the_schedule_formula(piped):
-    plan, cluster = piped
+def test_stage_times_follow_the_schedule_formula(piped_gpt):
+    plan, cluster = piped_gpt.plan, piped_gpt.cluster
     g, sub, local = _stage_setup(plan, cluster)
     model = AnalyticModel(optimizer="adam")  # plan()'s default optimizer, whose update is priced
     sync = []
@@ -139,8 +128,8 @@ def test_stage_times_follow_the_schedule_formula(piped):
     assert f"schedule {plan.schedule}" in text and f"{m} microbatches" in text
 
 
-def test_stage_memory_holds_the_schedules_in_flight_microbatches(piped):
-    plan, cluster = piped
+def test_stage_memory_holds_the_schedules_in_flight_microbatches(piped_gpt):
+    plan, cluster = piped_gpt.plan, piped_gpt.cluster
     g, sub, local = _stage_setup(plan, cluster)
     s, m = len(plan.stages), plan.microbatches
     mems = []
@@ -158,8 +147,8 @@ def test_stage_memory_holds_the_schedules_in_flight_microbatches(piped):
         assert rows[k][10] == f"{held} mb"
 
 
-def test_intra_stage_configs_are_in_words_on_the_stage_mesh(piped):
-    plan, cluster = piped
+def test_intra_stage_configs_are_in_words_on_the_stage_mesh(piped_gpt):
+    plan, cluster = piped_gpt.plan, piped_gpt.cluster
     _, sub, local = _stage_setup(plan, cluster)
     text = plan.report()
     # a split node's words, from the graph's dim names and the plan's splits
@@ -174,8 +163,8 @@ def test_intra_stage_configs_are_in_words_on_the_stage_mesh(piped):
     assert all(a < len(plan.stage_mesh) for c in local.values() for ax in c.mesh_axes for a in ax)
 
 
-def test_a_pipelined_plan_loaded_from_a_file_prints_the_same_report(piped, tmp_path):
-    plan, _ = piped
+def test_a_pipelined_plan_loaded_from_a_file_prints_the_same_report(piped_gpt, tmp_path):
+    plan = piped_gpt.plan
     path = tmp_path / "p.json"
     plan.save(path)
     loaded = autopar.Plan.load(path)
@@ -347,10 +336,10 @@ def test_profiled_report_rows_print_those_numbers(profiled):
 # -- pictures ------------------------------------------------------------------------------------
 
 
-def test_pictures_of_pipelined_pase_and_profiled_plans(piped, pase_plan, profiled, tmp_path):
+def test_pictures_of_pipelined_pase_and_profiled_plans(piped_gpt, pase_plan, profiled, tmp_path):
     from autopar.report.picture import draw
 
-    plan, _ = piped
+    plan = piped_gpt.plan
     loaded = tmp_path / "p.json"
     plan.save(loaded)
     for name, p in [("pipe", plan), ("pase", pase_plan), ("prof", profiled[0]),
@@ -368,8 +357,8 @@ def test_pictures_of_pipelined_pase_and_profiled_plans(piped, pase_plan, profile
         draw(autopar.Plan.load(tmp_path / "old.json"), tmp_path / "x.png")
 
 
-def test_a_saved_pipelined_plan_keeps_each_stages_sync_and_memory(piped, tmp_path):
-    plan, _ = piped
+def test_a_saved_pipelined_plan_keeps_each_stages_sync_and_memory(piped_gpt, tmp_path):
+    plan = piped_gpt.plan
     plan.save(tmp_path / "piped.json")
     loaded = autopar.Plan.load(tmp_path / "piped.json")
     m, s = loaded.microbatches, len(loaded.stages)

@@ -16,16 +16,8 @@ import autopar
 from autopar.planning.plan import SearchInfo
 
 
-@pytest.fixture(scope="module")
-def piped():
-    model, inputs = autopar.zoo.get("gpt", layers=4, width=1024, heads=16, seq=512, batch=32, vocab=32768,
-                                    device="meta")
-    slow = dataclasses.replace(autopar.Cluster.preset("2x8xH100"), inter_bandwidth=2e8, name="slow-ib")
-    return autopar.plan(model, inputs, slow, pipeline=True), (model, inputs, slow)
-
-
-def test_a_pipelined_plan_is_reported_as_a_heuristic(piped, tmp_path):
-    plan, _ = piped
+def test_a_pipelined_plan_is_reported_as_a_heuristic(piped_gpt, tmp_path):
+    plan = piped_gpt.plan
     assert plan.stages
     assert plan.search.status == "heuristic" and not plan.search.proven_optimal
     text = plan.report()
@@ -36,8 +28,8 @@ def test_a_pipelined_plan_is_reported_as_a_heuristic(piped, tmp_path):
     assert back.search.status == "heuristic" and back.search.detail == plan.search.detail
 
 
-def test_a_single_stage_plan_beside_pipeline_options_says_where_its_proof_holds(piped):
-    _, (model, inputs, slow) = piped
+def test_a_single_stage_plan_beside_pipeline_options_says_where_its_proof_holds(piped_gpt):
+    model, inputs, slow = piped_gpt.model, piped_gpt.inputs, piped_gpt.cluster
     fast = dataclasses.replace(slow, inter_bandwidth=1e12, name="fast-ib")
     plan = autopar.plan(model, inputs, fast, pipeline=True, baselines=False)
     assert not plan.stages and plan.search.proven_optimal
