@@ -39,6 +39,7 @@ def test_run_trains_like_one_process_and_prints_the_report():
     assert _sharded_losses(r.stdout) == pytest.approx(_expected(2), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_run_uses_a_saved_plan_and_refuses_one_for_another_model(tmp_path):
     path = tmp_path / "plan.json"
     r = run("plan", MLP, "--devices", "2", "--cluster", "cpu", "--json", str(path))

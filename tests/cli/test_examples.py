@@ -37,6 +37,7 @@ def test_example_trains_on_two_processes_like_one(script):
     assert sharded == pytest.approx(single_process_losses(model, inputs, 2), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_the_hugging_face_example_trains_gpt2_on_two_processes_like_one():
     pytest.importorskip("transformers")  # the test extra
     sys.path.insert(0, str(ROOT / "examples"))

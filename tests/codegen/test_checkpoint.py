@@ -180,6 +180,7 @@ def one_step_then_params(rank, world, doc):
     return _full(module)
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
     from autopar.codegen.checkpoint import steps

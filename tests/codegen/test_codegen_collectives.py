@@ -151,6 +151,7 @@ def expected(case, world, name, phase) -> dict:
     return {k: v for k, v in want.items() if v}
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("world,name", CASE_IDS, ids=[f"{w}-{n}" for w, n in CASE_IDS])
 def test_issued_collectives_are_the_predicted_ones(cases, measured, world, name):

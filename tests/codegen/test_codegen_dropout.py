@@ -56,6 +56,7 @@ def _rank(rank, world, plan, steps):
     return losses, {n: p.full_tensor().detach().numpy() for n, p in module.named_parameters()}  # no shared memory across the pipe
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("which", ["data_parallel", "split_everything"])

@@ -64,6 +64,7 @@ def measured4():
     return per_rank[0]
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("plan,forward,backward", [
     # the loss (Partial, Partial): one all-reduce over the flat group; the six gradients: one

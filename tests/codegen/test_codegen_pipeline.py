@@ -271,18 +271,21 @@ def check_case(per_rank, ref, case, devices):
                                        msg=lambda m, n=n: f"rank {rank} param {n}: {m}")
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("case,name", [(c[0], c[1]) for c in CASES])
 def test_pipeline_matches_single_device(trained, refs, case, name):
     check_case(trained, refs[name], case, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("case,name", [(c[0], c[1]) for c in WIDE_CASES])
 def test_sharded_stages_match_single_device(trained_wide, refs, case, name):
     check_case(trained_wide, refs[name], case, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_stages_that_do_not_fit_the_processes_are_refused(trained):
     per_rank = trained

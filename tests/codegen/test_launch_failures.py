@@ -80,6 +80,7 @@ def _ends(fn, tmp_path, timeout):
     return message, took, e.value
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_a_stopped_rank_ends_the_run_at_the_timeout(tmp_path):
     message, took, _ = _ends(stop_rank_one, tmp_path, timeout=15)

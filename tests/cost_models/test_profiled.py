@@ -6,6 +6,7 @@ import dataclasses
 import io
 import math
 
+import pytest
 import torch
 
 import autopar
@@ -112,6 +113,7 @@ def _fit_worker(rank, world, init, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_alpha_beta_fitted_on_live_gloo_group(tmp_path):
     import torch.multiprocessing as mp
 
