@@ -45,7 +45,7 @@ class Case:
     space: str = "mesh"
     memory_capacity: float | None = None  # bytes per device; None keeps the cluster's
     pipeline: bool = False  # passed only where autopar.plan takes it (pipeline stages are being integrated)
-    fast: bool = False  # in the regression test (tests/test_regression.py): plans in about a second
+    fast: bool = False  # in the regression test (tests/planning/test_regression.py): plans in about a second
     pase_ratio: float | None = None  # PaSE's published DP / optimum, where pase.md §8 gives it
     pase_search_s: float | None = None  # PaSE's published search time, pase.md §10 Table I
 

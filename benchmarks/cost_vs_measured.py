@@ -127,7 +127,7 @@ def strategies(name: str, graph, tables, mesh, randoms: int = 3) -> dict[str, li
     """Distinct strategies (label -> one config index per node), in a fixed order."""
     from autopar.planning.baselines import data_parallel_choice
     from autopar.planning.planner import run_search
-    from tests.test_codegen_plans import follow
+    from tests.helpers.plans import follow
 
     linears = [n for n in graph.nodes if n.op == "linear"]
     out: dict[str, list[int]] = {}

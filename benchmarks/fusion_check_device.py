@@ -3,7 +3,7 @@ learning rates, mlp, cnn and gpt, TF32 off (it rounds matmuls and convolutions t
 
     python -m benchmarks.fusion_check_device [--device cuda]
 
-The same comparison as tests/test_fusion.py (which runs on the CPU), printed per model family.
+The same comparison as tests/fusion/test_fusion.py (which runs on the CPU), printed per model family.
 """
 
 import argparse

@@ -1,0 +1,184 @@
+"""``autopar.compile``: plan on rank 0, the same plan on every rank, a module that trains like one device.
+
+Threads on torch's threaded process group stand in for torchrun's processes (one test runs real
+gloo processes through ``autopar.codegen.launch.launch``). Every numerics check is against a single-device run of
+the unsplit model (``reference_run``), never against numbers taken from autopar.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autopar
+from autopar.compiler import torchrun_command
+from tests.helpers.dist_utils import run_gloo, run_threaded
+from tests.helpers.numerics import check_module, reference_run
+
+
+def _gpt():
+    return autopar.zoo.get("gpt", layers=1, batch=4, seq=8, width=16, heads=2, vocab=32)
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    model, inputs = _gpt()
+    return model, inputs, reference_run(model, inputs)
+
+
+def _compile_and_train(rank, world, model, inputs, ref, kwargs):
+    module = autopar.compile(model, inputs, **kwargs)
+    check_module(rank, module, inputs, ref)
+    return module.plan.to_json()
+
+
+def test_compiled_gpt_trains_like_one_device_and_every_rank_runs_rank0s_plan(gpt):
+    model, inputs, ref = gpt
+    docs = run_threaded(_compile_and_train, 4, model, inputs, ref, {})
+    assert all(d == docs[0] for d in docs), "ranks run different plans"
+    assert docs[0]["mesh"]["shape"] == [2, 2]
+
+
+def test_compile_with_a_saved_plan_does_not_search(gpt, tmp_path, monkeypatch):
+    model, inputs, ref = gpt
+    # a plan that is not the searched best (data parallel), so using it is visible in the result
+    plan = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=2)).baselines["data_parallel"]
+    path = tmp_path / "plan.json"
+    plan.save(path)
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("compile searched although a plan was given")
+
+    monkeypatch.setattr("autopar.planning.planner.plan", no_search)
+    docs = run_threaded(_compile_and_train, 2, model, inputs, ref, {"plan": str(path)})
+    assert docs[0]["assignment"] == plan.to_json()["assignment"]
+
+
+def _expect_error(rank, world, model, inputs, kwargs, kind):
+    with pytest.raises(kind) as info:
+        autopar.compile(model, inputs, **kwargs)
+    return str(info.value)
+
+
+def test_a_plan_for_another_model_is_refused_on_every_rank(tmp_path):
+    model, inputs = _gpt()
+    other, other_inputs = autopar.zoo.get("mlp")
+    autopar.plan(other, other_inputs, autopar.Cluster.preset("cpu", devices=2)).save(tmp_path / "mlp.json")
+    messages = run_threaded(_expect_error, 2, model, inputs, {"plan": str(tmp_path / "mlp.json")},
+                            autopar.PlanMismatchError)
+    assert all("another model" in m for m in messages)
+
+
+def test_an_error_while_planning_on_rank0_reaches_every_rank_instead_of_hanging():
+    model, inputs = _gpt()
+    messages = run_threaded(_expect_error, 2, model, inputs, {"memory_capacity": 1024.0},
+                            autopar.InfeasibleError)
+    assert all("GiB per device" in m for m in messages)
+
+
+def test_devices_without_a_process_group_name_the_torchrun_command():
+    model, inputs = _gpt()
+    with pytest.raises(autopar.LaunchRequiredError) as info:
+        autopar.compile(model, inputs, devices=4)
+    assert "torchrun --nproc-per-node 4" in str(info.value)
+    assert torchrun_command(2, ["train.py", "--steps", "3"]) == "torchrun --nproc-per-node 2 train.py --steps 3"
+
+
+def test_one_device_without_a_process_group_is_the_model_with_its_plan():
+    model, inputs = _gpt()
+    module = autopar.compile(model, inputs, devices=1)
+    assert module.plan.devices == 1
+    torch.testing.assert_close(module(*inputs), model(*inputs))
+    assert [n for n, _ in module.named_parameters()] == [n for n, _ in model.named_parameters()]
+
+
+def test_bad_arguments_are_one_line_errors(gpt):
+    model, inputs, _ = gpt
+    for kwargs, kind in (({"devices": 0}, ValueError), ({"devices": "two"}, ValueError)):
+        with pytest.raises(kind):
+            autopar.compile(model, inputs, devices=kwargs["devices"])
+    with pytest.raises(ValueError, match="example_inputs"):
+        autopar.compile(model, devices=1)
+    with pytest.raises(ValueError, match="drop the planning options"):
+        autopar.compile(model, inputs, devices=1, plan="x.json", search="dp")
+    with pytest.raises(ValueError, match="outputs must be"):  # on one device too (it was accepted)
+        autopar.compile(model, inputs, devices=1, outputs="dtensors")
+
+
+def _world_mismatch(rank, world, model, inputs):
+    with pytest.raises(ValueError, match="process group of 2"):
+        autopar.compile(model, inputs, devices=4)
+
+
+def test_devices_must_match_the_process_group(gpt):
+    model, inputs, _ = gpt
+    run_threaded(_world_mismatch, 2, model, inputs)
+
+
+def _gloo_first_loss(rank, world):
+    model, inputs = _gpt()
+    module = autopar.compile(model, inputs)
+    loss = module(*inputs)
+    loss.backward()
+    return float(loss), module.plan.fingerprint
+
+
+def test_compile_on_real_gloo_processes():
+    model, inputs = _gpt()
+    results = run_gloo(_gloo_first_loss, 2)
+    expected = float(model(*inputs))
+    for loss, fp in results:
+        assert loss == pytest.approx(expected, rel=1e-5)
+    assert results[0][1] == results[1][1]
+
+
+def _pipelined_losses(rank, world, plan_path):
+    from autopar.training import train_steps
+
+    model, inputs = _gpt()
+    module = autopar.compile(model, inputs, plan=plan_path)
+    names = [n for n, _ in module.named_parameters()]
+    return train_steps(module, inputs, 3), names, len(module.plan.stages)
+
+
+def test_compile_runs_a_pipelined_plan_through_torch_pipelining(tmp_path):
+    from autopar.core.fingerprint import fingerprint
+    from autopar.training import single_process_losses
+    from tests.helpers.plans import two_stage_plan
+
+    model, inputs = _gpt()
+    graph = autopar.trace(model, inputs)
+    plan = two_stage_plan(graph, microbatches=2, schedule="1f1b")
+    plan.fingerprint = fingerprint(graph)
+    plan.save(tmp_path / "piped.json")
+    results = run_gloo(_pipelined_losses, 2, str(tmp_path / "piped.json"))
+    expected = single_process_losses(model, inputs, 3)
+    all_names = [n for n, _ in model.named_parameters()]
+    for losses, names, stages in results:
+        assert stages == 2
+        assert losses == pytest.approx(expected, rel=1e-5)
+    assert sorted(results[0][1] + results[1][1]) == sorted(all_names)  # each parameter on one stage
+
+
+def _dtensor_outputs(rank, world, model, inputs, expected):
+    from torch.distributed.tensor import DTensor
+
+    module = autopar.compile(model, inputs, outputs="dtensor")
+    loss = module(*inputs)
+    assert isinstance(loss, DTensor), type(loss)
+    torch.testing.assert_close(loss.full_tensor(), expected)
+    return tuple(str(p) for p in loss.placements)
+
+
+def test_outputs_can_stay_dtensors_in_the_plans_layout(gpt):
+    model, inputs, _ = gpt
+    placements = run_threaded(_dtensor_outputs, 2, model, inputs, model(*inputs).detach())
+    assert all(p == placements[0] for p in placements)
+
+
+def test_a_pase_plan_file_is_refused_not_run_replicated(tmp_path):
+    model, inputs = autopar.zoo.get("mlp")
+    pase = autopar.plan(model, inputs, autopar.Cluster(devices=2), cost_model="pase", space="pase:1")
+    pase.save(tmp_path / "pase.json")
+    with pytest.raises(ValueError, match="cost_model='pase'"):
+        autopar.compile(model, inputs, devices=1, plan=str(tmp_path / "pase.json"))

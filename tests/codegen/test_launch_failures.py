@@ -1,0 +1,115 @@
+"""``codegen.launch`` when a rank fails: one line naming the rank and the cause, within the
+timeout, and no rank process left behind (issue 17).
+
+Before: a stopped rank (SIGSTOP) hung the run forever, also with a timeout (torch's join
+terminates the other ranks, then joins the stopped one without a limit); a killed rank gave a
+multi-line traceback without the cause. Each rank writes its pid first, so the test can check
+that every one of them is gone afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from autopar.codegen.launch import LaunchError, launch
+from tests.helpers.proc_utils import kill_all, wait_gone
+
+
+def _note_pid(folder: str, rank: int) -> None:
+    Path(folder, f"rank{rank}.pid").write_text(str(os.getpid()))
+
+
+def _pids(folder: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(folder.glob("rank*.pid"))]
+
+
+def stop_rank_one(rank, world, folder):
+    _note_pid(folder, rank)
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    dist.barrier()  # rank 0 waits here for a peer that never comes
+
+
+def kill_rank_one(rank, world, folder):
+    _note_pid(folder, rank)
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def exhaust_memory_on_rank_one(rank, world, folder):
+    import resource
+
+    _note_pid(folder, rank)
+    dist.barrier()
+    if rank == 1:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, hard))  # as a memory-limited machine
+        torch.ones(2**33)  # 32 GiB
+    dist.barrier()
+
+
+def fail_on_rank_one(rank, world, folder):
+    _note_pid(folder, rank)
+    if rank == 1:
+        raise ValueError("boom on rank one")
+    dist.barrier()  # rank 0 waits for a peer that has died: the launch must end it, not gloo
+
+
+def _ends(fn, tmp_path, timeout):
+    start = time.monotonic()
+    try:
+        with pytest.raises(LaunchError) as e:
+            launch(fn, 2, str(tmp_path), timeout=timeout)
+        took = time.monotonic() - start
+        left = wait_gone(_pids(tmp_path), timeout=5)
+        assert not left, f"rank processes {left} survived the launch"
+    finally:
+        kill_all(_pids(tmp_path))
+    message = str(e.value)
+    assert "\n" not in message, message
+    return message, took, e.value
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_a_stopped_rank_ends_the_run_at_the_timeout(tmp_path):
+    message, took, _ = _ends(stop_rank_one, tmp_path, timeout=15)
+    assert "rank 1 was stopped" in message and "15 s timeout" in message
+    assert took < 15 + 20  # the timeout plus start-up and the ending of the ranks, not forever
+
+
+@pytest.mark.dist
+def test_a_killed_rank_ends_the_run_at_once_and_names_the_signal(tmp_path):
+    message, took, _ = _ends(kill_rank_one, tmp_path, timeout=120)
+    assert message.startswith("rank 1 was killed by SIGKILL"), message
+    assert "out-of-memory" in message
+    assert took < 60  # not the 120 s timeout, nor gloo's own 30 minutes
+
+
+@pytest.mark.dist
+def test_a_rank_out_of_memory_says_so_in_one_line(tmp_path):
+    message, _, _ = _ends(exhaust_memory_on_rank_one, tmp_path, timeout=120)
+    assert message.startswith("rank 1 failed: RuntimeError:") and "allocate" in message, message
+
+
+@pytest.mark.dist
+def test_a_rank_exception_is_one_line_and_its_traceback_travels(tmp_path):
+    message, took, error = _ends(fail_on_rank_one, tmp_path, timeout=120)
+    assert message.startswith("rank 1 failed: ValueError: boom on rank one"), message
+    assert "--- rank 1 ---" in error.details and "fail_on_rank_one" in error.details  # the child's frames
+    assert took < 60
+
+
+def test_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        launch(print, 1, timeout=0)

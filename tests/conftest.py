@@ -1,0 +1,48 @@
+"""Fixtures more than one test module reads, each built once per session (tracing and planning
+these take seconds: building them per module made the suite pay twice).
+
+``piped_gpt``: a 4-layer GPT planned on two 8-GPU nodes joined by a slow link (0.2 GB/s), where
+the pipeline wins (test_planner shows why); read by the report and search-status tests.
+``hf_traced``: the six Hugging Face families of ``tests/helpers/hf_models.py``, traced; read by the
+tracer's and the planner's tests. Tests only read them: none may change a model or a plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import autopar
+
+
+@dataclass(frozen=True)
+class Piped:
+    plan: autopar.Plan
+    model: torch.nn.Module
+    inputs: tuple
+    cluster: autopar.Cluster
+
+
+@pytest.fixture(scope="session")
+def piped_gpt() -> Piped:
+    model, inputs = autopar.zoo.get("gpt", layers=4, width=1024, heads=16, seq=512, batch=32, vocab=32768,
+                                    device="meta")
+    slow = dataclasses.replace(autopar.Cluster.preset("2x8xH100"), inter_bandwidth=2e8, name="slow-ib")
+    plan = autopar.plan(model, inputs, slow, pipeline=True)
+    assert plan.stages, "a slow inter-node link makes the pipeline win (see test_planner)"
+    return Piped(plan, model, inputs, slow)
+
+
+@pytest.fixture(scope="session")
+def hf_traced() -> dict:
+    """name -> (model, kwargs, graph) for every family of hf_models.NAMES."""
+    from tests.helpers import hf_models  # imports transformers: only sessions that ask pay for it
+
+    out = {}
+    for name in hf_models.NAMES:
+        model, kwargs = hf_models.build(name)
+        out[name] = (model, kwargs, autopar.trace(model, kwargs))
+    return out
