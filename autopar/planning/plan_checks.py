@@ -1,4 +1,4 @@
-"""The shape of a plan document, checked before it is read (found by tests/test_fuzz_cli.py).
+"""The shape of a plan document, checked before it is read (found by tests/cli/test_fuzz_cli.py).
 
 A field of the wrong type (``"cluster": null``), a split that its mesh axes cannot make (3 on a
 2-wide axis), a mesh of other devices than the cluster's, an unknown mode: each is one

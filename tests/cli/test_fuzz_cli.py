@@ -1,7 +1,7 @@
 """Fuzzing the command line (hypothesis): whatever the arguments or the plan file, a rejected input
 is exit code 2 and exactly one line on stderr, never a traceback (issue 17).
 
-The CLI runs in this process (tests/cli_utils.py); ``autopar run`` stops where it would start its
+The CLI runs in this process (tests/helpers/cli_utils.py); ``autopar run`` stops where it would start its
 processes (the launch is replaced), so every example costs a parse, a trace or a small search.
 Accepted inputs may print anything; only the way a rejection looks is asserted here.
 """
@@ -14,7 +14,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tests.cli_utils import cli, one_line_error
+from tests.helpers.cli_utils import cli, one_line_error
 
 MODEL = "zoo:mlp:batch=4,hidden=8"
 MODELS = [MODEL, "zoo:mlp", "zoo:nope", "zoo:mlp:depth=1", "zoo:mlp:batch=-1", "zoo:mlp:batch", "zoo:", "",

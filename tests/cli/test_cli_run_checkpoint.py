@@ -16,7 +16,7 @@ import pytest
 
 from autopar import run_setup
 from autopar.planning.plan import Plan
-from tests.cli_utils import cli, one_line_error
+from tests.helpers.cli_utils import cli, one_line_error
 
 MLP = "zoo:mlp:batch=16,hidden=32"
 GPT = "zoo:gpt:layers=1,width=128,heads=4,seq=16,batch=2,vocab=64"  # its MLP block tensor-parallel on 2

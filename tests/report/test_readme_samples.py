@@ -13,7 +13,7 @@ from pathlib import Path
 import autopar
 from autopar.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 

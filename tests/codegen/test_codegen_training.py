@@ -23,7 +23,7 @@ from autopar.core.strategy import TrainingOptions
 from autopar.core.tables import Config
 from autopar.planning.options import strategy_of
 from autopar.planning.plan import Plan
-from tests.dist_utils import run_gloo
+from tests.helpers.dist_utils import run_gloo
 
 SIZES = dict(batch=4, seq=8, width=16, heads=2, layers=2, vocab=32)
 LR, STEPS = 1e-2, 3
@@ -259,7 +259,7 @@ def accumulating(rank, world, docs, made):
 def test_zero_accumulates_gradients_over_backwards_with_recomputation():
     """Two backwards per step (gradient accumulation), ZeRO-1/2 with recomputed blocks, on 4 ranks
     as threads: equal to one device doing the same."""
-    from tests.dist_utils import run_threaded
+    from tests.helpers.dist_utils import run_threaded
 
     made = gpt()
     ranks = run_threaded(accumulating, 4, make_plans(4), made)

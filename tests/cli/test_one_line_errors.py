@@ -19,8 +19,8 @@ import torch.nn as nn
 
 import autopar
 import autopar.cli
-from tests.cli_utils import cli, one_line_error
-from tests.dist_utils import run_threaded
+from tests.helpers.cli_utils import cli, one_line_error
+from tests.helpers.dist_utils import run_threaded
 
 MODELS = '''
 import torch, torch.nn as nn
