@@ -128,8 +128,8 @@ def test_any_plan_file(plan_doc, tmp_path_factory, data):
 
 @pytest.mark.parametrize("edit, needle", [
     (lambda d: d["assignment"][sorted(d["assignment"])[0]].update(splits=[3, 1, 1], mesh_axes=[[0], [], []]),
-     "a split of 3 over mesh axes [0]"),  # was accepted silently
-    (lambda d: d.update(mesh={"shape": [4], "level": [0]}), "a mesh (4,) of 4 devices on a cluster of 2"),
+     "3 ways on mesh axes [0] of mesh (2,), which have 2 devices"),  # was accepted silently
+    (lambda d: d.update(mesh={"shape": [4], "level": [0]}), "its mesh (4,) has 4 devices but its cluster"),
     (lambda d: d.update(cluster=None), "'cluster' must be a dict"),  # was an AttributeError traceback
     (lambda d: d.update(microbatches=float("inf")), "microbatches must be a positive int"),  # OverflowError
 ])
