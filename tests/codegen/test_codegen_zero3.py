@@ -152,3 +152,26 @@ def test_zero3_module_checkpoint_loads_and_resumes(run):
         plain, _ = gpt()  # and into the plain model, in this process (no process group)
         assert autopar.load_checkpoint(folder / kind, plain) == STEPS
         _close({n: p.detach() for n, p in plain.named_parameters()}, ref["params"], f"{kind} plain")
+
+
+def _run_steps(rank, world, doc, made, stage):
+    from autopar.training import train_steps
+
+    model, inputs = copy.deepcopy(made[0]), made[1]
+    module = autopar.compile(model, inputs, plan=Plan.from_json(doc), zero=stage)
+    return train_steps(module, inputs, STEPS, LR)
+
+
+@pytest.mark.dist
+def test_autopar_runs_training_loop_steps_zero_modules():
+    """``autopar run``'s loop (``autopar.training.train_steps``) steps a ZeRO-2/3 module with the
+    module's own sliced optimizer: its losses are one device's (a plain AdamW over the parameters
+    would step nothing under ZeRO-2 and find freed parameters under ZeRO-3). 2 ranks as threads."""
+    from autopar.training import single_process_losses
+    from tests.helpers.dist_utils import run_threaded
+
+    made = gpt()
+    want = single_process_losses(made[0], made[1], STEPS, LR)
+    for stage in (2, 3):
+        for losses in run_threaded(_run_steps, 2, make_plans(2)["dp"], made, stage):
+            assert losses == pytest.approx(want, rel=1e-6), stage
