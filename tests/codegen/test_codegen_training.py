@@ -1,5 +1,5 @@
 """Training options in codegen (issue 18): recomputation per block, ZeRO-1/2, bf16 mixed precision,
-each on 2 and 4 gloo processes against one device.
+each on 2 and 4 gloo processes against one device (ZeRO-3: test_codegen_zero3.py).
 
 One spawn per process count runs every case (interpreter start-up dominates on 2 cores); the
 tests read its results. Plans: plain data parallelism on every device, and on 4 devices data
@@ -10,6 +10,7 @@ over axis 0 only, and gradients of replicated weights also sum over axis 1).
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -203,7 +204,9 @@ def test_program_training_reads_the_strategy_and_the_overrides():
         program_training(graph, None, precision="fp16")
     with pytest.raises(ValueError, match="ZeRO stage"):
         program_training(graph, None, zero=5)
-    assert program_training(graph, None, zero=3).zero == 3  # generated, not run as ZeRO-2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # generated, no longer run as ZeRO-2 with a warning
+        assert program_training(graph, None, zero=3).zero == 3
 
 
 def accumulating(rank, world, docs, made):
