@@ -1,4 +1,4 @@
-"""ZeRO-1/2 on the gradient buckets: each data-parallel rank steps only its slice of the optimizer.
+"""ZeRO-1/2/3 on the gradient buckets: each data-parallel rank steps only its slice of the optimizer.
 
 The plan's ZeRO axes (``Strategy.zero_axes``: the mesh axes that split the batch) are where a
 parameter's local shard is replicated and its gradient a partial sum. ``GradReducer`` already
