@@ -48,7 +48,7 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
     slice) or "local" (each rank passes only its slice over the data-parallel mesh axes, as with
     DDP: ``module.data_parallel`` is the (replicas, rank) for a ``DistributedSampler``,
     ``module.local_batch(*whole)`` cuts it from a whole batch). Other keywords go to ``autopar.plan``;
-    ``zero`` (0-2), ``precision`` ("fp32", "bf16") and ``recompute`` (bool) with a given plan set
+    ``zero`` (0-3), ``precision`` ("fp32", "bf16") and ``recompute`` (bool) with a given plan set
     the training options codegen runs in place of the plan's ``strategy`` (``codegen/training.py``).
 
     The module keeps the model's parameter names (each parameter a DTensor: ``p.full_tensor()``

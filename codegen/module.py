@@ -68,6 +68,15 @@ class CompiledModule(nn.Module):
             self._state.append(local)
         self.training = training
         self.reducer = GradReducer(mesh, leaves, zero=training.zero, zero_axes=training.zero_axes)
+        if training.zero:  # state dicts read and write whole parameters; a load reseeds the master slices
+            self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module.unshard())
+            self.register_load_state_dict_pre_hook(lambda module, *args: module.unshard())
+            self.register_load_state_dict_post_hook(lambda module, incompatible: module.reducer.refresh_masters())
+
+    def unshard(self) -> None:
+        """ZeRO-3: gather the parameters' whole local tensors, to read them (``p.full_tensor()``);
+        the next backward or optimizer step frees them again. A no-op under other plans."""
+        self.reducer.gather_params()
 
     @property
     def code(self) -> str:
@@ -77,7 +86,10 @@ class CompiledModule(nn.Module):
     def forward(self, *args, **kwargs):
         inputs = self._bind(args, kwargs)
         self.reducer.sync_zeroed()
+        self.reducer.gather_params()  # ZeRO-3: the sliced parameters whole until the backward ends
         out = self.program.module(*self._state, *inputs)
+        if not torch.is_grad_enabled():
+            self.reducer.release_params()  # no backward will: free them now
         if self._export and self._call is not None:  # flat graph outputs: nest them as the model does
             out = self._call.unflatten(list(out) if isinstance(out, (tuple, list)) else [out])
         if torch.is_grad_enabled():
@@ -89,8 +101,9 @@ class CompiledModule(nn.Module):
 
     def optimizer(self, cls=torch.optim.AdamW, **kwargs) -> torch.optim.Optimizer:
         """The optimizer this module's plan trains with: ``cls(self.parameters(), **kwargs)``, or
-        under ZeRO-1/2 one that steps only this rank's slice of the optimizer state and gathers
-        the updated parameters (``zero.ShardedOptimizer``; one parameter group)."""
+        under ZeRO one that steps only this rank's slice of the optimizer state and gathers the
+        updated parameters (ZeRO-3: the next forward gathers them; ``zero.ShardedOptimizer``; one
+        parameter group)."""
         if not self.training.zero:
             return cls(self.parameters(), **kwargs)
         from .zero import ShardedOptimizer

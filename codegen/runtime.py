@@ -12,7 +12,8 @@ when the backward ends. DDP itself cannot be used: its parameters are DTensors, 
 parameters reduce over different groups of mesh axes (a tensor-parallel weight only over the
 data axes, a replicated one over all of them). Sums, not averages: the program computes the
 global loss, so each rank's gradient is a partial sum of the true one. Under ZeRO-1/2 the buckets
-are sliced over the data-parallel axes and stage 2 reduce-scatters them (``zero.py``).
+are sliced over the data-parallel axes, stages 2 and 3 reduce-scatter them, and stage 3 frees the
+sliced parameters when the backward ends (``zero.py``).
 """
 
 from __future__ import annotations
@@ -121,12 +122,36 @@ class GradReducer:
         self._base: dict[int, torch.Tensor] = {}  # id(leaf) -> gradient already reduced (accumulation)
         self._started = False
         self._hooks = [leaf.register_post_accumulate_grad_hook(self._on_grad) for _, leaf, _ in leaves]
-        self.zero = min(int(zero), 2)
+        self.zero = int(zero)
         self.shards = {}
         if self.zero:
-            from .zero import zero_buckets
+            from .zero import store_sharded, zero_buckets
 
             self.shards = zero_buckets(mesh, self.buckets, self.bucket_axes, zero_axes, lambda a: _group(mesh, a))
+            if self.zero == 3:
+                for b, z in self.shards.items():
+                    store_sharded(z, self.buckets[b])
+
+    def gather_params(self) -> None:
+        """ZeRO-3: every sliced bucket's parameters whole (before a forward, a state dict)."""
+        from .zero import gather
+
+        for z in self.shards.values():
+            gather(z)
+
+    def release_params(self) -> None:
+        """ZeRO-3: free the sliced buckets' whole parameters (each rank keeps its master slice)."""
+        from .zero import release
+
+        for z in self.shards.values():
+            release(z)
+
+    def refresh_masters(self) -> None:
+        """ZeRO: the master slices from the parameters (after a checkpoint was loaded into them)."""
+        from .zero import refresh_master
+
+        for b, z in self.shards.items():
+            refresh_master(z, self.buckets[b])
 
     def sync_zeroed(self) -> None:
         """Before a forward: a parameter whose ``.grad`` the optimizer set to None has its leaf's
@@ -195,7 +220,7 @@ class GradReducer:
                 view.sub_(base)  # only what this backward added is summed over the ranks
         buf = self._buffers[b][0]
         z = self.shards.get(b)
-        if self.zero == 2 and z is not None:
+        if self.zero >= 2 and z is not None:
             z.incoming = torch.empty(z.slice, dtype=buf.dtype, device=buf.device)
             self._work.append((dist.reduce_scatter_single(z.incoming, buf, group=z.group, async_op=True), b))
             return
@@ -210,7 +235,7 @@ class GradReducer:
             z = self.shards.get(b)
             if z is not None:
                 self._shard_grad(b, z)
-                if self.zero == 2:
+                if self.zero >= 2:
                     continue
             for leaf, view in zip(self.buckets[b], self._buffers[b][1]):
                 if leaf.grad is None:
@@ -224,6 +249,8 @@ class GradReducer:
                 g = leaf.grad
                 if g is not None and (p.grad is None or p.grad._local_tensor is not g):
                     p.grad = DTensor.from_local(g, p.device_mesh, p.placements, run_check=False)
+        if self.zero == 3:  # the backward is done with the whole parameters
+            self.release_params()
         self._work.clear()
         self._base.clear()
         self._ready = [0] * len(self.buckets)

@@ -12,12 +12,11 @@ has none):
   node they come from, each block cut out with ``torch.fx``'s ``split_module`` and run under
   ``torch.utils.checkpoint`` (non-reentrant): only the block's inputs are kept for the backward,
   which re-runs the block's forward, its collectives included (every rank re-runs the same ones).
-* ZeRO-1/2: ``zero.py`` (the gradient buckets and the sharded optimizer).
+* ZeRO-1/2/3: ``zero.py`` (the gradient buckets and the sharded optimizer).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +36,7 @@ class ProgramTraining:
 
     dtype: torch.dtype | None = None  # compute dtype of mixed precision; None: the model's own
     recompute: tuple[str, ...] = ()  # block paths run under torch.utils.checkpoint
-    zero: int = 0  # ZeRO stage (1: optimizer state sliced, 2: also gradients; 3 runs as 2)
+    zero: int = 0  # ZeRO stage (1: optimizer state sliced, 2: also gradients, 3: also parameters)
     zero_axes: tuple[int, ...] | None = None  # mesh axes ZeRO shards over (None: every axis a gradient sums over)
 
     @property
@@ -68,11 +67,8 @@ def program_training(graph, strategy=None, *, zero=None, precision=None, recompu
     if opts.precision == "fp16":
         raise ValueError("fp16 mixed precision needs loss scaling, which codegen does not do: "
                          "compile with precision='bf16' (or 'fp32')")
-    if opts.zero == 3:  # same numerics, more memory: say so rather than fail a searched plan
-        warnings.warn("ZeRO-3 (parameters stored sharded) is not generated: this plan runs as ZeRO-2 "
-                      "(optimizer state and gradients sliced, parameters whole)", stacklevel=3)
     dtype = getattr(torch, PRECISIONS[opts.precision]) if opts.mixed else None
-    return ProgramTraining(dtype, blocks, min(opts.zero, 2), axes if opts.zero else None)
+    return ProgramTraining(dtype, blocks, opts.zero, axes if opts.zero else None)
 
 
 def block_of(module_path: str, recompute: tuple[str, ...]) -> str | None:

@@ -1,4 +1,4 @@
-"""ZeRO-1/2 on the gradient buckets: each data-parallel rank steps only its slice of the optimizer.
+"""ZeRO-1/2/3 on the gradient buckets: each data-parallel rank steps only its slice of the optimizer.
 
 The plan's ZeRO axes (``Strategy.zero_axes``: the mesh axes that split the batch) are where a
 parameter's local shard is replicated and its gradient a partial sum. ``GradReducer`` already
@@ -14,9 +14,18 @@ Why buckets rather than ``torch.distributed.optim.ZeroRedundancyOptimizer``: tha
 parameters to ranks (state per rank only near 1/g), all-reduces the full gradients (no stage 2)
 and needs one process group, while gradients here reduce over different groups of mesh axes per
 bucket; the buckets already hold flat gradients in the order the backward produces them, so the
-reduce-scatter is one collective per bucket where the all-reduce was. ZeRO-3 (parameters stored
-sharded and gathered before use) is not done: ``fully_shard`` hooks a module's forward, which the
-generated program does not call (it reads the parameters' local tensors itself).
+reduce-scatter is one collective per bucket where the all-reduce was.
+
+ZeRO-3 (parameters stored sharded between uses): each sliced bucket's parameters become views
+into one flat, padded tensor (``ZeroBucket.flat``, FSDP1's flat parameter) whose storage is
+resized to 0 between steps, so a rank holds only its master slice. The module's forward
+all-gathers the slices into the flat storage first (``gather``); the parameters then stay whole
+through the backward (autograd saved them, and recomputed blocks re-read them) and are freed
+(``release``) when the backward's reduce-scatters are done, and again after the optimizer step
+(which therefore gathers nothing: the next forward does). So one all-gather per step, not the
+two the cost model prices (before the forward and again before the backward): more memory
+during the backward, less traffic. ``fully_shard`` does not fit: it hooks a module's forward,
+which the generated program does not call (it reads the parameters' local tensors itself).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ class ZeroBucket:
     numel: int  # the bucket's padded length: parts * slice
     master: torch.Tensor  # this rank's slice of the bucket's parameters, what the optimizer steps
     incoming: torch.Tensor | None = None  # stage 2: the reduce-scatter's output, until the backward ends
+    flat: torch.Tensor | None = None  # stage 3: the whole bucket, the parameters its views (storage freed between uses)
 
     @property
     def slice(self) -> int:
@@ -65,6 +75,50 @@ def zero_buckets(mesh, buckets: list[list[torch.Tensor]], bucket_axes: list[tupl
             master = flat[rank * (numel // parts):(rank + 1) * (numel // parts)].clone()
         out[b] = ZeroBucket(group, group_of(rest) if rest else None, parts, rank, numel, master)
     return out
+
+
+def store_sharded(z: ZeroBucket, leaves: list[torch.Tensor]) -> None:
+    """ZeRO-3: the bucket's parameters as views of one padded flat tensor (``leaf.data`` swapped:
+    the same autograd leaves and DTensor locals), then freed."""
+    with torch.no_grad():
+        flat = torch.zeros(z.numel, dtype=leaves[0].dtype, device=leaves[0].device)
+        offset = 0
+        for leaf in leaves:
+            view = flat[offset:offset + leaf.numel()].view_as(leaf)
+            view.copy_(leaf)
+            leaf.data = view
+            offset += leaf.numel()
+    z.flat = flat
+    release(z)
+
+
+def gathered(z: ZeroBucket) -> bool:
+    return z.flat is None or z.flat.untyped_storage().nbytes() > 0
+
+
+def gather(z: ZeroBucket) -> None:
+    """ZeRO-3: the bucket's whole parameters back from every rank's master slice (if freed)."""
+    if gathered(z):
+        return
+    with torch.no_grad():
+        z.flat.untyped_storage().resize_(z.numel * z.flat.element_size())
+        dist.all_gather_single(z.flat, z.master.detach(), group=z.group)
+
+
+def release(z: ZeroBucket) -> None:
+    """ZeRO-3: free the bucket's whole parameters (the master slice keeps this rank's part)."""
+    if z.flat is not None:
+        z.flat.untyped_storage().resize_(0)
+
+
+def refresh_master(z: ZeroBucket, leaves: list[torch.Tensor]) -> None:
+    """The master slice from the (whole) parameters: after a checkpoint loaded into them."""
+    with torch.no_grad():
+        flat = z.flat if z.flat is not None else torch.cat([leaf.detach().reshape(-1) for leaf in leaves])
+        start = z.rank * z.slice
+        part = flat[start:min(start + z.slice, flat.numel())]
+        z.master.zero_()
+        z.master[:part.numel()].copy_(part)
 
 
 class ShardedOptimizer:
@@ -100,6 +154,9 @@ class ShardedOptimizer:
     def step(self, closure=None):
         loss = self.optimizer.step(closure)
         for b, z in self.reducer.shards.items():
+            if z.flat is not None:  # ZeRO-3: the next forward gathers the updated slices
+                release(z)
+                continue
             full = torch.empty(z.numel, dtype=z.master.dtype, device=z.master.device)
             dist.all_gather_single(full, z.master, group=z.group)
             offset = 0

@@ -1,5 +1,5 @@
 """Training options in codegen (issue 18): recomputation per block, ZeRO-1/2, bf16 mixed precision,
-each on 2 and 4 gloo processes against one device.
+each on 2 and 4 gloo processes against one device (ZeRO-3: test_codegen_zero3.py).
 
 One spawn per process count runs every case (interpreter start-up dominates on 2 cores); the
 tests read its results. Plans: plain data parallelism on every device, and on 4 devices data
@@ -10,51 +10,20 @@ over axis 0 only, and gradients of replicated weights also sum over axis 1).
 from __future__ import annotations
 
 import copy
-import dataclasses
+import warnings
 
 import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
 import autopar
-from autopar.core.batch import batch_dims
-from autopar.core.cluster import Cluster
 from autopar.core.strategy import TrainingOptions
-from autopar.core.tables import Config
 from autopar.planning.options import strategy_of
 from autopar.planning.plan import Plan
 from tests.helpers.dist_utils import run_gloo
+from tests.helpers.training_plans import SIZES, gpt, make_plans
 
-SIZES = dict(batch=4, seq=8, width=16, heads=2, layers=2, vocab=32)
 LR, STEPS = 1e-2, 3
-
-
-def gpt(dtype=torch.float64):
-    model, inputs = autopar.zoo.get("gpt", **SIZES)
-    return model.to(dtype), inputs
-
-
-def make_plans(world: int) -> dict[str, dict]:
-    model, inputs = gpt(torch.float32)
-    plans = autopar.plan(model, inputs, Cluster(devices=world)).baselines
-    out = {"dp": plans["data_parallel"]}
-    if world == 4:  # axis 0: the batch; axis 1: the 2-device Megatron plan
-        graph = autopar.trace(model, inputs)
-        expert = autopar.plan(model, inputs, Cluster(devices=2)).baselines["expert"].assignment
-        batch = batch_dims(graph)
-        assignment = {}
-        for node in graph.nodes:
-            c = expert[node.name]
-            splits = list(c.splits)
-            axes = [tuple(a + 1 for a in ax) for ax in c.mesh_axes]
-            names = [d.name for d in node.dims]
-            if batch.get(node.name) in names:
-                i = names.index(batch[node.name])
-                splits[i] *= 2
-                axes[i] = (0,) + axes[i]
-            assignment[node.name] = Config(tuple(splits), tuple(axes))
-        out["hybrid"] = dataclasses.replace(plans["data_parallel"], assignment=assignment, baselines={})
-    return {k: p.to_json() for k, p in out.items()}
 
 
 def _grads(module) -> dict:
@@ -235,14 +204,15 @@ def test_program_training_reads_the_strategy_and_the_overrides():
         program_training(graph, None, precision="fp16")
     with pytest.raises(ValueError, match="ZeRO stage"):
         program_training(graph, None, zero=5)
-    with pytest.warns(UserWarning, match="runs as ZeRO-2"):
-        assert program_training(graph, None, zero=3).zero == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # generated, no longer run as ZeRO-2 with a warning
+        assert program_training(graph, None, zero=3).zero == 3
 
 
 def accumulating(rank, world, docs, made):
     out = {}
     for kind, doc in docs.items():
-        for stage in (1, 2):
+        for stage in (1, 2, 3):
             model, inputs = copy.deepcopy(made[0]), made[1]
             module = autopar.compile(model, inputs, plan=Plan.from_json(doc), zero=stage, recompute=True)
             opt = module.optimizer(torch.optim.AdamW, lr=LR)
@@ -251,13 +221,14 @@ def accumulating(rank, world, docs, made):
                 module.train_step(*inputs)
                 module.train_step(*inputs)
                 opt.step()
+            module.unshard()  # ZeRO-3: the parameters whole again, to read them
             out[(kind, stage)] = _params(module)
     return out
 
 
 @pytest.mark.dist
 def test_zero_accumulates_gradients_over_backwards_with_recomputation():
-    """Two backwards per step (gradient accumulation), ZeRO-1/2 with recomputed blocks, on 4 ranks
+    """Two backwards per step (gradient accumulation), ZeRO-1/2/3 with recomputed blocks, on 4 ranks
     as threads: equal to one device doing the same."""
     from tests.helpers.dist_utils import run_threaded
 
