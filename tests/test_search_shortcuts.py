@@ -60,3 +60,74 @@ def test_free_cost_unknown_when_configs_of_infinite_memory_are_priced_out():
     assert sol.free_cost is None  # the DP never saw the optimum over all configs
     # so the planner searches again, and that search does see them
     assert FlatOptions._binding(t, sol, lambda tt: dp(tt)) == (brute(_unlimited(t)).cost < sol.cost * (1 - 1e-9))
+
+
+# --- pipeline options pruned by their lower bound (planning/stages.py) ------------------------------
+
+@pytest.fixture(scope="module")
+def small_gpt():
+    import autopar
+
+    model, inputs = autopar.zoo.get("gpt", layers=4, width=1024, heads=8, seq=512, batch=32, vocab=4096,
+                                    device="meta")
+    return autopar.trace(model, inputs)
+
+
+def _pipeline_setup(graph, cluster):
+    from autopar.cost_models.analytic import AnalyticModel
+    from autopar.planning.planner import run_search
+
+    return dict(graph=graph, cluster=cluster, mode="train", optimizer="adam", capacity=math.inf,
+                solve=lambda t: run_search(t, "dp", 60.0), model=AnalyticModel(optimizer="adam"))
+
+
+def _clusters():
+    import dataclasses
+
+    import autopar
+
+    fast = autopar.Cluster.preset("4x2xH100")
+    return [fast, dataclasses.replace(fast, inter_bandwidth=2e8, name="slow-ib")]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_step_lower_bound_is_below_every_option_s_best_pipeline(small_gpt, which):
+    from autopar.planning import stages
+    from autopar.search.pipeline import search
+
+    kw = _pipeline_setup(small_gpt, _clusters()[which])
+    options = stages.price_options(kw["graph"], kw["cluster"], kw["mode"], kw["optimizer"], kw["solve"], kw["model"])
+    assert len(options) >= 4
+    for o in options:
+        best = search([o.costs], kw["cluster"].devices)
+        s = kw["cluster"].devices // o.costs.devices
+        bound = stages.step_lower_bound(o.graph, kw["cluster"], s, o.costs.microbatches, "train", kw["model"])
+        assert 0 < bound <= best.cost * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_pruned_pipeline_search_equals_the_unpruned_one(small_gpt, which, monkeypatch):
+    from autopar.planning import stages
+    from autopar.planning.planner import plan
+
+    kw = _pipeline_setup(small_gpt, _clusters()[which])
+    full = stages.best_pipeline(**kw, prune=False)
+    assert full is not None
+    single = plan(None, cluster=kw["cluster"], graph=small_gpt, pipeline=False, baselines=False).cost
+    priced = []
+    real = stages.price_option
+    monkeypatch.setattr(stages, "price_option", lambda *a, **k: priced.append(a[2:5]) or real(*a, **k))
+    for bound in (math.inf, single, full[0].cost, full[0].cost * 0.5):
+        priced.clear()
+        pruned = stages.best_pipeline(**kw, bound=bound)
+        if full[0].cost < bound or bound == math.inf:  # the caller would take it: the very same
+            assert pruned is not None
+            a, b = pruned[0], full[0]
+            assert (a.cost, a.stages, a.devices, a.microbatches, a.schedule) == \
+                   (b.cost, b.stages, b.devices, b.microbatches, b.schedule)
+        else:  # the caller keeps its single-stage plan: nothing cheaper than the bound is missed
+            assert pruned is None or pruned[0].cost >= bound
+    if which == 0:  # compute-heavy enough that the bound prunes (so the equality is about pruning)
+        priced.clear()
+        stages.best_pipeline(**kw, bound=single)
+        assert len(priced) < len(stages.option_specs(small_gpt, kw["cluster"]))

@@ -8,6 +8,7 @@ same tables and model, so the plan can be reported anywhere without re-pricing.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -184,7 +185,8 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
 
         plan.explanation = explain_plan(priced, plan.assignment, cluster, model=model, mode=mode)
     if pipeline is True or (pipeline == "auto" and cluster.nodes > 1):
-        piped = _with_pipeline(ctx, tables.memory_capacity, start)
+        # options that cannot beat the single-stage plan are never solved (stages.best_pipeline)
+        piped = _with_pipeline(ctx, tables.memory_capacity, start, bound=plan.cost)
         if piped is not None and piped.cost < plan.cost:
             return piped
         if plan.search.proven_optimal:  # what is proven is proven over single-stage plans only
@@ -193,13 +195,14 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
     return plan
 
 
-def _with_pipeline(ctx: dict, capacity: float, start: float) -> Plan | None:
-    """The best pipelined plan, or None when no stage split fits."""
+def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math.inf) -> Plan | None:
+    """The best pipelined plan, or None when no stage split fits or none is cheaper than ``bound``."""
     from autopar.planning.stages import _batch_size, best_pipeline, stage_assignment
 
     graph, cluster, model = ctx["graph"], ctx["cluster"], ctx["model"]
     found = best_pipeline(graph, cluster, ctx["mode"], ctx["optimizer"], capacity,
-                          lambda t: run_search(t, ctx["search"], ctx["time_limit"], ctx["whole"]), model)
+                          lambda t: run_search(t, ctx["search"], ctx["time_limit"], ctx["whole"]), model,
+                          bound=bound)
     if found is None:
         return None
     sol, option = found
