@@ -237,11 +237,22 @@ def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math
     return Plan(**ctx["common"], assignment=stage_assignment(option, graph), cost=sol.cost, units=ctx["units"],
                 memory_per_device=max(sol.memory),
                 search=SearchInfo("dp + pipeline", time.perf_counter() - start, status="heuristic",
-                                  detail=PIPELINE_HEURISTIC),
+                                  detail=_pipeline_detail(ctx["follow"])),
                 stages=stages, microbatches=sol.microbatches, schedule=sol.schedule,
                 unsupported=ctx["unsupported"], baselines=ctx["base"],
                 stage_rows=breakdown.stage_rows(option, sol, model, sub, ctx["mode"]),
                 stage_mesh=tuple(sub.mesh().shape), batch=_batch_size(graph), graph=graph, tables=None)
+
+
+def _pipeline_detail(follow) -> str:
+    """What a pipelined plan is, with the space its stages were searched in."""
+    if follow is False:
+        return PIPELINE_HEURISTIC
+    from autopar.planning.follow import DETAIL
+
+    space = DETAIL.removeprefix("optimal over ")
+    when = "" if follow is True else " where a stage's full space was too big for the DP"
+    return f"{PIPELINE_HEURISTIC}; stages searched over {space}{when}"
 
 
 def _make_plan(graph, tables, sol: Solution, info: SearchInfo, common, unsupported, baselines) -> Plan:
