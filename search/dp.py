@@ -89,8 +89,10 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
     x0 = point(p.node_cost)
     if not np.isfinite(x0.cost):
         raise no_finite_plan(p)
+    # x0 is the optimum ignoring memory, unless problem_of priced out configs of infinite memory
+    free = x0.cost if p.memory is None or all(np.isfinite(m).all() for m in p.memory) else None
     if p.memory is None or p.fits(x0.mem):
-        return _solution(tables, x0, 0.0, "dp", start)
+        return _solution(tables, x0, 0.0, "dp", start, free)
     nbrs = neighbours(p)
 
     def upper(x: _Point) -> _Point | None:
@@ -131,7 +133,7 @@ def dp(tables: CostTables, order: str = "auto", reuse: bool = True,
         gap = relative_gap(best.cost, lower)
     if not np.isfinite(best.cost):
         raise no_finite_plan(p)
-    return _solution(tables, best, gap, name, start)
+    return _solution(tables, best, gap, name, start, free)
 
 
 def _lagrangian(p: Problem, x0: _Point, solve, upper, least_memory, max_multipliers: int
@@ -196,6 +198,7 @@ def _lagrangian(p: Problem, x0: _Point, solve, upper, least_memory, max_multipli
     return min([best, *found], key=lambda y: y.cost), lower
 
 
-def _solution(tables: CostTables, x: _Point, gap: float, name: str, start: float) -> Solution:
+def _solution(tables: CostTables, x: _Point, gap: float, name: str, start: float,
+              free: float | None = None) -> Solution:
     return Solution(choice=list(x.choice), cost=x.cost, memory=x.mem, search=name,
-                    seconds=time.perf_counter() - start, gap=gap)
+                    seconds=time.perf_counter() - start, gap=gap, free_cost=free)

@@ -90,6 +90,10 @@ class Solution:
     seconds: float
     gap: float = 0.0  # relative optimality gap; 0.0 = proven optimal
     detail: str = ""  # what the search was restricted to, if anything (e.g. values kept whole)
+    # The least cost over all assignments ignoring the memory capacity, when the search computed
+    # it on the way (the DP's first solve); None when it did not. Lets a caller ask "does memory
+    # bind?" without a second search.
+    free_cost: float | None = None
 
 
 def restrict(tables: CostTables, keep: list[list[int]]) -> CostTables:

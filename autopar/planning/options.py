@@ -91,9 +91,13 @@ class FlatOptions:
 
     @staticmethod
     def _binding(tables: CostTables, sol: Solution, run) -> bool:
-        """Does memory bind: is the best plan ignoring memory faster than the best that fits?"""
+        """Does memory bind: is the best plan ignoring memory faster than the best that fits?
+        The search's own ``free_cost`` answers it when it has one (the DP does: its first solve
+        ignores memory); otherwise the tables are searched again without the capacity."""
         if not math.isfinite(tables.memory_capacity):
             return False
+        if sol.free_cost is not None:
+            return sol.free_cost < sol.cost * (1 - 1e-9)
         free = CostTables(tables.nodes, tables.configs, tables.node_cost, tables.edge_cost, tables.memory,
                           math.inf, tables.units)
         return run(free).cost < sol.cost * (1 - 1e-9)

@@ -8,6 +8,7 @@ same tables and model, so the plan can be reported anywhere without re-pricing.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -61,24 +62,38 @@ def parse_space(space: str) -> tuple[str, int]:
     raise ValueError(f"unknown space {space!r}; use 'mesh', 'pase' (cutoff 4) or 'pase:N'")
 
 
-def run_search(tables: CostTables, search: str, time_limit: float, whole: frozenset[str] = frozenset()) -> Solution:
+def run_search(tables: CostTables, search: str, time_limit: float, whole: frozenset[str] = frozenset(),
+               graph: Graph | None = None, follow: bool | str = False) -> Solution:
     """The search on ``tables`` with the nodes named in ``whole`` fixed to their replicated config.
 
     ``whole``: cheap values many layers read (``autopar.planning.whole.kept_whole``: masks, position
     tables); fixed, they no longer tie the layers together in the exact search, and every node left
     with one config is folded into its neighbours' costs (exact). The solution says in ``detail``
-    that it is optimal among plans that keep them whole. Without such nodes the tables are searched
-    as they are."""
+    that it is optimal among plans that keep them whole. ``follow`` (with ``graph``, whose nodes
+    are the tables'): search the space where view-like ops follow their producers
+    (``planning/follow.py``): True, False, or "auto" (when the full space is too big for the DP);
+    ``detail`` says so. Without either the tables are searched as they are."""
+    from autopar.planning import follow as fol
     from autopar.planning.whole import fix_and_fold, replicated_index
 
     fixed = {i: replicated_index(tables, i) for i, name in enumerate(tables.nodes)
              if name in whole and len(tables.configs[i]) > 1}
     run = registry.search(search).run
-    if not fixed:  # nothing to keep whole: the tables as they are (the same optimum, the same ties)
+    folded = fix_and_fold(tables, fixed) if fixed else tables
+    reduced = fol.follow_producers(graph, folded) if fol.wanted(follow, graph, folded, search) else None
+    if reduced is None and not fixed:  # the tables as they are (the same optimum, the same ties)
         return run(tables, time_limit)
-    sol = run(fix_and_fold(tables, fixed), time_limit)
+    sol = run(reduced.tables if reduced is not None else folded, time_limit)
+    if reduced is not None:
+        sol.choice = reduced.choice(sol.choice)
     sol.choice = [fixed.get(i, c) for i, c in enumerate(sol.choice)]
-    sol.detail = f"among plans that keep {len(fixed)} values read by many layers (masks, position tables) whole"
+    details = []
+    if fixed:
+        details.append(f"among plans that keep {len(fixed)} values read by many layers (masks, position "
+                       f"tables) whole")
+    if reduced is not None:
+        details.append(fol.DETAIL)
+    sol.detail = "; ".join(details)
     return sol
 
 
@@ -89,7 +104,7 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
          model_name: str = "", pase_profile: str | None = None, pase_rate: tuple[float, float] = (10.0, 16.0),
          baselines: bool = True, pipeline: bool | str = "auto", explain: bool = False,
          precision: str | None = None, zero="auto", recompute="auto", pin=None,
-         hierarchical: bool | str = "auto") -> Plan:
+         hierarchical: bool | str = "auto", follow: bool | str = "auto") -> Plan:
     """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``.
 
     ``example_inputs``/``example_kwargs``: the call, as ``autopar.trace`` takes it (positional inputs,
@@ -107,10 +122,14 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     "auto"): the training options (``autopar.core.strategy``). ``hierarchical``: plan by degrees
     per cluster level (``planning/hierarchical.py``); "auto" when the cluster has more than 64
     devices or several pods, or a ``pin`` ("tensor=8,pipeline=64,data=6") is given, which adds
-    the pinned plan as the "published" baseline.
+    the pinned plan as the "published" baseline. ``follow``: search a space where view-like ops
+    follow their producer's layout (``planning/follow.py``): True, False, or "auto" (only when the
+    exact DP over the full space would be too slow); the plan's search line says which space.
     """
     if pipeline not in (True, False, "auto"):
         raise ValueError(f"pipeline must be True, False or 'auto', not {pipeline!r}")
+    if follow not in (True, False, "auto"):
+        raise ValueError(f"follow must be True, False or 'auto', not {follow!r}")
     registry.search(search)
     entry = registry.cost_model(cost_model)
     if memory_capacity is not None and not (memory_capacity > 0):  # also refuses NaN
@@ -143,13 +162,13 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
         return _plan_pase(graph, model, cluster, cutoff, search, time_limit, pase_profile, pase_rate, common,
                           baselines)
     return _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-                      baselines, pipeline, explain, (precision, zero, recompute))
+                      baselines, pipeline, explain, (precision, zero, recompute), follow)
 
 
 # -- mesh cost models (analytic, profiled) --------------------------------------------------------
 
 def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-               with_baselines, pipeline, explain, training=(None, "auto", "auto")) -> Plan:
+               with_baselines, pipeline, explain, training=(None, "auto", "auto"), follow="auto") -> Plan:
     from autopar.planning.options import FlatOptions, option_sets, strategy_of
 
     model = entry.make(graph, cluster, mode, optimizer)
@@ -163,10 +182,10 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
     whole = frozenset(kept_whole(graph))
     ctx = dict(graph=graph, cluster=cluster, mode=mode, optimizer=optimizer, model=model, search=search,
                time_limit=time_limit, common=common, unsupported=unsupported, base=base, units=tables.units,
-               whole=whole)
+               whole=whole, follow=follow)
     start = time.perf_counter()
     try:
-        opts, priced, tables, sol = flat.solve(lambda t: run_search(t, search, time_limit, whole))
+        opts, priced, tables, sol = flat.solve(lambda t: run_search(t, search, time_limit, whole, graph, follow))
     except InfeasibleError as e:
         least = float(sum(np.min(m) for m in tables.memory))
         if pipeline is not False and cluster.devices > 1:
@@ -179,6 +198,10 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
             f"(splitting every node as finely as it can): add devices or memory", least) from e
     info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
     info.detail = getattr(sol, "detail", "") or info.detail
+    if follow == "auto":  # the stages are searched in the space the single-stage plan was
+        from autopar.planning.follow import DETAIL
+
+        ctx["follow"] = DETAIL in info.detail
     plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
     plan.strategy = strategy_of(graph, opts, plan.assignment)
     plan.rows = breakdown.mesh_rows(priced, tables, plan.assignment, model, cluster, mode)
@@ -188,7 +211,8 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
 
         plan.explanation = explain_plan(priced, plan.assignment, cluster, model=model, mode=mode)
     if pipeline is True or (pipeline == "auto" and cluster.nodes > 1):
-        piped = _with_pipeline(ctx, tables.memory_capacity, start)
+        # options that cannot beat the single-stage plan are never solved (stages.best_pipeline)
+        piped = _with_pipeline(ctx, tables.memory_capacity, start, bound=plan.cost)
         if piped is not None and piped.cost < plan.cost:
             return piped
         if plan.search.proven_optimal:  # what is proven is proven over single-stage plans only
@@ -197,13 +221,15 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
     return plan
 
 
-def _with_pipeline(ctx: dict, capacity: float, start: float) -> Plan | None:
-    """The best pipelined plan, or None when no stage split fits."""
+def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math.inf) -> Plan | None:
+    """The best pipelined plan, or None when no stage split fits or none is cheaper than ``bound``."""
     from autopar.planning.stages import _batch_size, best_pipeline, stage_assignment
 
     graph, cluster, model = ctx["graph"], ctx["cluster"], ctx["model"]
     found = best_pipeline(graph, cluster, ctx["mode"], ctx["optimizer"], capacity,
-                          lambda t: run_search(t, ctx["search"], ctx["time_limit"], ctx["whole"]), model)
+                          lambda t: run_search(t, ctx["search"], ctx["time_limit"], ctx["whole"], graph,
+                                               ctx["follow"]), model,
+                          bound=bound)
     if found is None:
         return None
     sol, option = found
@@ -215,11 +241,22 @@ def _with_pipeline(ctx: dict, capacity: float, start: float) -> Plan | None:
     return Plan(**ctx["common"], assignment=stage_assignment(option, graph), cost=sol.cost, units=ctx["units"],
                 memory_per_device=max(sol.memory),
                 search=SearchInfo("dp + pipeline", time.perf_counter() - start, status="heuristic",
-                                  detail=PIPELINE_HEURISTIC),
+                                  detail=_pipeline_detail(ctx["follow"])),
                 stages=stages, microbatches=sol.microbatches, schedule=sol.schedule,
                 unsupported=ctx["unsupported"], baselines=ctx["base"],
                 stage_rows=breakdown.stage_rows(option, sol, model, sub, ctx["mode"]),
                 stage_mesh=tuple(sub.mesh().shape), batch=_batch_size(graph), graph=graph, tables=None)
+
+
+def _pipeline_detail(follow) -> str:
+    """What a pipelined plan is, with the space its stages were searched in."""
+    if follow is False:
+        return PIPELINE_HEURISTIC
+    from autopar.planning.follow import DETAIL
+
+    space = DETAIL.removeprefix("optimal over ")
+    when = "" if follow is True else " where a stage's full space was too big for the DP"
+    return f"{PIPELINE_HEURISTIC}; stages searched over {space}{when}"
 
 
 def _make_plan(graph, tables, sol: Solution, info: SearchInfo, common, unsupported, baselines) -> Plan:

@@ -55,55 +55,114 @@ def stage_counts(cluster: Cluster) -> list[tuple[int, int]]:
     return out
 
 
-def price_options(graph: Graph, cluster: Cluster, mode: str, optimizer, solve, model,
-                  max_stages: int = 16) -> list[PipelineOption]:
-    """``model``: the plan's own cost model, so a stage is priced as the single-stage plan is."""
-    from autopar.cost_models.memory import node_memory
-    from autopar.cost_models.tables import build_tables
-
+def option_specs(graph: Graph, cluster: Cluster, max_stages: int = 16) -> list[tuple[int, int, int]]:
+    """(stage count, outer mesh axes it takes, microbatch count) of every option, in pricing order."""
     batch = _batch_size(graph)
-    options = []
+    out = []
     for stages, axes in stage_counts(cluster):
         if stages > max_stages or stages > len(graph.nodes):
             continue
-        sub = cluster.with_devices(cluster.devices // stages)
-        mesh = sub.mesh()
         for micro in (stages, 2 * stages, 4 * stages):
-            if batch is None or batch % micro:
-                continue
-            try:
-                g = scale_batch(graph, micro)
-            except ValueError:
-                continue
-            t = build_tables(g, sub, model, space="mesh", mode=mode, optimizer=optimizer)
-            t.memory_capacity = math.inf
-            choice = solve(t).choice
-            n = len(t.nodes)
-            time = np.array([float(t.node_cost[i][choice[i]]) for i in range(n)])
-            for (u, v), m in t.edge_cost.items():
-                time[v] += float(m[choice[u], choice[v]])
-            sync = np.zeros(n)
-            static = np.zeros(n)
-            acts = np.zeros(n)
-            # Nodes of one signature share one config list (build_tables' cache) and price alike,
-            # so each (config list, chosen config) is priced once.
-            seen: dict[tuple[int, int], tuple[float, float, float]] = {}
-            for i, node in enumerate(g.nodes):
-                key = (id(t.configs[i]), choice[i])
-                if key not in seen:
-                    cfg = t.configs[i][choice[i]]
-                    s = 0.0
-                    if node.params:
-                        nc = model.node_breakdown(node, cfg, sub, mode, text=False)
-                        s = sum(term.seconds for term in nc.terms if term.kind in ("sync", "optimizer"))
-                    mb = node_memory(node, cfg, mesh, mode, optimizer)
-                    seen[key] = (s, mb.params + mb.grads + mb.optimizer, mb.activations)
-                sync[i], static[i], acts[i] = seen[key]
-            time -= sync  # the per-microbatch part; sync happens once per step
-            cut = cut_times(g, sub, cluster, stages)
-            options.append(PipelineOption(StageCosts(sub.devices, micro, time, sync, static, acts, cut),
-                                          g, t, choice, axes))
-    return options
+            if batch is not None and batch % micro == 0:
+                out.append((stages, axes, micro))
+    return out
+
+
+def price_options(graph: Graph, cluster: Cluster, mode: str, optimizer, solve, model,
+                  max_stages: int = 16) -> list[PipelineOption]:
+    """``model``: the plan's own cost model, so a stage is priced as the single-stage plan is."""
+    out = []
+    for stages, axes, micro in option_specs(graph, cluster, max_stages):
+        option = price_option(graph, cluster, stages, axes, micro, mode, optimizer, solve, model)
+        if option is not None:
+            out.append(option)
+    return out
+
+
+def price_option(graph: Graph, cluster: Cluster, stages: int, axes: int, micro: int, mode: str, optimizer,
+                 solve, model, g: Graph | None = None) -> PipelineOption | None:
+    """One option priced: the graph at microbatch size (``g``, when the caller has it) on one
+    stage's devices, solved exactly; None when the batch does not scale to that microbatch."""
+    from autopar.cost_models.memory import node_memory
+    from autopar.cost_models.tables import build_tables
+
+    sub = cluster.with_devices(cluster.devices // stages)
+    mesh = sub.mesh()
+    if g is None:
+        try:
+            g = scale_batch(graph, micro)
+        except ValueError:
+            return None
+    t = build_tables(g, sub, model, space="mesh", mode=mode, optimizer=optimizer)
+    t.memory_capacity = math.inf
+    choice = solve(t).choice
+    n = len(t.nodes)
+    time = np.array([float(t.node_cost[i][choice[i]]) for i in range(n)])
+    for (u, v), m in t.edge_cost.items():
+        time[v] += float(m[choice[u], choice[v]])
+    sync = np.zeros(n)
+    static = np.zeros(n)
+    acts = np.zeros(n)
+    # Nodes of one signature share one config list (build_tables' cache) and price alike,
+    # so each (config list, chosen config) is priced once.
+    seen: dict[tuple[int, int], tuple[float, float, float]] = {}
+    for i, node in enumerate(g.nodes):
+        key = (id(t.configs[i]), choice[i])
+        if key not in seen:
+            cfg = t.configs[i][choice[i]]
+            s = 0.0
+            if node.params:
+                nc = model.node_breakdown(node, cfg, sub, mode, text=False)
+                s = sum(term.seconds for term in nc.terms if term.kind in ("sync", "optimizer"))
+            mb = node_memory(node, cfg, mesh, mode, optimizer)
+            seen[key] = (s, mb.params + mb.grads + mb.optimizer, mb.activations)
+        sync[i], static[i], acts[i] = seen[key]
+    time -= sync  # the per-microbatch part; sync happens once per step
+    cut = cut_times(g, sub, cluster, stages)
+    return PipelineOption(StageCosts(sub.devices, micro, time, sync, static, acts, cut), g, t, choice, axes)
+
+
+def step_lower_bound(g: Graph, cluster: Cluster, stages: int, micro: int, mode: str, model) -> float:
+    """A lower bound on the step time of any pipeline of this option, from node costs alone.
+
+    A step takes ``k * t_max + sync_max`` (k = M + S - 1, ``search.pipeline``); the slowest stage
+    takes at least 1/S of the per-microbatch time of all nodes and the slowest sync at least 1/S
+    of all syncs, and edges, cuts and output reductions only add time, so
+    ``step >= sum_i min_c (k * t_i(c) + s_i(c)) / S`` with t_i the node's per-microbatch time and
+    s_i its once-per-step terms (gradient sync, optimizer update) under config c on a stage's
+    devices. The analytic model gives t_i with its sync weight and optimizer off; for any other
+    model the bound is 0 (nothing is pruned)."""
+    import dataclasses
+
+    from autopar.core.space import configs_for
+    from autopar.cost_models.analytic import AnalyticModel
+    from autopar.cost_models.tables import signature
+
+    kind = type(model)
+    if (mode != "train" or not isinstance(model, AnalyticModel) or model.sync_scale != 1.0
+            or kind.node_cost is not AnalyticModel.node_cost
+            or kind.node_breakdown is not AnalyticModel.node_breakdown):
+        return 0.0
+    per_microbatch = dataclasses.replace(model, sync_scale=0.0, optimizer=None)
+    sub = cluster.with_devices(cluster.devices // stages)
+    mesh = sub.mesh()
+    k = micro + stages - 1
+    least: dict[tuple, float] = {}
+    total = 0.0
+    for node in g.nodes:
+        sig = signature(node)
+        if sig not in least:
+            configs = configs_for(node, mesh, "mesh")
+            full = np.asarray(model.node_cost(node, configs, sub, mode), dtype=float)
+            t = np.asarray(per_microbatch.node_cost(node, configs, sub, mode), dtype=float)
+            # configs a model rules out (inf) are never chosen
+            least[sig] = float(np.min(np.where(np.isfinite(full), k * t + (full - t), np.inf)))
+        total += least[sig]
+    return total / stages
+
+
+# Bounds and costs are sums taken in different orders: prune only clearly above.
+PRUNE_RTOL = 1e-9
 
 
 def cut_times(graph: Graph, stage: Cluster, cluster: Cluster, stages: int) -> np.ndarray:
@@ -129,14 +188,42 @@ def cut_times(graph: Graph, stage: Cluster, cluster: Cluster, stages: int) -> np
     return np.where(crossing > 0, 2 * (lat + per_device / bw), 0.0)
 
 
-def best_pipeline(graph, cluster, mode, optimizer, capacity, solve, model
-                  ) -> tuple[PipelineSolution, PipelineOption] | None:
-    options = price_options(graph, cluster, mode, optimizer, solve, model)
-    best = search([o.costs for o in options], cluster.devices, capacity)
-    if best is None:
-        return None
-    option = next(o for o in options if o.costs.devices == best.devices and o.costs.microbatches == best.microbatches)
-    return best, option
+def best_pipeline(graph, cluster, mode, optimizer, capacity, solve, model, bound: float = math.inf,
+                  prune: bool = True) -> tuple[PipelineSolution, PipelineOption] | None:
+    """The best pipeline over the options (``search.pipeline.search``'s answer), or None.
+
+    ``bound``: the caller takes a pipeline only when it is cheaper than this (the single-stage
+    plan's cost), so an option whose ``step_lower_bound`` is above the bound, or above the best
+    pipeline already found, is never solved: options are solved in order of their bounds, and
+    the answer is the same as without pruning (``prune=False``), ties included, since an option
+    that could tie the best is never pruned and the best is picked over the solved options in the
+    unpruned order."""
+    specs = option_specs(graph, cluster)
+    graphs, bounds = [], []
+    for stages, _, micro in specs:
+        try:
+            g = scale_batch(graph, micro)
+        except ValueError:
+            g = None
+        graphs.append(g)
+        bounds.append(step_lower_bound(g, cluster, stages, micro, mode, model) if g is not None and prune else 0.0)
+    found: dict[int, tuple[PipelineSolution, PipelineOption]] = {}
+    best = bound
+    for j in sorted(range(len(specs)), key=lambda j: bounds[j]):
+        if graphs[j] is None or (prune and bounds[j] > best * (1 + PRUNE_RTOL)):
+            continue
+        stages, axes, micro = specs[j]
+        option = price_option(graph, cluster, stages, axes, micro, mode, optimizer, solve, model, graphs[j])
+        sol = search([option.costs], cluster.devices, capacity)
+        if sol is not None:
+            found[j] = (sol, option)
+            best = min(best, sol.cost)
+    winner = None
+    for j in sorted(found):  # the unpruned search's order and tie rule
+        sol = found[j][0]
+        if winner is None or (sol.cost, max(sol.memory)) < (winner[0].cost, max(winner[0].memory)):
+            winner = found[j]
+    return winner
 
 
 def stage_assignment(option: PipelineOption, graph: Graph) -> dict[str, Config]:
@@ -149,4 +236,5 @@ def stage_assignment(option: PipelineOption, graph: Graph) -> dict[str, Config]:
     return out
 
 
-__all__ = ["PipelineOption", "best_pipeline", "stage_assignment", "stage_counts"]
+__all__ = ["PipelineOption", "best_pipeline", "price_options", "stage_assignment", "stage_counts",
+           "step_lower_bound"]

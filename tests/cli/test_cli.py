@@ -125,13 +125,13 @@ def test_a_profiled_plan_prices_its_pipeline_options_with_the_profiled_model(run
 
     monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path / "p.sqlite"))
     seen = []
-    real = stages.price_options
+    real = stages.price_option
 
-    def spy(graph, cluster, mode, optimizer, solve, model, **kw):
+    def spy(graph, cluster, stages_, axes, micro, mode, optimizer, solve, model, *args, **kw):
         seen.append(model)
-        return real(graph, cluster, mode, optimizer, solve, model, **kw)
+        return real(graph, cluster, stages_, axes, micro, mode, optimizer, solve, model, *args, **kw)
 
-    monkeypatch.setattr(stages, "price_options", spy)
+    monkeypatch.setattr(stages, "price_option", spy)
     r = run("plan", "zoo:mlp:layers=2", "--cluster", "2x2xH100", "--cost-model", "profiled", "--pipeline", "on")
     assert r.returncode == 0, r.stderr
     assert seen and all(isinstance(m, ProfiledModel) for m in seen)
