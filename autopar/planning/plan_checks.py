@@ -55,8 +55,8 @@ def _mesh(mesh, cluster, staged: bool) -> list[int] | None:
     if mesh is None:
         return None
     shape, level = mesh.get("shape"), mesh.get("level", [])
-    if not (isinstance(shape, list) and shape and all(_count(s) for s in shape)):
-        _fail(f"the mesh shape must be a non-empty list of positive ints, not {shape!r}")
+    if not (isinstance(shape, list) and all(_count(s) for s in shape)):  # [] is one device
+        _fail(f"the mesh shape must be a list of positive ints, not {shape!r}")
     if not (isinstance(level, list) and len(level) in (0, len(shape))):
         _fail(f"the mesh levels {level!r} do not match its shape {shape}")
     devices = (cluster or {}).get("devices")
