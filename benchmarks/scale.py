@@ -96,16 +96,24 @@ def child_sweep(devices: int, repeat: int) -> dict:
         start = time.perf_counter()
         plan = autopar.plan(model, inputs, cluster, graph=graph, hierarchical=True, model_name="gpt-issue18")
         walls.append(time.perf_counter() - start)
-    flat = []
+    rss_hier = _rss_bytes()  # the hierarchical search's peak, before the flat DP beside it
+    flat, fp, flat_error = [], None, ""
     if not use_hierarchical(cluster):  # what the automatic choice runs at this size: the flat exact DP
+        from autopar.core.errors import InfeasibleError
+
         for _ in range(repeat):
             start = time.perf_counter()
-            fp = autopar.plan(model, inputs, cluster, graph=graph, model_name="gpt-issue18")
+            try:  # as the automatic path runs it (fp32 unless asked; no microbatches): it may not fit
+                fp = autopar.plan(model, inputs, cluster, graph=graph, model_name="gpt-issue18")
+            except InfeasibleError as e:
+                flat_error = "does not fit: " + str(e).split(" on ")[0].split(": ", 1)[-1]
+                break
             flat.append(time.perf_counter() - start)
     return {"case": f"sweep-{devices}", "devices": devices, "walls": walls, "wall": statistics.median(walls),
             "flat_wall": statistics.median(flat) if flat else None,
-            "flat_cost": fp.cost if flat else None,
-            "rss_before": before, "rss_peak": _rss_bytes(), "auto_path": "hierarchical" if use_hierarchical(cluster)
+            "flat_cost": fp.cost if flat else None, "flat_error": flat_error,
+            "flat_rss": _rss_bytes() if flat else None,
+            "rss_before": before, "rss_peak": rss_hier, "auto_path": "hierarchical" if use_hierarchical(cluster)
             else "flat exact DP", **_summary(plan)}
 
 
@@ -156,13 +164,14 @@ def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
         "", "Search status of autopar's plans: " + "; ".join(f"{r['case']}: {r['autopar']['status']}" for r in ok), ""]
     lines += ["## Sweep: the issue's GPT (width 12288, 8 layers, batch 512) on DGX A100 nodes, hierarchical search", "",
               "| devices | automatic path | planning time | peak RSS | degrees | options | microbatch | step | MFU | "
-              "flat exact DP: time, step |",
+              "flat exact DP (default options: fp32, no microbatches): time, peak RSS, step |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sweep:
         if "error" in r:
             lines.append(f"| {r['case']} | error: {r['error']} |" + " |" * 7)
             continue
-        flat = (f"{r['flat_wall']:.2f} s, {r['flat_cost']:.3g} s" if r.get("flat_wall") is not None else
+        flat = (f"{r['flat_wall']:.2f} s, {r['flat_rss'] / 1e9:.2f} GB, {r['flat_cost']:.3g} s"
+                if r.get("flat_wall") is not None else r["flat_error"] if r.get("flat_error") else
                 "- (issue 18: 105 s and 9.9 GB at 128, over 5 min at 256)" if r["devices"] == 128 else "-")
         lines.append(f"| {r['devices']} | {r['auto_path']} | {r['wall']:.2f} s | {r['rss_peak'] / 1e9:.2f} GB | "
                      f"{r['degrees']} | {r['options']} | {r['microbatch']} | {r['cost']:.3g} s | {r['mfu']:.1%} | "
