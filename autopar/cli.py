@@ -83,6 +83,8 @@ def _training_args(args) -> dict:
         out["pin"] = args.pin
     if getattr(args, "hierarchical", "auto") != "auto":
         out["hierarchical"] = args.hierarchical == "on"
+    if getattr(args, "follow", "auto") != "auto":
+        out["follow"] = args.follow == "on"
     return out
 
 
@@ -264,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ZeRO stage over the data-parallel devices (auto: searched)")
         c.add_argument("--recompute", default="auto", choices=["auto", "on", "off"],
                        help="recompute every repeated block's forward in the backward (auto: searched)")
+        c.add_argument("--follow", default="auto", choices=["auto", "on", "off"],
+                       help="search a smaller space where ops without FLOPs or parameters follow their "
+                       "producer's layout (the plan says so); auto: only when the full space is too big")
         c.add_argument("--hierarchical", default="auto", choices=["auto", "on", "off"],
                        help="plan by tensor/pipeline/data degrees per cluster level (auto: above 64 devices, "
                        "several pods, or with --pin)")

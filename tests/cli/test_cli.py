@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import autopar
 from autopar.cli import main
 
 
@@ -172,3 +173,22 @@ def test_model_files_may_give_keyword_inputs(run, tmp_path):
                        text=True, timeout=600)  # keyword inputs compile and train like one process
     assert r.returncode == 0, r.stderr
     assert "equal" in r.stdout
+
+
+def test_follow_option_plans_the_space_the_api_does(tmp_path):
+    """`--follow on/off` is `autopar.plan(follow=True/False)`: the same cost, and the plan file says
+    which space it is optimal over."""
+    import json
+
+    from autopar.planning.follow import DETAIL
+
+    spec = "zoo:gpt:layers=1,width=64,heads=4,seq=16,batch=8,vocab=64"
+    model, inputs = autopar.zoo.get("gpt", layers=1, width=64, heads=4, seq=16, batch=8, vocab=64)
+    for flag, value in (("on", True), ("off", False)):
+        path = tmp_path / f"{flag}.json"
+        assert main(["plan", spec, "--cluster", "cpu", "--devices", "4", "--pipeline", "off", "--json", str(path)]
+                    + ["--follow", flag]) == 0
+        doc = json.loads(path.read_text())
+        api = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=4), follow=value, pipeline=False)
+        assert doc["cost"] == pytest.approx(api.cost, rel=1e-12)
+        assert (DETAIL in doc["search"]["detail"]) is value
