@@ -17,7 +17,6 @@ import inspect
 import torch
 import torch.fx as fx
 import torch.nn as nn
-from torch.utils import _pytree as pytree
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 

@@ -51,7 +51,7 @@ from autopar.cost_models.reshard_table import StructureCache
 from autopar.cost_models.training import zero_collectives, zero_label, zero_sync_time
 from autopar.cost_models.batchnorm_stats import bn_stats, bn_stats_many
 from autopar.cost_models.optimizer_step import OPTIMIZER_PASSES, local_elements, optimizer_step
-from autopar.cost_models.comm import (Collective, collective, collective_time,
+from autopar.cost_models.comm import (collective, collective_time,
                                       reshard_matrix_codes, reshard_steps)
 
 MODES = ("train", "inference")

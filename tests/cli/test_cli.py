@@ -7,24 +7,17 @@ interpreter start-up per case); one smoke test runs ``python -m autopar`` as a u
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 
 import autopar
 from autopar.cli import main
+from tests.helpers.cli_utils import cli
 
 
 @pytest.fixture
-def run(capsys):
-    def call(*args):
-        try:
-            code = main(list(args))
-        except SystemExit as e:  # argparse's own exits (--help, bad choices)
-            code = e.code
-        out = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-    return call
+def run():
+    return cli  # the command line in this process (tests/helpers/cli_utils.py)
 
 
 def test_python_dash_m_autopar_runs_the_command_line():

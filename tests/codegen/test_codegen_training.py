@@ -21,7 +21,7 @@ from autopar.core.strategy import TrainingOptions
 from autopar.planning.options import strategy_of
 from autopar.planning.plan import Plan
 from tests.helpers.dist_utils import run_gloo
-from tests.helpers.training_plans import SIZES, gpt, make_plans
+from tests.helpers.training_plans import adamw_on_one_device, SIZES, gpt, make_plans
 
 LR, STEPS = 1e-2, 3
 
@@ -107,12 +107,7 @@ def one_device() -> dict:
     loss = model(*inputs)
     loss.backward()
     ref = {"loss": float(loss.detach()), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
-    model, inputs = gpt()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        model(*inputs).backward()
-        opt.step()
+    model, inputs = adamw_on_one_device(STEPS, LR)
     ref["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     model, inputs = gpt(torch.float32)
     params = dict(model.named_parameters())

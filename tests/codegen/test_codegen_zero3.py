@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 import autopar
 from autopar.planning.plan import Plan
 from tests.helpers.dist_utils import run_gloo
-from tests.helpers.training_plans import gpt, make_plans
+from tests.helpers.training_plans import adamw_on_one_device, gpt, make_plans
 
 LR, STEPS = 1e-2, 3
 EPS = 1e-3  # the resumed step's fresh AdamW: a rounding-noise gradient must not step by +-LR
@@ -85,12 +85,7 @@ def worker(rank, world, docs, made, folder):
 
 
 def one_device() -> dict:
-    model, inputs = gpt()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        model(*inputs).backward()
-        opt.step()
+    model, inputs = adamw_on_one_device(STEPS, LR)
     ref = {"params": {n: p.detach().clone() for n, p in model.named_parameters()}}
     with torch.no_grad():
         ref["eval"] = float(model(*inputs))

@@ -2,7 +2,6 @@
 
 import operator
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

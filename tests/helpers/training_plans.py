@@ -46,3 +46,15 @@ def make_plans(world: int) -> dict[str, dict]:
             assignment[node.name] = Config(tuple(splits), tuple(axes))
         out["hybrid"] = dataclasses.replace(plans["data_parallel"], assignment=assignment, baselines={})
     return {k: p.to_json() for k, p in out.items()}
+
+
+def adamw_on_one_device(steps: int, lr: float):
+    """The single-device reference: the float64 gpt after ``steps`` AdamW steps on its inputs,
+    returned with its inputs (model, inputs)."""
+    model, inputs = gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(*inputs).backward()
+        opt.step()
+    return model, inputs

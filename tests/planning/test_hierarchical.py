@@ -12,7 +12,7 @@ import pytest
 import autopar
 from autopar.core.blocks import apply_training, block_window, units
 from autopar.core.cluster import Cluster
-from autopar.core.strategy import Degrees, TrainingOptions
+from autopar.core.strategy import TrainingOptions
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning import hierarchical as H
 from autopar.planning.degrees import level_degrees, parse_pin, triples

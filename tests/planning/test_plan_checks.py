@@ -2,12 +2,12 @@
 line naming the first problem, before anything is built or any process is started."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
 import autopar
 from autopar.cli import main
+from tests.helpers.cli_utils import cli
 from autopar.core.errors import PlanMismatchError
 from autopar.planning.plan import Plan
 
@@ -15,12 +15,8 @@ MLP = "zoo:mlp:batch=16,hidden=32"
 
 
 @pytest.fixture
-def run(capsys):
-    def call(*args):
-        code = main(list(args))
-        out = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-    return call
+def run():
+    return cli  # the command line in this process (tests/helpers/cli_utils.py)
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,11 @@ are not "equal"."""
 
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 
 import autopar
-from autopar.cli import main
+from tests.helpers.cli_utils import cli
 from autopar.planning.plan import Plan, SearchInfo
 from autopar.core.tables import Config, Mesh
 from autopar.report.format import fmt_bytes
@@ -18,12 +17,8 @@ from autopar.training import LossComparison
 
 
 @pytest.fixture
-def run(capsys):
-    def call(*args):
-        code = main(list(args))
-        out = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-    return call
+def run():
+    return cli  # the command line in this process (tests/helpers/cli_utils.py)
 
 
 @pytest.mark.parametrize("ratio, words", [
