@@ -23,9 +23,24 @@ class Collectives:
     backward: dict[str, int]
 
 
+# the c10d ops the fast moves (``moves.py``) and the gradient buckets call, under the names of the
+# functional collectives DTensor's redistribute calls for the same move
+C10D_NAMES = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather_into_tensor",
+              "allgather_into_tensor_coalesced_": "all_gather_into_tensor",
+              "_reduce_scatter_base_": "reduce_scatter_tensor",
+              "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor"}
+
+
 def counts(mode: CommDebugMode) -> dict[str, int]:
-    """{"all_reduce": 1, ...}: non-zero counts, op names without their namespace."""
-    return {str(op).rsplit(".", 1)[-1]: n for op, n in mode.get_comm_counts().items() if n}
+    """{"all_reduce": 1, ...}: non-zero counts, op names without their namespace (c10d's in-place
+    ops under their functional names)."""
+    out: dict[str, int] = {}
+    for op, n in mode.get_comm_counts().items():
+        if n:
+            name = str(op).rsplit(".", 1)[-1]
+            name = C10D_NAMES.get(name, name)
+            out[name] = out.get(name, 0) + n
+    return out
 
 
 def measure(module: nn.Module, *inputs) -> Collectives:

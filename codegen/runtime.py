@@ -29,6 +29,8 @@ from torch.utils import _pytree as pytree
 
 from autopar.core.buckets import BUCKET_BYTES, make_buckets
 
+from .moves import move
+
 Placements = tuple[Placement, ...]
 
 
@@ -58,9 +60,7 @@ class _Redistribute(torch.autograd.Function):
 
 
 def _move(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements) -> torch.Tensor:
-    if src == dst:
-        return x
-    return DTensor.from_local(x, mesh, src, run_check=False).redistribute(mesh, dst).to_local()
+    return move(x, mesh, src, dst)
 
 
 @dataclass(frozen=True, eq=False)

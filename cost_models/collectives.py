@@ -47,8 +47,8 @@ class Item:
 
     @property
     def op(self) -> str:
-        if self.where == "grad-sync":
-            return "allreduce_"  # the reducer's c10d all-reduce of a bucket
+        """The op name ``codegen.comms.counts`` reports (c10d's in-place ops, which the gradient
+        buckets and the fast moves call, are counted under these functional names)."""
         return TORCH_NAMES[self.collective.kind]
 
     def __str__(self) -> str:

@@ -1,0 +1,66 @@
+"""The fast layout moves (codegen/moves.py) against DTensor's own redistribute, on a 2x2 mesh.
+
+Every pair of placements of a 3-d tensor on both mesh axes, one axis changed or both: the local
+shard ``move`` returns must be the one DTensor's redistribute gives, on every rank (the fast
+c10d path where it applies, DTensor's where it does not; both must agree)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+from codegen.moves import move
+from tests.helpers.dist_utils import run_threaded
+
+ONE_AXIS = [Replicate(), Partial(), Shard(0), Shard(1), Shard(2)]
+
+
+def _cases():
+    pairs = []
+    for src in itertools.product(ONE_AXIS, repeat=2):
+        for dst in itertools.product([Replicate(), Shard(0), Shard(1), Shard(2)], repeat=2):
+            if src != dst:
+                pairs.append((src, dst))
+    return pairs
+
+
+def _check(rank, world, whole, pairs):
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+    bad = []
+    for src, dst in pairs:
+        ref_in = distribute_tensor(whole, mesh, [Replicate(), Replicate()])
+        if any(p.is_partial() for p in src):  # a partial value: each rank's term, summing to whole
+            src_local = _local_of(whole, mesh, src, rank)
+        else:
+            src_local = ref_in.redistribute(mesh, src).to_local()
+        want = DTensor.from_local(src_local, mesh, src, run_check=False).redistribute(mesh, dst).to_local()
+        got = move(src_local, mesh, src, dst)
+        if got.shape != want.shape or not torch.allclose(got, want, atol=1e-6):
+            bad.append((src, dst))
+    return bad
+
+
+def _local_of(whole, mesh, src, rank):
+    """This rank's term of a partial sum, cut by the shard axes: terms that add up to ``whole``."""
+    coord = mesh.get_coordinate()
+    t = whole.clone()
+    for axis, p in enumerate(src):
+        if p.is_shard():
+            t = t.chunk(mesh.size(axis), p.dim)[coord[axis]]
+    n_partial = sum(1 for p in src if p.is_partial())
+    weights = [(coord[a] + 1.0) / 3.0 for a, p in enumerate(src) if p.is_partial()]  # (1 + 2) / 3 == 1
+    w = 1.0
+    for x in weights:
+        w *= x
+    return (t * w).contiguous() if n_partial else t.contiguous()
+
+
+def test_every_fast_move_is_dtensors_on_a_2x2_mesh():
+    torch.manual_seed(0)
+    whole = torch.randn(4, 8, 12)  # every dim cut evenly by both axes (from_local assumes even shards)
+    pairs = _cases()
+    bad = run_threaded(_check, 4, whole, pairs)
+    assert all(not b for b in bad), f"moves that differ from DTensor's redistribute: {bad[0][:5]}"
