@@ -8,8 +8,9 @@ so other processes on a shared machine do not leak into the cached numbers. In t
 optimizer's update of the node's local parameter shards is measured too (``optimizer``).
 Everything else (weight-gradient syncs, edge reshards, graph outputs) is the analytic model's,
 priced on the cluster's links, or on links fitted to the live process group when there is one
-(``fit_collectives``: an all-reduce timed at a few sizes through DTensor's redistribute, as the
-generated module issues it; a line fitted for alpha and beta). The gradient sync is the
+(``fit_collectives``: an all-reduce timed at a few sizes as the generated module issues it, the
+bare c10d call of ``codegen/moves.py`` and of the gradient buckets; a line fitted for alpha and
+beta). The gradient sync is the
 analytic model's: bucketed, as the generated module's reducer runs it (``core.buckets``).
 
 Timings are cached in SQLite (``profile_cache``) by device, torch version and op signature, so
@@ -146,7 +147,7 @@ def fit_line(sizes, seconds) -> tuple[float, float]:
 
 
 def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats: int = 7,
-                    device: str = "cpu", via: str = "dtensor") -> CommFit | None:
+                    device: str = "cpu", via: str = "process_group") -> CommFit | None:
     """Fit alpha and beta of a ring all-reduce on the live process group (None without one).
 
     Every rank must call it (it runs collectives); the fit is all-reduced with MAX so that all
@@ -154,10 +155,10 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats
     Each size is timed ``repeats`` times after a warm-up and the median kept, as for compute: a
     collective inside a step pays its typical cost, and the median ignores the few runs a shared
     machine delays by milliseconds. The line is fitted on relative error (``fit_line``).
-    ``via="dtensor"`` (default, when DTensor is available) times the all-reduce as autopar's
-    generated module issues it, a ``Partial -> Replicate`` redistribute on a 1-D mesh over all
-    ranks: its fixed cost is DTensor's dispatch plus the library's latency, both of which every
-    reshard of a plan pays. ``via="process_group"`` times a bare ``dist.all_reduce``.
+    ``via="process_group"`` (default) times a bare ``dist.all_reduce``, which is what the
+    generated module issues for its gradient buckets and for every reshard that changes one mesh
+    axis (``codegen/moves.py``); ``via="dtensor"`` times a ``Partial -> Replicate`` redistribute
+    on a 1-D mesh over all ranks, the path of the other reshards (DTensor's dispatch on top).
     """
     import torch
     import torch.distributed as dist
@@ -229,7 +230,7 @@ class ProfiledModel(AnalyticModel):
     warmup: int = 2
     max_estimate: float = 2.0
     fit_comm: bool = True
-    comm_via: str = "dtensor"  # what ``fit_collectives`` times: "dtensor" or "process_group"
+    comm_via: str = "process_group"  # what ``fit_collectives`` times: "process_group" or "dtensor"
     optimizer: str | None = "adam"  # whose update is measured on each node's local params; None: unpriced
     measurements: int = field(default=0, init=False)
     fallbacks: dict = field(default_factory=dict, init=False, repr=False)  # signature -> why

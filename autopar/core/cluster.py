@@ -158,11 +158,19 @@ DEVICES: dict[str, Device] = {
 # all p devices shared NVLink), so a plain device count gives realistic, uniform costs.
 _DEFAULT = DEVICES["a100"]
 
-# This machine when not measured: a modest CPU core pair; gloo over loopback between processes.
-CPU_DEFAULT_FLOPS = 50e9  # fp32 FLOP/s per process (a few AVX2 cores)
-CPU_DEFAULT_MEMBW = 10 * GB
-CPU_LINK_BANDWIDTH = 2 * GB  # gloo over loopback TCP, per direction (assumption)
-CPU_LINK_LATENCY = 50e-6
+# This machine when not measured: one process per core, gloo over loopback between processes.
+# Measured on the 2-core development machine (AMD EPYC, torch 2.13 CPU, one thread per process,
+# both processes running at once, 2026-11-24): ``measure_cpu(1024)`` 86 GFLOP/s and 27 GB/s per
+# process; a bare c10d all-reduce between 2 gloo processes at 128 KiB .. 4 MiB, fitted with
+# ``cost_models.profiled.fit_collectives``: 150-250 us per ring step, 0.7-1.4 GB/s (runs vary; the
+# round figures below sit inside them). ``Cluster.preset("cpu", measure=True)`` re-measures compute.
+CPU_DEFAULT_FLOPS = 85e9  # fp32 FLOP/s per process
+CPU_DEFAULT_MEMBW = 27 * GB
+CPU_LINK_BANDWIDTH = 1 * GB  # gloo over loopback TCP, per direction
+CPU_LINK_LATENCY = 200e-6
+# 4 gloo processes on the 2 cores: the same fit gives 840 us per ring step (a 128 KiB all-reduce
+# takes 4.7 ms instead of 0.4 ms: a collective waits for the processes the scheduler parked)
+CPU_OVERSUBSCRIBED_LATENCY = 800e-6
 
 
 def _physical_memory() -> float:
@@ -340,14 +348,20 @@ class Cluster:
 
     @classmethod
     def _cpu(cls, devices: int | None, measure: bool) -> "Cluster":
-        n = devices or (os.cpu_count() or 1)
+        """This machine, one process per device. More processes than cores share them: each
+        computes at cores/devices of a core's speed, and every collective waits for processes the
+        scheduler has parked (``CPU_OVERSUBSCRIBED_LATENCY``)."""
+        cores = os.cpu_count() or 1
+        n = devices or cores
         flops, membw = CPU_DEFAULT_FLOPS, CPU_DEFAULT_MEMBW
         if measure:
             flops, membw = measure_cpu()
-        return cls(devices=n, devices_per_node=n, peak_flops={"float32": flops},
-                   memory_bandwidth=membw, memory_capacity=_physical_memory() / n,
-                   intra_bandwidth=CPU_LINK_BANDWIDTH, intra_latency=CPU_LINK_LATENCY,
-                   inter_bandwidth=CPU_LINK_BANDWIDTH, inter_latency=CPU_LINK_LATENCY,
+        share = min(1.0, cores / n)
+        latency = CPU_LINK_LATENCY if n <= cores else CPU_OVERSUBSCRIBED_LATENCY
+        return cls(devices=n, devices_per_node=n, peak_flops={"float32": flops * share},
+                   memory_bandwidth=membw * share, memory_capacity=_physical_memory() / n,
+                   intra_bandwidth=CPU_LINK_BANDWIDTH, intra_latency=latency,
+                   inter_bandwidth=CPU_LINK_BANDWIDTH, inter_latency=latency,
                    name="cpu" + (" (measured)" if measure else ""))
 
     def with_devices(self, devices: int) -> "Cluster":
