@@ -14,6 +14,7 @@ attached, so the same script runs with and without torchrun.
 from __future__ import annotations
 
 import copy
+from typing import Any
 import os
 import shlex
 import sys
@@ -79,9 +80,11 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
         raise ValueError(f"a given plan is used as it is: drop the planning options {sorted(plan_kwargs)}")
     from autopar.frontend.trace import trace
 
-    with _TRACE_LOCK:
-        rank0 = not dist.is_initialized() or dist.get_rank() == 0
-        graph = trace(model, tuple(example_inputs), example_kwargs, progress=None if rank0 else False)
+    graph = _graph_of_plan(plan, model, tuple(example_inputs), example_kwargs)
+    if graph is None:
+        with _TRACE_LOCK:
+            rank0 = not dist.is_initialized() or dist.get_rank() == 0
+            graph = trace(model, tuple(example_inputs), example_kwargs, progress=None if rank0 else False)
     if devices == 1:  # nothing to split (and no mesh to build), process group or not
         chosen = _local_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
         single = copy.deepcopy(model)
@@ -90,6 +93,19 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
         return single
     chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
     return _build(model, graph, chosen, example_inputs, outputs, inputs, overrides)
+
+
+def _graph_of_plan(plan, model: nn.Module, args: tuple, kwargs) -> Any:
+    """The graph a plan made in this process was searched on, when it is this model's and this
+    call's (``frontend/reuse.py``): tracing again would give the same graph, seconds later."""
+    from autopar.frontend.inputs import example_call
+    from autopar.frontend.reuse import is_trace_of
+
+    graph = getattr(plan, "graph", None) if isinstance(plan, Plan) else None
+    if graph is None:
+        return None
+    call = example_call(model, args, kwargs)
+    return graph if is_trace_of(graph, model, call.args, call.kwargs) else None
 
 
 def _single_train_step(module: nn.Module):

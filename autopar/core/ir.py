@@ -173,6 +173,7 @@ class Graph:
     frontend: str = field(default="", compare=False)  # "fx", "export", or "" (built by hand)
     program: Any = field(default=None, compare=False)  # the torch.export.ExportedProgram (export only)
     call: CallSpec | None = field(default=None, compare=False, repr=False)
+    source: Any = field(default=None, compare=False, repr=False)  # frontend.reuse.TracedFrom: what it was traced from
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}

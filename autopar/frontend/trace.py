@@ -27,6 +27,7 @@ from autopar.core.errors import TraceError
 from autopar.core.ir import Graph
 from autopar.frontend.failures import Failure, message
 from autopar.frontend.inputs import ExampleCall, example_call
+from autopar.frontend.reuse import traced_from
 
 FRONTENDS = ("auto", "fx", "export")
 
@@ -58,7 +59,9 @@ def trace(model: nn.Module, example_inputs: Any = (), example_kwargs: Mapping | 
     else:
         stream, enabled = progress, None
     with phase(f"tracing {type(model).__name__}", stream=stream, enabled=enabled):
-        return _trace(model, call, frontend)
+        graph = _trace(model, call, frontend)
+    graph.source = traced_from(model, call.args, call.kwargs)  # compile reuses it (frontend/reuse.py)
+    return graph
 
 
 def _trace(model: nn.Module, call: ExampleCall, frontend: str) -> Graph:
