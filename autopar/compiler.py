@@ -90,6 +90,7 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
         single = copy.deepcopy(model)
         single.plan = chosen
         single.train_step = _single_train_step(single)
+        single.optimizer = _single_optimizer(single)
         return single
     chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
     return _build(model, graph, chosen, example_inputs, outputs, inputs, overrides)
@@ -106,6 +107,17 @@ def _graph_of_plan(plan, model: nn.Module, args: tuple, kwargs) -> Any:
         return None
     call = example_call(model, args, kwargs)
     return graph if is_trace_of(graph, model, call.args, call.kwargs) else None
+
+
+def _single_optimizer(module: nn.Module):
+    """``module.optimizer(cls, **kwargs)`` on one device: ``cls(module.parameters(), **kwargs)``,
+    so that a script written for the compiled module runs unchanged on one process."""
+    import torch
+
+    def optimizer(cls=torch.optim.AdamW, **kwargs):
+        return cls(module.parameters(), **kwargs)
+
+    return optimizer
 
 
 def _single_train_step(module: nn.Module):

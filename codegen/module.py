@@ -102,8 +102,12 @@ class CompiledModule(nn.Module):
         """The optimizer this module's plan trains with: ``cls(self.parameters(), **kwargs)``, or
         under ZeRO one that steps only this rank's slice of the optimizer state and gathers the
         updated parameters (ZeRO-3: the next forward gathers them; ``zero.ShardedOptimizer``; one
-        parameter group)."""
+        parameter group). ``foreach`` defaults to True where ``cls`` takes it: the parameters are
+        DTensors, and torch's per-parameter loop (its CPU default) pays DTensor's dispatch on every
+        op of every parameter (gpt, 2 ranks: AdamW 9.9 ms a step, 6.1 ms with foreach, DDP's 5.9)."""
         if not self.training.zero:
+            if "foreach" in inspect.signature(cls).parameters:
+                kwargs = {"foreach": True, **kwargs}
             return cls(self.parameters(), **kwargs)
         from .zero import ShardedOptimizer
 

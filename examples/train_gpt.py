@@ -36,7 +36,7 @@ def main() -> int:
         print(module.plan.report())
         print()
 
-    opt = torch.optim.AdamW(module.parameters(), lr=args.lr, eps=ADAM_EPS)
+    opt = module.optimizer(torch.optim.AdamW, lr=args.lr, eps=ADAM_EPS)  # foreach over its DTensors
     losses = []
     for _ in range(args.steps):
         opt.zero_grad()
