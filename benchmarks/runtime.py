@@ -14,8 +14,12 @@ On ``nproc`` local gloo processes (one thread each, ``OMP_NUM_THREADS=1``), for 
   (autopar's space has no sharded-data parallelism yet);
 * autopar's own plan for the ``cpu`` cluster of ``nproc`` devices.
 
-A step is forward + backward + AdamW, fenced by barriers; the figure is the median of ``steps``
-steps after ``warmup``, on rank 0, and each cell the median of ``runs`` whole runs. Ratios are autopar / PyTorch (lower is better); the predicted
+A step is forward + backward + AdamW (``foreach=True``, autopar's ``module.optimizer`` default,
+for every implementation but ``parallelize_module``'s, whose mix of plain and DTensor parameters
+foreach refuses), fenced by barriers; the variants of a model are built first
+and timed in turns (one step of each per round, the order reversed every other round: a slower
+spell of the machine falls on all of them alike); the figure is the median of ``steps`` rounds
+after ``warmup``, on rank 0, and each cell the median of ``runs`` whole runs. Ratios are autopar / PyTorch (lower is better); the predicted
 ratio of autopar's own plan over its data-parallel plan sits beside the measured one. Results go
 to ``benchmarks/runtime.md``.
 """
@@ -37,20 +41,25 @@ MODELS = {
 }
 
 
-def _time(step, sync, steps: int, warmup: int) -> float:
+def _round_robin(steps_of: dict, steps: int, warmup: int) -> dict:
+    """Median seconds per step of each variant, timed in turns: one step of each per round (the
+    order reversed every other round), so that drift in the machine's speed over the run falls on
+    all of them alike rather than on whichever ran last."""
     import torch.distributed as dist
 
+    labels = list(steps_of)
     for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        dist.barrier()
-        t = time.perf_counter()
-        step()
-        sync()
-        dist.barrier()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for label in labels:
+            steps_of[label]()
+    times: dict = {label: [] for label in labels}
+    for i in range(steps):
+        for label in labels if i % 2 == 0 else labels[::-1]:
+            dist.barrier()
+            t = time.perf_counter()
+            steps_of[label]()
+            dist.barrier()
+            times[label].append(time.perf_counter() - t)
+    return {label: statistics.median(ts) for label, ts in times.items()}
 
 
 def _pins(graph, plan, tp_linears: list[str]):
@@ -85,6 +94,7 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
 
     import autopar
 
@@ -100,10 +110,16 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
         best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False,
                             optimizer="adamw")  # the optimizer every step below runs
         tp_plan = _pins(best.graph, best, mlps)
-        results = {}
+        steps_of = {}
 
-        def run(label, module, batch, step_fn=None):
-            opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
+        def add(label, module, batch, step_fn=None):
+            # the same AdamW everywhere, foreach on (autopar's module.optimizer default) wherever
+            # torch takes it: DDP's plain tensors gain nothing, FSDP2's DTensors gain what autopar's
+            # do; parallelize_module leaves plain and DTensor parameters mixed, which foreach
+            # refuses, so TP keeps torch's default loop
+            kinds = {isinstance(p, DTensor) for p in module.parameters()}
+            opt = (module.optimizer(torch.optim.AdamW, lr=1e-4) if hasattr(module, "optimizer")
+                   else torch.optim.AdamW(module.parameters(), lr=1e-4, foreach=True if len(kinds) == 1 else None))
 
             def step():
                 opt.zero_grad()
@@ -113,24 +129,22 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
                     module(*batch).backward()
                 opt.step()
 
-            results[label] = _time(step, lambda: None, steps, warmup)
-            if rank == 0:
-                print(f"  {name} {label}: {results[label] * 1e3:.1f} ms", flush=True)
+            steps_of[label] = step
 
         ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
-        run("DDP", ddp, local)
-        del ddp
-        mod = autopar.compile(model, inputs, plan=best.baselines["data_parallel"])
-        run("autopar DP", mod, inputs, lambda b: mod.train_step(*b))
+        add("DDP", ddp, local)
+        dp_mod = autopar.compile(model, inputs, plan=best.baselines["data_parallel"])
+        add("autopar DP", dp_mod, inputs, lambda b: dp_mod.train_step(*b))
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         mesh = init_device_mesh("cpu", (world,))
         tp = copy.deepcopy(model)
         parallelize_module(tp, mesh, {m: ColwiseParallel() if m.endswith("fc1") else RowwiseParallel()
                                       for m in mlps})
-        run("TP", tp, inputs)
-        mod = autopar.compile(model, inputs, plan=tp_plan)
-        run("autopar TP", mod, inputs, lambda b: mod.train_step(*b))
+        add("TP", tp, inputs)
+        tp_mod = autopar.compile(model, inputs, plan=tp_plan)
+        add("autopar TP", tp_mod, inputs, lambda b: tp_mod.train_step(*b))
+        failed = {}
         try:
             from torch.distributed.fsdp import fully_shard
 
@@ -139,11 +153,15 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
                 if type(m).__name__ == "Block":
                     fully_shard(m, mesh=mesh)
             fully_shard(fs, mesh=mesh)
-            run("FSDP2", fs, local)
+            add("FSDP2", fs, local)
         except Exception as e:  # noqa: BLE001 - report it, keep the other figures
-            results["FSDP2"] = f"failed: {type(e).__name__}: {str(e)[:80]}"
-        mod = autopar.compile(model, inputs, plan=best)
-        run("autopar", mod, inputs, lambda b: mod.train_step(*b))
+            failed["FSDP2"] = f"failed: {type(e).__name__}: {str(e)[:80]}"
+        own = autopar.compile(model, inputs, plan=best)
+        add("autopar", own, inputs, lambda b: own.train_step(*b))
+        results = {**_round_robin(steps_of, steps, warmup), **failed}
+        if rank == 0:
+            for label, v in results.items():
+                print(f"  {name} {label}: " + (f"{v * 1e3:.1f} ms" if isinstance(v, float) else v), flush=True)
         dp_cost = best.baselines["data_parallel"].cost
         results["predicted speed-up over DP"] = dp_cost / best.cost
         results["predicted TP / DP"] = tp_plan.cost / dp_cost
