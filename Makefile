@@ -21,8 +21,10 @@ setup: $(STAMP)
 demo: setup
 	OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc-per-node 2 examples/train_gpt.py
 
+# two pytest workers (the CI box has 2 cores), one test module per worker at a time: a module's
+# fixtures (a gloo launch that serves all of its tests) run once
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadscope
 
 bench: setup
 	$(PY) -m benchmarks.run
