@@ -208,7 +208,7 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
         for label, choice in strats.items():
             assignment = {n: tables.configs[i][c] for i, (n, c) in enumerate(zip(tables.nodes, choice))}
             mod = shard_module(model, graph, assignment, MESH)
-            opt = torch.optim.AdamW(mod.parameters(), lr=LR)
+            opt = mod.optimizer(torch.optim.AdamW, lr=LR)  # foreach over the DTensors, as a user of the module gets it
             runs.append((label, mod, opt))
         times = {label: [] for label, _, _ in runs}
         cpu = {label: [] for label, _, _ in runs}

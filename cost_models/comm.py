@@ -13,7 +13,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.layout import Layout, Partial, Replicate, Shard
 from autopar.core.tables import Mesh
 
-from autopar.cost_models.alpha_beta import _BW, _FORMULA, _LAT, KINDS, collective_time  # noqa: F401
+from autopar.cost_models.alpha_beta import _BW, _FORMULA, _LAT, KINDS, as_run, collective_time  # noqa: F401
 from autopar.cost_models.reshard_table import reshard_table
 
 
@@ -30,17 +30,22 @@ class Collective:
     crosses_nodes: bool
     seconds: float
 
+    run_as: str = ""  # the collective the backend really runs, where it differs (``as_run``)
+    run_bytes: float = 0.0
+
     def formula(self) -> str:
+        kind, nbytes = (self.run_as, self.run_bytes) if self.run_as else (self.kind, self.nbytes)
         bw, a = f"{self.bandwidth:.4g}", f"{self.latency:.3g}"
-        p, n = self.p, f"{self.nbytes:.6g}"
+        p, n = self.p, f"{nbytes:.6g}"
         body = {"all-reduce": f"2*{p - 1}/{p}*{n}/{bw} + 2*{p - 1}*{a}",
                 "all-gather": f"{p - 1}/{p}*{n}/{bw} + {p - 1}*{a}",
                 "reduce-scatter": f"{p - 1}/{p}*{n}/{bw} + {p - 1}*{a}",
                 "all-to-all": f"{p - 1}/{p}*{n}/{bw} + {p - 1}*{a}",
-                "broadcast": f"{n}/{bw} + {p - 1}*{a}", "send/recv": f"{n}/{bw} + {a}"}[self.kind]
+                "broadcast": f"{n}/{bw} + {p - 1}*{a}", "send/recv": f"{n}/{bw} + {a}"}[kind]
         link = "inter-node" if self.crosses_nodes else "intra-node"
-        return (f"{self.kind} over mesh axes {list(self.axes)} (p={p}, {link}): "
-                f"{_FORMULA[self.kind]} = {body} = {self.seconds:.4g} s")
+        run = f", run by gloo as {kind} of N = {n} B" if self.run_as else ""
+        return (f"{self.kind} over mesh axes {list(self.axes)} (p={p}, {link}{run}): "
+                f"{_FORMULA[kind]} = {body} = {self.seconds:.4g} s")
 
 
 def group_of(axes, mesh: Mesh) -> tuple[int, bool]:
@@ -60,8 +65,9 @@ def collective(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -> 
     axes = tuple(sorted(axes))
     p, cross = group_of(axes, mesh)
     bw, lat = cluster.link(cross)
-    return Collective(kind, axes, p, float(nbytes), bw, lat, cross,
-                      collective_time(kind, nbytes, p, bw, lat))
+    run, run_bytes = as_run(kind, nbytes, p, cluster.backend) if p > 1 else (kind, nbytes)
+    return Collective(kind, axes, p, float(nbytes), bw, lat, cross, collective_time(run, run_bytes, p, bw, lat),
+                      run if run != kind else "", float(run_bytes) if run != kind else 0.0)
 
 
 # --- resharding ----------------------------------------------------------------------------------

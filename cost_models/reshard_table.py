@@ -242,7 +242,7 @@ def structure(s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh) -> ReshardSt
 
 def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     """Per base-6 phase key: seconds = local * slope + intercept (``comm.reshard_steps``' phases)."""
-    from autopar.cost_models.alpha_beta import _BW, _LAT
+    from autopar.cost_models.alpha_beta import _BW, _LAT, as_run
 
     n = len(mesh.shape)
     level = np.asarray(mesh.level or (0,) * n) > 0
@@ -263,8 +263,9 @@ def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.nd
     for kind, name in _PHASES:
         p, bw, lat = group(kind)
         k = scale * (p if kind == P_AG else 1.0)
-        slope += np.where(p > 1, _BW[name](np.maximum(p, 1)) * k / bw, 0.0)
-        intercept += np.where(p > 1, _LAT[name](np.maximum(p, 1)) * lat, 0.0)
+        run, k = as_run(name, k, p, cluster.backend)  # what the backend runs (gloo: see as_run)
+        slope += np.where(p > 1, _BW[run](np.maximum(p, 1)) * k / bw, 0.0)
+        intercept += np.where(p > 1, _LAT[run](np.maximum(p, 1)) * lat, 0.0)
         if kind == P_RS:
             scale = scale / p
     return slope, intercept
@@ -285,7 +286,7 @@ def _walk_prices(kinds: np.ndarray, joins: np.ndarray, local: np.ndarray, walk_a
     order and with the arithmetic of ``comm._dtensor_steps``. DTensor's second pass (first axis
     to last) only slices back what the first cleared: local, free.
     """
-    from autopar.cost_models.alpha_beta import collective_time
+    from autopar.cost_models.alpha_beta import as_run, collective_time
 
     rows = len(kinds)
     local = np.asarray(local, dtype=float).copy()
@@ -308,7 +309,8 @@ def _walk_prices(kinds: np.ndarray, joins: np.ndarray, local: np.ndarray, walk_a
         for kind, name in _COLLECTIVE.items():
             mask = ending & (pend == kind)
             if mask.any():
-                total[mask] += collective_time(name, local[mask], pend_p[mask], bw[mask], lat[mask])
+                run, nbytes = as_run(name, local[mask], pend_p[mask], cluster.backend)
+                total[mask] += collective_time(run, nbytes, pend_p[mask], bw[mask], lat[mask])
         rs = ending & (pend == W_RS)
         local[rs] /= pend_p[rs]
         pend[ending] = W_NONE

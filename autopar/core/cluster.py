@@ -220,6 +220,7 @@ class Cluster:
     # True: the mesh keeps the nodes as one axis instead of their prime factors (the hierarchical
     # search's tensor groups: a split across nodes takes them all, in-node splits stay fine-grained)
     node_axis: bool = False
+    backend: str = ""  # "gloo": collectives priced as a CPU process group runs them (cost_models.alpha_beta.as_run)
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -362,7 +363,7 @@ class Cluster:
                    memory_bandwidth=membw * share, memory_capacity=_physical_memory() / n,
                    intra_bandwidth=CPU_LINK_BANDWIDTH, intra_latency=latency,
                    inter_bandwidth=CPU_LINK_BANDWIDTH, inter_latency=latency,
-                   name="cpu" + (" (measured)" if measure else ""))
+                   name="cpu" + (" (measured)" if measure else ""), backend="gloo")
 
     def with_devices(self, devices: int) -> "Cluster":
         return replace(self, devices=devices, devices_per_node=min(self.devices_per_node, devices))
