@@ -64,16 +64,24 @@ def _one_axis(x: torch.Tensor, mesh: DeviceMesh, axis: int, s: Placement, d: Pla
         k = d.dim % x.dim()
         if x.shape[k] % n:
             return None
-        whole = x.movedim(k, 0).contiguous()
-        out = whole.new_empty((whole.shape[0] // n, *whole.shape[1:]))
+        c = x.shape[k] // n
+        # the n blocks of dim k stacked first: one copy in, and the result comes out in place
+        if k == 0:
+            whole, out = x.contiguous(), x.new_empty((c, *x.shape[1:]))
+        else:
+            stacked = x.unflatten(k, (n, c)).movedim(k, 0).contiguous()
+            whole, out = stacked.flatten(0, 1), x.new_empty(stacked.shape[1:])
         dist.reduce_scatter_single(out, whole, group=group)
-        return out.movedim(0, k).contiguous()
+        return out
     if s.is_shard() and d.is_replicate():
         k = s.dim % x.dim()
-        part = x.movedim(k, 0).contiguous()
-        out = part.new_empty((part.shape[0] * n, *part.shape[1:]))
+        part = x.contiguous()
+        out = part.new_empty((n * part.shape[0], *part.shape[1:]))
         dist.all_gather_single(out, part, group=group)
-        return out.movedim(0, k).contiguous()
+        if k == 0:
+            return out
+        # the ranks' blocks are stacked first: one copy puts them side by side on dim k
+        return out.unflatten(0, (n, part.shape[0])).movedim(0, k).flatten(k, k + 1)
     return None
 
 
