@@ -6,9 +6,10 @@ call, more than the collective moves for the activations of a small model: 20 re
 made autopar's tensor-parallel MLP 1.2x slower than ``parallelize_module``'s (issue 15). The
 common moves, where exactly one mesh axis changes and the shards are even, are the c10d calls
 DTensor would make: a local slice (replicate -> shard), an all-reduce (partial -> replicate), a
-reduce-scatter (partial -> shard), an all-gather (shard -> replicate) on that axis's group.
-Everything else (several axes at once, shard -> shard, uneven shards, non-sum partials, replicate
--> partial) goes through DTensor unchanged. ``tests/codegen/test_moves.py`` checks every fast move
+reduce-scatter (partial -> shard), an all-gather (shard -> replicate), and for shard -> shard the
+all-gather and local slice DTensor runs on a CPU group (gloo has no all-to-all), on that axis's
+group. Everything else (several axes at once, uneven shards, non-sum partials, replicate ->
+partial) goes through DTensor unchanged. ``tests/codegen/test_moves.py`` checks every fast move
 against DTensor's on a 2x2 mesh.
 """
 
@@ -74,15 +75,26 @@ def _one_axis(x: torch.Tensor, mesh: DeviceMesh, axis: int, s: Placement, d: Pla
         dist.reduce_scatter_single(out, whole, group=group)
         return out
     if s.is_shard() and d.is_replicate():
-        k = s.dim % x.dim()
-        part = x.contiguous()
-        out = part.new_empty((n * part.shape[0], *part.shape[1:]))
-        dist.all_gather_single(out, part, group=group)
-        if k == 0:
-            return out
-        # the ranks' blocks are stacked first: one copy puts them side by side on dim k
-        return out.unflatten(0, (n, part.shape[0])).movedim(0, k).flatten(k, k + 1)
+        return _all_gather(x, s.dim % x.dim(), n, group)
+    if s.is_shard() and d.is_shard():  # as DTensor runs it on a CPU group: gather, keep this rank's block
+        j = d.dim % x.dim()
+        if x.shape[j] % n:
+            return None
+        whole = _all_gather(x, s.dim % x.dim(), n, group)
+        c = whole.shape[j] // n
+        return whole.narrow(j, mesh.get_local_rank(axis) * c, c).contiguous()
     return None
+
+
+def _all_gather(x: torch.Tensor, k: int, n: int, group) -> torch.Tensor:
+    """The ranks' blocks of dim ``k`` side by side: one collective, at most one copy."""
+    part = x.contiguous()
+    out = part.new_empty((n * part.shape[0], *part.shape[1:]))
+    dist.all_gather_single(out, part, group=group)
+    if k == 0:
+        return out
+    # the ranks' blocks are stacked first: one copy puts them side by side on dim k
+    return out.unflatten(0, (n, part.shape[0])).movedim(0, k).flatten(k, k + 1)
 
 
 __all__ = ["move"]
