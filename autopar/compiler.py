@@ -14,7 +14,6 @@ attached, so the same script runs with and without torchrun.
 from __future__ import annotations
 
 import copy
-from typing import Any
 import os
 import shlex
 import sys
@@ -25,6 +24,7 @@ import torch.nn as nn
 
 from autopar.core.cluster import Cluster
 from autopar.core.errors import AutoparError, LaunchRequiredError, PlanMismatchError
+from autopar.core.ir import Graph
 from autopar.planning import plan_file
 from autopar.planning.plan import Plan
 
@@ -96,7 +96,7 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
     return _build(model, graph, chosen, example_inputs, outputs, inputs, overrides)
 
 
-def _graph_of_plan(plan, model: nn.Module, args: tuple, kwargs) -> Any:
+def _graph_of_plan(plan, model: nn.Module, args: tuple, kwargs) -> Graph | None:
     """The graph a plan made in this process was searched on, when it is this model's and this
     call's (``frontend/reuse.py``): tracing again would give the same graph, seconds later."""
     from autopar.frontend.inputs import example_call

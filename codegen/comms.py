@@ -26,9 +26,7 @@ class Collectives:
 # the c10d ops the fast moves (``moves.py``) and the gradient buckets call, under the names of the
 # functional collectives DTensor's redistribute calls for the same move
 C10D_NAMES = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather_into_tensor",
-              "allgather_into_tensor_coalesced_": "all_gather_into_tensor",
-              "_reduce_scatter_base_": "reduce_scatter_tensor",
-              "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor"}
+              "_reduce_scatter_base_": "reduce_scatter_tensor"}
 
 
 def counts(mode: CommDebugMode) -> dict[str, int]:

@@ -40,31 +40,22 @@ def _is_sum(p: Placement) -> bool:
 
 
 def _one_axis(x: torch.Tensor, mesh: DeviceMesh, axis: int, s: Placement, d: Placement,
-              others: Placements) -> torch.Tensor | None:
-    """The move on mesh axis ``axis`` alone, or None where DTensor should do it. ``others``: the
-    placements of every axis (unchanged but ``axis``): a tensor dim also cut by a later axis is
-    nested inside this one's cut, which a local collective cannot reorder."""
-    n = mesh.size(axis)
-    for p in (s, d):
-        if p.is_shard() and (type(p) is not Shard
-                             or any(type(q) is not Shard or (b > axis and q.dim % x.dim() == p.dim % x.dim())
-                                    for b, q in enumerate(others) if b != axis and q.is_shard())):
-            return None
-    if s.is_replicate() and d.is_shard():
-        k = d.dim % x.dim()
-        if x.shape[k] % n:
-            return None
-        c = x.shape[k] // n
-        return x.narrow(k, mesh.get_local_rank(axis) * c, c).contiguous()
+              src: Placements) -> torch.Tensor | None:
+    """The move on mesh axis ``axis`` alone, or None where DTensor should do it."""
+    if _nested(s, axis, src, x.dim()) or _nested(d, axis, src, x.dim()):
+        return None
+    n, rank = mesh.size(axis), mesh.get_local_rank(axis)
     group = mesh.get_group(axis)
+    if d.is_shard() and x.shape[d.dim % x.dim()] % n:
+        return None  # uneven shards: DTensor pads them
+    if s.is_replicate() and d.is_shard():
+        return _block(x, d.dim % x.dim(), n, rank)
     if _is_sum(s) and d.is_replicate():
         y = x.contiguous().clone()  # the input may be saved for a backward: never reduce in place
         dist.all_reduce(y, group=group)
         return y
     if _is_sum(s) and d.is_shard():
         k = d.dim % x.dim()
-        if x.shape[k] % n:
-            return None
         c = x.shape[k] // n
         # the n blocks of dim k stacked first: one copy in, and the result comes out in place
         if k == 0:
@@ -77,13 +68,24 @@ def _one_axis(x: torch.Tensor, mesh: DeviceMesh, axis: int, s: Placement, d: Pla
     if s.is_shard() and d.is_replicate():
         return _all_gather(x, s.dim % x.dim(), n, group)
     if s.is_shard() and d.is_shard():  # as DTensor runs it on a CPU group: gather, keep this rank's block
-        j = d.dim % x.dim()
-        if x.shape[j] % n:
-            return None
-        whole = _all_gather(x, s.dim % x.dim(), n, group)
-        c = whole.shape[j] // n
-        return whole.narrow(j, mesh.get_local_rank(axis) * c, c).contiguous()
+        return _block(_all_gather(x, s.dim % x.dim(), n, group), d.dim % x.dim(), n, rank)
     return None
+
+
+def _nested(p: Placement, axis: int, src: Placements, ndim: int) -> bool:
+    """A cut a local collective on ``axis`` cannot make: a strided shard, or a tensor dim also cut
+    by a later mesh axis (nested inside this axis's cut)."""
+    if not p.is_shard():
+        return False
+    return type(p) is not Shard or any(
+        type(q) is not Shard or (b > axis and q.dim % ndim == p.dim % ndim)
+        for b, q in enumerate(src) if b != axis and q.is_shard())
+
+
+def _block(x: torch.Tensor, k: int, n: int, rank: int) -> torch.Tensor:
+    """This rank's block of dim ``k`` cut in ``n`` (even) blocks, contiguous."""
+    c = x.shape[k] // n
+    return x.narrow(k, rank * c, c).contiguous()
 
 
 def _all_gather(x: torch.Tensor, k: int, n: int, group) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """What the generated program calls besides the model's own ops: reshards and gradient buckets.
 
-``Reshard`` moves a local shard from one layout to another with DTensor's redistribute (the walk
-the cost model prices), forward and backward, as one autograd step on plain tensors: no DTensor
-flows through the program, so ops between reshards dispatch as plain torch ops.
+``Reshard`` moves a local shard from one layout to another (``moves.move``: the c10d call where
+one mesh axis changes, else DTensor's redistribute; the walk the cost model prices), forward and
+backward, as one autograd step on plain tensors: no DTensor flows through the program, so ops
+between reshards dispatch as plain torch ops.
 
 ``GradReducer`` all-reduces the gradients of parameters read replicated by a split node (the
 data-parallel gradient sync) the way DDP does it: parameters in buckets of about 25 MB in the
@@ -50,17 +51,13 @@ class _Redistribute(torch.autograd.Function):
     def forward(ctx, x, spec):
         ctx.spec = spec
         with torch.no_grad():
-            return _move(x, spec.mesh, spec.src, spec.dst)
+            return move(x, spec.mesh, spec.src, spec.dst)
 
     @staticmethod
     def backward(ctx, g):
         s = ctx.spec
         with torch.no_grad():
-            return _move(g.contiguous(), s.mesh, s.grad_in, s.grad_out), None
-
-
-def _move(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements) -> torch.Tensor:
-    return move(x, mesh, src, dst)
+            return move(g.contiguous(), s.mesh, s.grad_in, s.grad_out), None
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,7 +90,7 @@ def needs_reshard(spec: ReshardSpec) -> bool:
 
 def slice_input(x: torch.Tensor, mesh: DeviceMesh, dst: Placements) -> torch.Tensor:
     """This rank's shard of a whole (replicated) input: a local slice, no communication."""
-    return _move(x, mesh, tuple(Replicate() for _ in dst), dst)
+    return move(x, mesh, tuple(Replicate() for _ in dst), dst)
 
 
 class GradReducer:

@@ -26,7 +26,6 @@ candidate order whose *remaining* work is smallest.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple

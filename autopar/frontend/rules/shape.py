@@ -8,7 +8,6 @@ and ``clone`` (identity) copy theirs.
 
 from __future__ import annotations
 
-import math
 
 from autopar.core.ir import Dim
 from autopar.frontend.rules.base import Call, Result, Tensor, generic_names, names_axes, norm_axis, same_dims
