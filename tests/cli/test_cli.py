@@ -162,8 +162,7 @@ def test_model_files_may_give_keyword_inputs(run, tmp_path):
     r = run("plan", f"{f}:three", "--devices", "2")
     assert r.returncode == 0, r.stderr
     assert "predicted step time" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "autopar", "run", f"{f}:kw", "--nproc", "2"], capture_output=True,
-                       text=True, timeout=600)  # keyword inputs compile and train like one process
+    r = run("run", f"{f}:kw", "--nproc", "2")  # keyword inputs compile and train like one process
     assert r.returncode == 0, r.stderr
     assert "equal" in r.stdout
 

@@ -5,19 +5,18 @@ run of the unsplit model made by the test itself, not with the column the comman
 """
 
 import re
-import subprocess
-import sys
 
 import pytest
 
 import autopar
 from autopar.training import single_process_losses
+from tests.helpers.cli_utils import cli
 
 
-def run(*args, timeout=600):
-    """``autopar run`` in its own process, as a user starts it (it starts gloo processes itself)."""
-    return subprocess.run([sys.executable, "-m", "autopar", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def run(*args):
+    """``autopar ARGS`` in this process (``tests/helpers/cli_utils.py``): the ranks of ``run`` are
+    gloo processes of their own either way; ``python -m autopar`` itself is tested in test_cli."""
+    return cli(*args)
 
 MLP = "zoo:mlp:batch=16,hidden=32"
 

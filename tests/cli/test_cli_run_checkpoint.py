@@ -9,8 +9,6 @@ the resumed run's per-step losses must be the straight run's last three.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -86,8 +84,7 @@ def test_checkpoint_options_are_checked_before_starting(args, needle, tmp_path, 
 
 
 def _run(*args):
-    r = subprocess.run([sys.executable, "-m", "autopar", "run", GPT, "--nproc", "2", *args], capture_output=True,
-                       text=True, timeout=600)
+    r = cli("run", GPT, "--nproc", "2", *args)  # in this process; the ranks are its gloo processes
     assert r.returncode == 0, r.stderr
     rows = re.findall(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+(-?\d+\.\d+)\s+\S+$", r.stdout, flags=re.M)
     return r.stdout, {int(k): float(a) for k, a, _ in rows}
