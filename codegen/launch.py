@@ -155,7 +155,7 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
     return [found.ok.get(r) for r in range(nprocs)]
 
 
-PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "autopar", "codegen.module"]
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "autopar", "autopar.codegen.module"]
 
 
 def _context():

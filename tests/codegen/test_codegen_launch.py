@@ -30,3 +30,25 @@ def test_nprocs_must_be_a_positive_int(nprocs):
     """launch(fn, 0) returned [] without running anything."""
     with pytest.raises(ValueError, match="nprocs must be a positive int"):
         launch(print, nprocs)
+
+
+def read_env(rank, world, name):
+    import os
+
+    return os.environ.get(name)
+
+
+@pytest.mark.dist
+def test_each_launch_sees_the_launchers_environment_of_that_moment(monkeypatch):
+    """The ranks are forked from a fork server started at the first launch: without the
+    environment carried in the job they would see the server's (from its start), not the
+    launcher's of now."""
+    monkeypatch.setenv("AUTOPAR_LAUNCH_PROBE", "first")
+    first = launch(read_env, 2, "AUTOPAR_LAUNCH_PROBE", timeout=120)
+    monkeypatch.setenv("AUTOPAR_LAUNCH_PROBE", "second")
+    second = launch(read_env, 2, "AUTOPAR_LAUNCH_PROBE", timeout=120)
+    monkeypatch.delenv("AUTOPAR_LAUNCH_PROBE")
+    third = launch(read_env, 2, "AUTOPAR_LAUNCH_PROBE", timeout=120)
+    assert first == ["first"] * 2
+    assert second == ["second"] * 2
+    assert third == [None] * 2
