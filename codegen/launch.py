@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -117,7 +118,9 @@ def _worker(rank: int, job: _Job, results) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=job.world_size)
     try:
         out = job.fn(rank, job.world_size, *job.args)
-        results.put((rank, "ok", out))
+        # pickled here, by value: torch's multiprocessing pickler would send a tensor as a
+        # file descriptor that the launcher fetches from this process, which may have exited
+        results.put((rank, "ok", pickle.dumps(out)))
         # no rank tears gloo down while another still has a collective in flight (that aborts it)
         dist.barrier()
     except BaseException:
@@ -299,4 +302,7 @@ def _end(procs) -> None:
 def _drain(results, found: _Outcome) -> None:
     while not results.empty():
         rank, status, value = results.get()
-        (found.ok if status == "ok" else found.errors)[rank] = value
+        if status == "ok":
+            found.ok[rank] = pickle.loads(value)
+        else:
+            found.errors[rank] = value

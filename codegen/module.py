@@ -25,7 +25,7 @@ from autopar.core.tables import Config
 
 from .placements import LayoutError
 from .program import Program, build
-from .runtime import GradReducer
+from .runtime import GradReducer, finish_loss
 from .training import PLAIN, ProgramTraining
 
 
@@ -114,10 +114,23 @@ class CompiledModule(nn.Module):
         return ShardedOptimizer(self.reducer, cls, **kwargs)
 
     def train_step(self, *args, **kwargs) -> torch.Tensor:
-        """Forward and backward of one batch; returns the (detached) loss. Then optimizer.step()."""
-        loss = training_loss(self(*args, **kwargs))
-        loss.backward()
-        return loss.detach()
+        """Forward and backward of one batch; returns the (detached) whole loss. Then
+        optimizer.step(). The program's outputs are left as this rank holds them: the loss's
+        all-reduce runs beside the backward (``runtime.finish_loss``), the outputs other than the
+        loss are not made whole (the step drops them)."""
+        with self.program.outputs_deferred() as undone:
+            out = self(*args, **kwargs)
+        loss = training_loss(out)
+        spec = next((s for _, t, s in undone if t is loss), None)
+        if spec is None and undone:  # a forward hook may return new tensors: find the loss's leaf
+            leaves = []
+            fx.node.map_aggregate(out, leaves.append)
+            at = next((i for i, t in enumerate(leaves) if t is loss), None)
+            spec = next((s for i, _, s in undone if i == at), None)
+        if spec is None:  # the loss needed no reshard: whole already
+            loss.backward()
+            return loss.detach()
+        return finish_loss(loss, spec)
 
     def _bind(self, args: tuple, kwargs: dict) -> list:
         names = self.program.inputs

@@ -14,6 +14,7 @@ torch.export: ATen ops with parameters as placeholders): one builder for both.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ from .op_fixes import causal_rows, mean_scale, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
 from .ops import LocalCall
 from .placements import LayoutError, NodeLayout, Placements, node_layout
-from .runtime import Reshard, ReshardSpec, grad_target, needs_reshard
+from .runtime import OutputReshard, Reshard, ReshardSpec, grad_target, needs_reshard
 from .strided import chunk_index
 from .training import PLAIN, ProgramTraining, block_of, cast_placeholders, recompute_blocks, tag_new_nodes
 from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
@@ -56,6 +57,21 @@ class Program:
     layouts: dict[str, NodeLayout] = field(default_factory=dict)
     output_placements: list = field(default_factory=list)  # per output leaf (fx order): placements or None
     input_placements: dict[str, Placements] = field(default_factory=dict)  # inputs="local": each input's slice
+
+    @contextlib.contextmanager
+    def outputs_deferred(self):
+        """Within: the program returns its outputs as this rank holds them (no output reshard);
+        yields the list of (output leaf, returned tensor, ``ReshardSpec``) of each reshard left
+        undone (the leaf: its index among the outputs' tensors, ``fx.node.map_aggregate`` order)."""
+        undone: list = []
+        reshards = [m for m in self.module.modules() if isinstance(m, OutputReshard)]
+        for m in reshards:
+            m.deferred = undone
+        try:
+            yield undone
+        finally:
+            for m in reshards:
+                m.deferred = None
 
 
 @dataclass
@@ -244,7 +260,9 @@ class _Builder:
                 return v.node
             if self.outputs == "replicate":
                 placements.append(self._replicated())
-                return self._reshard(v, Use(self._replicated(), self._replicated()))
+                leaf = len(placements) - 1
+                return self._reshard(v, Use(self._replicated(), self._replicated()),
+                                     kind=lambda spec: OutputReshard(spec, leaf))
             placements.append(v.placements)
             return v.node
 
@@ -387,7 +405,7 @@ class _Builder:
         self.root.add_module(name, SyncBatchNormOp(node, layout, self.mesh, momentum, eps))
         self.env[n] = _Value(self.new.call_module(name, tuple(tensors)), layout.outputs[0])
 
-    def _reshard(self, v: _Value, use: Use, param: str | None = None) -> fx.Node:
+    def _reshard(self, v: _Value, use: Use, param: str | None = None, kind=Reshard) -> fx.Node:
         """``v`` in the layout ``use`` wants, its gradient given back as its producer wants it
         (for a parameter: as its first reader's gradient, so that reads add up)."""
         if param is not None:
@@ -397,7 +415,7 @@ class _Builder:
         if not needs_reshard(spec):
             return v.node
         name = f"reshard_{len([m for m in self.root.children() if isinstance(m, Reshard)])}"
-        self.root.add_module(name, Reshard(spec))
+        self.root.add_module(name, kind(spec))
         return self.new.call_module(name, (v.node,))
 
 

@@ -84,6 +84,28 @@ class Reshard(nn.Module):
         return f"{fmt(s.src)} -> {fmt(s.dst)}, grad {fmt(s.grad_in)} -> {fmt(s.grad_out)}"
 
 
+class OutputReshard(Reshard):
+    """A reshard of a value the program returns (``outputs="replicate"``: made whole).
+
+    ``CompiledModule.train_step`` defers it (``deferred``): the program then returns this rank's
+    own shard or partial term, and the step finishes only the loss, after its backward is
+    started. For a partial loss that saves a blocking all-reduce in the forward (the backward
+    starts from this rank's term: the gradient of a sum is the same for every term), and the
+    other outputs, which ``train_step`` drops, are not gathered at all."""
+
+    deferred: list | None = None  # while deferred: where (output leaf, returned tensor, spec) go
+
+    def __init__(self, spec: ReshardSpec, leaf: int):
+        super().__init__(spec)
+        self.leaf = leaf  # which of the program's output leaves (fx order) this one makes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.deferred is None:
+            return super().forward(x)
+        self.deferred.append((self.leaf, x, self.spec))
+        return x
+
+
 def needs_reshard(spec: ReshardSpec) -> bool:
     return spec.src != spec.dst or spec.grad_in != spec.grad_out
 
@@ -285,6 +307,22 @@ def _group(mesh: DeviceMesh, axes: tuple[int, ...]) -> dist.ProcessGroup:
     if names is None:
         raise ValueError("a gradient reduction over several mesh axes needs a mesh with dim names")
     return mesh[tuple(names[a] for a in axes)]._flatten().get_group()
+
+
+def finish_loss(loss: torch.Tensor, spec: ReshardSpec) -> torch.Tensor:
+    """Backward from a loss left as this rank's term (``OutputReshard`` deferred) and its whole
+    value: a sum over the partial axes is started asynchronously before the backward (gloo runs
+    it beside the backward's compute), waited for after; another move runs after the backward."""
+    value = loss.detach().clone()
+    axes = partial_axes(spec.src)
+    summed = all(p.is_replicate() or (isinstance(p, Partial) and p.reduce_op == "sum") for p in spec.src)
+    work = dist.all_reduce(value, group=_group(spec.mesh, axes), async_op=True) if summed and axes else None
+    loss.backward()
+    if work is not None:
+        work.wait()
+        return value
+    with torch.no_grad():
+        return move(value, spec.mesh, spec.src, spec.dst)
 
 
 def partial_axes(placements: Placements) -> tuple[int, ...]:
