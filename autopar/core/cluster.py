@@ -160,17 +160,20 @@ _DEFAULT = DEVICES["a100"]
 
 # This machine when not measured: one process per core, gloo over loopback between processes.
 # Measured on the 2-core development machine (AMD EPYC, torch 2.13 CPU, one thread per process,
-# both processes running at once, 2026-11-24): ``measure_cpu(1024)`` 86 GFLOP/s and 27 GB/s per
-# process; a bare c10d all-reduce between 2 gloo processes at 128 KiB .. 4 MiB, fitted with
-# ``cost_models.profiled.fit_collectives``: 150-250 us per ring step, 0.7-1.4 GB/s (runs vary; the
-# round figures below sit inside them). ``Cluster.preset("cpu", measure=True)`` re-measures compute.
+# both processes running at once): ``measure_cpu(1024)`` 86 GFLOP/s and 27 GB/s per process
+# (2026-11-24). Links (2026-11-25): ``cost_models.profiled.fit_collectives`` on 2 gloo processes,
+# each all-reduce timed as a step meets it (after 1 ms of matmul, the mean of a burst, not the
+# median of a tight loop: a tight loop gave 160 us per ring step, which priced a plan with many
+# blocking reshards at half its measured time): 680-960 us per ring step, 1.0-1.8 GB/s over five
+# fits (runs vary; the round figures below sit inside them). ``Cluster.preset("cpu",
+# measure=True)`` re-measures compute; ``--cost-model profiled`` fits the links on the live group.
 CPU_DEFAULT_FLOPS = 85e9  # fp32 FLOP/s per process
 CPU_DEFAULT_MEMBW = 27 * GB
 CPU_LINK_BANDWIDTH = 1 * GB  # gloo over loopback TCP, per direction
-CPU_LINK_LATENCY = 200e-6
-# 4 gloo processes on the 2 cores: the same fit gives 840 us per ring step (a 128 KiB all-reduce
-# takes 4.7 ms instead of 0.4 ms: a collective waits for the processes the scheduler parked)
-CPU_OVERSUBSCRIBED_LATENCY = 800e-6
+CPU_LINK_LATENCY = 800e-6
+# 4 gloo processes on the 2 cores, the same fit: 1000-1460 us per ring step (a process the
+# scheduler parked is waited for)
+CPU_OVERSUBSCRIBED_LATENCY = 1200e-6
 
 
 def _physical_memory() -> float:
