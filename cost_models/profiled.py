@@ -234,13 +234,19 @@ def _compute_segment(seconds: float, device: str):
     import torch
     import torch.distributed as dist
 
+    def sync():
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+
     x = torch.randn(128, 256, device=device)
     w = torch.randn(256, 256, device=device)
     for _ in range(3):
         torch.mm(x, w)
+    sync()
     t = time.perf_counter()
     for _ in range(20):
         torch.mm(x, w)
+    sync()
     count = torch.tensor([max(1, round(seconds / max((time.perf_counter() - t) / 20, 1e-9)))], device=device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     n = int(count)

@@ -164,7 +164,7 @@ _DEFAULT = DEVICES["a100"]
 # (2026-11-24). Links (2026-11-25): ``cost_models.profiled.fit_collectives`` on 2 gloo processes,
 # each all-reduce timed as a step meets it (after 1 ms of matmul, the mean of a burst, not the
 # median of a tight loop: a tight loop gave 160 us per ring step, which priced a plan with many
-# blocking reshards at half its measured time): 680-960 us per ring step, 1.0-1.8 GB/s over five
+# blocking reshards at half its measured time): 680-1060 us per ring step, 0.9-1.8 GB/s over ten
 # fits (runs vary; the round figures below sit inside them). ``Cluster.preset("cpu",
 # measure=True)`` re-measures compute; ``--cost-model profiled`` fits the links on the live group.
 CPU_DEFAULT_FLOPS = 85e9  # fp32 FLOP/s per process
