@@ -11,7 +11,8 @@ process left behind: the first rank that fails (an exception, a signal, the out-
 ends the run at once, since its peers would otherwise wait in a collective for gloo's 30-minute
 timeout; ``timeout`` bounds the whole run, also when a rank is stopped (SIGSTOP), which no
 collective ever notices; SIGTERM to the caller ends the ranks before it returns; and each rank
-dies with its parent (Linux ``PR_SET_PDEATHSIG``), so even a SIGKILLed caller leaves no orphans.
+dies with the launcher (a thread waits on it, ``_die_with_parent``), so even a SIGKILLed caller
+leaves no orphans.
 torch's own ``ProcessContext.join`` is not used for this: on a failure it terminates the other
 ranks and then joins them without a limit, which never returns for a stopped rank.
 
@@ -91,19 +92,44 @@ def free_port(addr: str = "127.0.0.1") -> int:
 
 
 def _die_with_parent(launcher: int) -> None:
-    """Ask the kernel to SIGKILL this process when its parent (the fork server, which exits when
-    the launcher does) dies (Linux only); end now if the launcher is already gone."""
+    """End this rank when the launcher dies, however it dies (SIGKILL included).
+
+    The rank's parent is the fork server, not the launcher, and the server outlives a killed
+    launcher while ranks hold its liveness pipe (multiprocessing hands it to every child): so a
+    thread of the rank waits on the launcher itself (a pidfd, Linux 5.3+; else a poll each
+    second) and SIGKILLs the rank when it is gone. The kernel's PR_SET_PDEATHSIG (the server's
+    death) is asked for too."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    try:
-        os.kill(launcher, 0)
-    except ProcessLookupError:  # the launcher died before the request took effect
+    if not _alive(launcher):  # it died before the watch began
         os._exit(1)
+    threading.Thread(target=_watch_launcher, args=(launcher,), name="autopar-launcher-watch",
+                     daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
     except PermissionError:
         pass
+    return True
+
+
+def _watch_launcher(pid: int) -> None:
+    try:
+        import select
+
+        fd = os.pidfd_open(pid)
+        select.select([fd], [], [])  # readable once the process has exited
+    except (AttributeError, OSError):
+        while _alive(pid):
+            time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _worker(rank: int, job: _Job, results) -> None:

@@ -113,3 +113,45 @@ def test_a_rank_exception_is_one_line_and_its_traceback_travels(tmp_path):
 def test_timeout_must_be_positive():
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         launch(print, 1, timeout=0)
+
+
+LAUNCHER = '''
+import os, sys, time
+from pathlib import Path
+
+
+def sleeper(rank, world, folder):
+    Path(folder, f"rank{rank}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    from autopar.codegen.launch import launch
+
+    launch(sleeper, 2, sys.argv[1])
+'''
+
+
+@pytest.mark.dist
+def test_a_killed_launcher_takes_its_ranks_with_it(tmp_path):
+    """SIGKILL to the launching process (no handler runs) must not leave its ranks running: their
+    parent is the fork server, which ranks keep alive, so each rank watches the launcher itself."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 120
+        while len(_pids(tmp_path)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        pids = _pids(tmp_path)
+        assert len(pids) == 2, "the ranks did not start"
+        proc.kill()
+        proc.wait()
+        left = wait_gone(pids, timeout=10)
+        assert not left, f"rank processes {left} outlived their SIGKILLed launcher"
+    finally:
+        proc.kill()
+        kill_all(_pids(tmp_path))
