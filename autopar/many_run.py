@@ -12,6 +12,7 @@ at the end they are gathered so that every rank returns all models' losses.
 from __future__ import annotations
 
 import copy
+import gc
 import inspect
 from typing import Any
 
@@ -127,6 +128,13 @@ def run_rank(many) -> list[list[float]]:
                 records.append((job.models, step, value.tolist()))
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, records)
+    # torn down here, in order (DDP's reducers, then the subgroups they use), not left to the
+    # interpreter's exit after the default group is gone
+    wrapped.clear()
+    held.clear()
+    gc.collect()
+    for group in groups.values():
+        dist.destroy_process_group(group)
     losses = [[float("nan")] * plan.steps for _ in plan.names]
     for part in gathered:
         for members, step, values in part:
