@@ -1,6 +1,6 @@
 """Run a function on N local CPU processes joined by a gloo process group.
 
-For examples, tests and ``autopar run``: ``launch(fn, 2, *args)`` spawns two processes, each
+For examples, tests and ``autopar run``: ``launch(fn, 2, *args)`` starts two processes, each
 calling ``fn(rank, world_size, *args)`` inside an initialized gloo group, and returns their return
 values in rank order. Under ``torchrun`` none of this is needed (the sharded module only wants an
 initialized default group); this exists so that a laptop or CI box can run a real multi-process

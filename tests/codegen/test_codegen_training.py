@@ -1,7 +1,7 @@
 """Training options in codegen (issue 18): recomputation per block, ZeRO-1/2, bf16 mixed precision,
 each on 2 and 4 gloo processes against one device (ZeRO-3: test_codegen_zero3.py).
 
-One spawn per process count runs every case (interpreter start-up dominates on 2 cores); the
+One launch per process count runs every case; the
 tests read its results. Plans: plain data parallelism on every device, and on 4 devices data
 parallelism over mesh axis 0 times Megatron tensor parallelism over axis 1 (ZeRO then slices
 over axis 0 only, and gradients of replicated weights also sum over axis 1).

@@ -77,7 +77,7 @@ def run_gloo(fn: Callable, world_size: int, *args: Any) -> list:
 
 
 def _ensure_importable() -> None:
-    """Spawned children unpickle test helpers by module name; make ``tests.*`` resolvable."""
+    """Rank processes unpickle test helpers by module name; make ``tests.*`` resolvable."""
     root = str(Path(__file__).resolve().parents[2])  # the repository: tests/helpers/dist_utils.py
     if root not in sys.path:
         sys.path.insert(0, root)
