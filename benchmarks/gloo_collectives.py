@@ -28,7 +28,6 @@ import time
 def worker(rank: int, world: int, sizes_kib: list[int]) -> list[tuple]:
     import torch
     import torch.distributed as dist
-
     from autopar.cost_models.profiled import _timer
 
     torch.set_num_threads(1)
@@ -59,9 +58,9 @@ def worker(rank: int, world: int, sizes_kib: list[int]) -> list[tuple]:
     for kib in sizes_kib:
         n = kib * 256  # float32 elements
         buf, big, part = torch.randn(n), torch.empty(n * world), torch.empty(n // world)
-        ops = {"all-reduce": lambda: dist.all_reduce(buf),
-               "all-gather": lambda: dist.all_gather_single(big, buf),
-               "reduce-scatter": lambda: dist.reduce_scatter_single(part, buf)}
+        ops = {"all-reduce": lambda buf=buf: dist.all_reduce(buf),
+               "all-gather": lambda big=big, buf=buf: dist.all_gather_single(big, buf),
+               "reduce-scatter": lambda part=part, buf=buf: dist.reduce_scatter_single(part, buf)}
         for kind, op in ops.items():
             for _ in range(5):
                 op()

@@ -38,9 +38,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Callable
+from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp

@@ -35,7 +35,8 @@ def move(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements) ->
     return DTensor.from_local(x, mesh, src, run_check=False).redistribute(mesh, dst).to_local()
 
 
-def _is_sum(p: Placement) -> bool:
+def is_sum(p: Placement) -> bool:
+    """A partial sum (not a partial max, min or average)."""
     return p.is_partial() and getattr(p, "reduce_op", "sum") == "sum"
 
 
@@ -50,11 +51,11 @@ def _one_axis(x: torch.Tensor, mesh: DeviceMesh, axis: int, s: Placement, d: Pla
         return None  # uneven shards: DTensor pads them
     if s.is_replicate() and d.is_shard():
         return _block(x, d.dim % x.dim(), n, rank)
-    if _is_sum(s) and d.is_replicate():
+    if is_sum(s) and d.is_replicate():
         y = x.contiguous().clone()  # the input may be saved for a backward: never reduce in place
         dist.all_reduce(y, group=group)
         return y
-    if _is_sum(s) and d.is_shard():
+    if is_sum(s) and d.is_shard():
         k = d.dim % x.dim()
         c = x.shape[k] // n
         # the n blocks of dim k stacked first: one copy in, and the result comes out in place

@@ -30,6 +30,7 @@ from autopar.core.ir import Graph, Node
 from autopar.core.tables import Config
 
 from .batchnorm import needs_sync, needs_sync_op
+from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
 from .inplace import written_argument
 from .op_fixes import causal_rows, mean_scale, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
@@ -38,9 +39,18 @@ from .placements import LayoutError, NodeLayout, Placements, node_layout
 from .runtime import OutputReshard, Reshard, ReshardSpec, grad_target, needs_reshard
 from .strided import chunk_index
 from .training import PLAIN, ProgramTraining, block_of, cast_placeholders, recompute_blocks, tag_new_nodes
-from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
-from .values import (aliases, concrete, describe, has_tensor, is_pl, is_state, local_groups, split_words,
-                     state_names, traced_values)
+from .values import (
+    aliases,
+    concrete,
+    describe,
+    has_tensor,
+    is_pl,
+    is_state,
+    local_groups,
+    split_words,
+    state_names,
+    traced_values,
+)
 
 
 @dataclass
@@ -57,6 +67,7 @@ class Program:
     layouts: dict[str, NodeLayout] = field(default_factory=dict)
     output_placements: list = field(default_factory=list)  # per output leaf (fx order): placements or None
     input_placements: dict[str, Placements] = field(default_factory=dict)  # inputs="local": each input's slice
+    output_reshards: list = field(default_factory=list)  # the OutputReshard modules of ``module``
 
     @contextlib.contextmanager
     def outputs_deferred(self):
@@ -64,7 +75,7 @@ class Program:
         yields the list of (output leaf, returned tensor, ``ReshardSpec``) of each reshard left
         undone (the leaf: its index among the outputs' tensors, ``fx.node.map_aggregate`` order)."""
         undone: list = []
-        reshards = [m for m in self.module.modules() if isinstance(m, OutputReshard)]
+        reshards = self.output_reshards
         for m in reshards:
             m.deferred = undone
         try:
@@ -202,7 +213,8 @@ class _Builder:
                        for k in names if k not in self.sync_bn}
         module = recompute_blocks(module)
         return Program(module, names, self.inputs, self.input_specs, dict(self.stored),
-                       reduce_axes, self.sync_bn, self.layouts, self.output_placements, self.input_placements)
+                       reduce_axes, self.sync_bn, self.layouts, self.output_placements, self.input_placements,
+                       [m for m in module.modules() if isinstance(m, OutputReshard)])
 
     def _placeholder(self, n: fx.Node) -> None:
         if n.name in self.state_of and is_state(self.model, self.state_of[n.name]):
@@ -338,7 +350,7 @@ class _Builder:
                 canon = self.canonical.get(qualified, qualified)
                 args.append(self._reshard(_Value(self._state(qualified), self.stored[canon]), use, param=canon))
                 uses.append(use)
-        index = lambda dim, lay=layout: chunk_index(dim, lay.axis_dims, self.shape, self.coord)  # noqa: E731
+        index = lambda dim, lay=layout: chunk_index(dim, lay.axis_dims, self.shape, self.coord)
         written = written_argument(n, module)
         drop = {j for j, u in enumerate(uses) if any(self.coord[a] != 0 for a in u.additive)}
         call = LocalCall(n, node, layout, module, consts, spec, slots, names, mean_scale(n, node, layout), drop,

@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 
 from autopar.core.buckets import BUCKET_BYTES, make_buckets
 
-from .moves import move
+from .moves import is_sum, move
 
 Placements = tuple[Placement, ...]
 
@@ -315,7 +315,7 @@ def finish_loss(loss: torch.Tensor, spec: ReshardSpec) -> torch.Tensor:
     it beside the backward's compute), waited for after; another move runs after the backward."""
     value = loss.detach().clone()
     axes = partial_axes(spec.src)
-    summed = all(p.is_replicate() or (isinstance(p, Partial) and p.reduce_op == "sum") for p in spec.src)
+    summed = all(p.is_replicate() or is_sum(p) for p in spec.src)
     work = dist.all_reduce(value, group=_group(spec.mesh, axes), async_op=True) if summed and axes else None
     loss.backward()
     if work is not None:

@@ -30,13 +30,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from autopar.cost_models.analytic import AnalyticModel, NodeCost, Term, check_mode
+from autopar.cost_models.profile_cache import ProfileCache, Timing
+
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Graph, Node
 from autopar.core.layout import NodeLayouts, to_mesh
 from autopar.core.tables import Config
-from autopar.cost_models.analytic import AnalyticModel, NodeCost, Term, check_mode
-from autopar.cost_models.profile_cache import ProfileCache, Timing
-
 
 
 def device_name(device: str = "cpu") -> str:
@@ -105,14 +105,19 @@ class CommFit:
     via: str = "process_group"
 
 
+def _sync(device: str) -> None:
+    """Wait for the device's queued work (a CUDA device runs it asynchronously)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _timer(device: str):
     import time
 
-    import torch
-
     def sync():
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
 
     def median(f, repeats: int, warmup: int) -> float:
         import torch.distributed as dist
@@ -235,8 +240,7 @@ def _compute_segment(seconds: float, device: str):
     import torch.distributed as dist
 
     def sync():
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
 
     x = torch.randn(128, 256, device=device)
     w = torch.randn(256, 256, device=device)
@@ -354,7 +358,6 @@ class ProfiledModel(AnalyticModel):
 
     def _measure_optimizer(self, shapes) -> Timing:
         import torch
-
         from autopar.cost_models.op_runner import NotRunnable, time_optimizer
 
         threads = torch.get_num_threads()
@@ -373,7 +376,6 @@ class ProfiledModel(AnalyticModel):
 
     def _measure(self, node: Node, config: Config) -> Timing:
         import torch
-
         from autopar.cost_models.op_runner import NotRunnable, build, time_op
 
         threads = torch.get_num_threads()

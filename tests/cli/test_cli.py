@@ -115,6 +115,7 @@ def test_a_profiled_plan_prices_its_pipeline_options_with_the_profiled_model(run
     """`autopar plan ... --cost-model profiled` on a multi-node cluster searches stages; the stage
     options must be priced by the plan's own (profiled) model, not a fresh analytic one."""
     from autopar.cost_models.profiled import ProfiledModel
+
     from autopar.planning import stages
 
     monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path / "p.sqlite"))

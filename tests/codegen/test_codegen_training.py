@@ -21,7 +21,7 @@ from autopar.core.strategy import TrainingOptions
 from autopar.planning.options import strategy_of
 from autopar.planning.plan import Plan
 from tests.helpers.dist_utils import run_gloo
-from tests.helpers.training_plans import adamw_on_one_device, SIZES, gpt, make_plans
+from tests.helpers.training_plans import SIZES, adamw_on_one_device, gpt, make_plans
 
 LR, STEPS = 1e-2, 3
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-
 from autopar.codegen.launch import LaunchError, launch
+
 from tests.helpers.proc_utils import kill_all, wait_gone
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from autopar.codegen.comms import counts
 from torch.distributed.tensor.debug import CommDebugMode
 
 import autopar
-from autopar.codegen.comms import counts
 from autopar.planning.plan import Plan
 from tests.helpers.dist_utils import run_gloo
 from tests.helpers.training_plans import gpt, make_plans

@@ -12,8 +12,9 @@ from __future__ import annotations
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,7 @@ def run_threaded(fn: Callable, world_size: int, *args: Any) -> list:
         dist.init_process_group("threaded", rank=rank, world_size=world_size, store=store)
         try:
             results[rank] = fn(rank, world_size, *args)
-        except BaseException as ex:  # noqa: BLE001 - reported below, with the traceback
+        except BaseException as ex:
             errors[rank] = traceback.format_exc()
             ProcessLocalGroup.exception_handle(ex)  # wake ranks waiting in a collective
         finally:
