@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send/recv")
+from autopar.core.cluster import COLLECTIVE_KINDS as KINDS
 
 # (bandwidth multiplier as a function of p, latency steps as a function of p)
 _BW = {"all-reduce": lambda p: 2 * (p - 1) / p, "all-gather": lambda p: (p - 1) / p,

@@ -296,7 +296,8 @@ class AnalyticModel:
             bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
             lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
             share = np.minimum(1.0, bucket / BUCKET_BYTES)  # the latency, amortized over a bucket
-            t = zero_sync_time(node_training(node).zero, bucket, bucket, p, bw, lat * share)
+            t = zero_sync_time(node_training(node).zero, bucket, bucket, p, bw, lat * share,
+                               cluster=cluster)
             out += np.where(first & (m > 0), t, 0.0)
         return out
 

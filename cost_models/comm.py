@@ -66,6 +66,7 @@ def collective(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -> 
     p, cross = group_of(axes, mesh)
     bw, lat = cluster.link(cross)
     run, run_bytes = as_run(kind, nbytes, p, cluster.backend) if p > 1 else (kind, nbytes)
+    bw, lat = cluster.kind_link(run, bw, lat)
     return Collective(kind, axes, p, float(nbytes), bw, lat, cross, collective_time(run, run_bytes, p, bw, lat),
                       run if run != kind else "", float(run_bytes) if run != kind else 0.0)
 

@@ -92,17 +92,31 @@ class Progress:
 
 @dataclass(frozen=True)
 class CommFit:
-    """All-reduce time ``t(N) = alpha_total + beta_total * N`` on ``world`` ranks, as link terms.
+    """Collective times fitted on ``world`` ranks, as link terms of the ring formulas.
 
-    ``via``: what was timed, ``"dtensor"`` (a DTensor ``Partial -> Replicate`` redistribute, the
-    call autopar's generated module makes for every collective, so its latency includes DTensor's
-    own per-collective overhead) or ``"process_group"`` (a bare ``dist.all_reduce``).
+    ``latency``/``bandwidth``: the all-reduce's (``t(N) = 2(p-1) a + 2(p-1)/p N / bw``), the
+    links every other kind is priced on; ``gather_latency``/``gather_bandwidth``: the
+    all-gather's (``t(N) = (p-1) a + (p-1)/p N / bw``, N the gathered bytes), 0 where not
+    fitted. gloo's all-gather moves about half the bytes per second of its all-reduce (2 ranks on
+    the development machine: 2 MiB gathered in 4.7-6.5 ms, 2 MiB all-reduced in 3.9 ms), and the
+    reshards of a tensor-parallel plan are mostly all-gathers, so one all-reduce fit priced them
+    at half their time.
+    ``via``: what was timed, ``"dtensor"`` (a DTensor redistribute, whose latency includes
+    DTensor's own per-collective overhead) or ``"process_group"`` (the bare c10d call).
     """
 
     latency: float  # per hop, s
     bandwidth: float  # bytes/s per device, one direction
     world: int
     via: str = "process_group"
+    gather_latency: float = 0.0
+    gather_bandwidth: float = 0.0
+
+    def kind_factors(self) -> tuple[tuple[str, float, float], ...]:
+        """``Cluster.kind_factors`` of this fit: the all-gather's links over the all-reduce's."""
+        if not (self.gather_latency > 0 and self.gather_bandwidth > 0):
+            return ()
+        return (("all-gather", self.gather_bandwidth / self.bandwidth, self.gather_latency / self.latency),)
 
 
 def _sync(device: str) -> None:
@@ -151,13 +165,19 @@ def fit_line(sizes, seconds) -> tuple[float, float]:
     return max(float(c0), 1e-7), max(float(c1), 1e-13)
 
 
-def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats: int = 7,
+def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24), repeats: int = 7,
                     device: str = "cpu", via: str = "process_group", gap: float = 1e-3,
-                    burst: int = 8) -> CommFit | None:
-    """Fit alpha and beta of a ring all-reduce on the live process group (None without one).
+                    burst: int = 8, kinds=("all-reduce", "all-gather")) -> CommFit | None:
+    """Fit alpha and beta of a ring all-reduce and all-gather on the live process group (None
+    without one).
 
     Every rank must call it (it runs collectives); the fit is all-reduced with MAX so that all
-    ranks price plans alike. ``t = 2(p-1) a + 2(p-1)/p N / bw`` is the ring model of ``comm``.
+    ranks price plans alike. Each kind gets its own line, ``t = c0 + c1 N`` over the ``sizes``
+    (bytes: the all-reduced buffer, the gathered result), turned into the ring model's terms of
+    ``comm``: ``c0 = 2(p-1) a``, ``c1 = 2(p-1)/p / bw`` for the all-reduce, ``c0 = (p-1) a``,
+    ``c1 = (p-1)/p / bw`` for the all-gather. The sizes reach 16 MiB: a gradient bucket is up to
+    25 MiB, and gloo's bytes per second at 8 MiB were half those at 512 KiB, so a fit on small
+    messages alone priced the buckets low.
     Each size is timed as a step meets it (``gap`` > 0, the default): ``burst`` collectives, each
     after about ``gap`` seconds of matmul, minus the matmuls alone, per collective; the median of
     ``repeats`` such bursts. A collective alone in a tight loop hides what a step pays: on the
@@ -166,9 +186,10 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats
     is woken, a peer that computed longer is waited for), and the step pays the mean.
     ``gap=0``: the median of ``repeats`` bare collectives. The line is fitted on relative error
     (``fit_line``).
-    ``via="process_group"`` (default) times a bare ``dist.all_reduce``, which is what the
-    generated module issues for its gradient buckets and for every reshard that changes one mesh
-    axis (``codegen/moves.py``); ``via="dtensor"`` times a ``Partial -> Replicate`` redistribute
+    ``via="process_group"`` (default) times the bare c10d call (``dist.all_reduce``,
+    ``dist.all_gather_into_tensor``), which is what the generated module issues for its gradient
+    buckets and for every reshard that changes one mesh axis (``codegen/moves.py``);
+    ``via="dtensor"`` times a ``Partial -> Replicate`` (``Shard(0) -> Replicate``) redistribute
     on a 1-D mesh over all ranks, the path of the other reshards (DTensor's dispatch on top).
     """
     import torch
@@ -178,57 +199,86 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), repeats
         return None
     if via not in ("dtensor", "process_group"):
         raise ValueError(f"via must be 'dtensor' or 'process_group', not {via!r}")
+    if "all-reduce" not in kinds or not set(kinds) <= {"all-reduce", "all-gather"}:
+        raise ValueError(f"kinds must hold 'all-reduce' and may hold 'all-gather', not {kinds!r}")
     p = dist.get_world_size()
     repeats = max(3, repeats)
     median = _timer(device)
-    run = None
-    if via == "dtensor":
-        try:
-            from torch.distributed.device_mesh import DeviceMesh
-            from torch.distributed.tensor import DTensor, Partial, Replicate
-
-            # the default group itself as a 1-D mesh: no new process group to create or tear down
-            mesh = DeviceMesh.from_group(dist.group.WORLD, torch.device(device).type)
-
-            def run(buf):
-                d = DTensor.from_local(buf, mesh, [Partial()], run_check=False)
-
-                def once():
-                    out = d.redistribute(mesh, [Replicate()]).to_local()
-                    wait = getattr(out, "wait", None)  # an AsyncCollectiveTensor: finish it
-                    return wait() if callable(wait) else out
-                return once
-        except Exception:  # no DTensor in this build: the bare collective
-            via, run = "process_group", None
-    if run is None:
-        def run(buf):
-            return lambda: dist.all_reduce(buf)
-
-    warm = torch.zeros(1024, dtype=torch.float32, device=device)
-    for _ in range(5):  # connections and first-call costs, before any size is timed
-        run(warm)()
+    ops = _collective_ops(via, device)
     seg = _compute_segment(gap, device) if gap > 0 else None
     alone = median(lambda: [seg() for _ in range(burst)], repeats, 1) / burst if seg else 0.0
-    xs, ts = [], []
-    for n in sizes:
-        buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=device)
-        op = run(buf)
-        if seg is None:
-            ts.append(median(op, repeats, 2))
-        else:
-            def in_step(op=op):
-                for _ in range(burst):
-                    seg()
-                    op()
-            ts.append(max(median(in_step, repeats, 1) / burst - alone, 1e-7))
-        xs.append(float(n))
-    del run, warm, buf
+    lines = []
+    for kind in ("all-reduce", "all-gather"):
+        if kind not in kinds:
+            lines += [0.0, 0.0]
+            continue
+        make = ops[kind]
+        for _ in range(5):  # connections and first-call costs, before any size is timed
+            make(4096)()
+        xs, ts = [], []
+        for n in sizes:
+            op = make(max(4 * p, n))
+            if seg is None:
+                ts.append(median(op, repeats, 2))
+            else:
+                def in_step(op=op):
+                    for _ in range(burst):
+                        seg()
+                        op()
+                ts.append(max(median(in_step, repeats, 1) / burst - alone, 1e-7))
+            xs.append(float(max(4 * p, n)))
+        lines += list(fit_line(xs, ts))
+    del ops
     gc.collect()  # DTensors and the mesh go now, not at an exit after the group is destroyed
-    c0, c1 = fit_line(xs, ts)
-    fit = torch.tensor([c0, c1], dtype=torch.float64, device=device)
+    fit = torch.tensor(lines, dtype=torch.float64, device=device)
     dist.all_reduce(fit, op=dist.ReduceOp.MAX)
-    c0, c1 = float(fit[0]), float(fit[1])
-    return CommFit(latency=c0 / (2 * (p - 1)), bandwidth=2 * (p - 1) / p / c1, world=p, via=via)
+    c0, c1, g0, g1 = (float(x) for x in fit)
+    gather = dict(gather_latency=g0 / (p - 1), gather_bandwidth=(p - 1) / p / g1) if g1 > 0 else {}
+    return CommFit(latency=c0 / (2 * (p - 1)), bandwidth=2 * (p - 1) / p / c1, world=p, via=via, **gather)
+
+
+def _collective_ops(via: str, device: str) -> dict:
+    """kind -> (bytes -> a function running that collective once on buffers of that size)."""
+    import torch
+    import torch.distributed as dist
+
+    p = dist.get_world_size()
+
+    def buf(nbytes: int):
+        return torch.zeros(max(p, nbytes // 4), dtype=torch.float32, device=device)
+
+    def all_reduce(nbytes: int):
+        b = buf(nbytes)
+        return lambda: dist.all_reduce(b)
+
+    def all_gather(nbytes: int):
+        out = buf(nbytes - nbytes % (4 * p))
+        part = out.new_zeros(out.numel() // p)
+        return lambda: dist.all_gather_into_tensor(out, part)
+
+    if via == "process_group":
+        return {"all-reduce": all_reduce, "all-gather": all_gather}
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    # the default group itself as a 1-D mesh: no new process group to create or tear down
+    mesh = DeviceMesh.from_group(dist.group.WORLD, torch.device(device).type)
+
+    def redistribute(src):
+        def make(nbytes: int):
+            local = buf(nbytes - nbytes % (4 * p))
+            if src.is_shard():
+                local = local[: local.numel() // p].clone()
+            d = DTensor.from_local(local, mesh, [src], run_check=False)
+
+            def once():
+                out = d.redistribute(mesh, [Replicate()]).to_local()
+                wait = getattr(out, "wait", None)  # an AsyncCollectiveTensor: finish it
+                return wait() if callable(wait) else out
+            return once
+        return make
+
+    return {"all-reduce": redistribute(Partial()), "all-gather": redistribute(Shard(0))}
 
 
 def _compute_segment(seconds: float, device: str):
@@ -282,6 +332,7 @@ class ProfiledModel(AnalyticModel):
     max_estimate: float = 2.0
     fit_comm: bool = True
     comm_via: str = "process_group"  # what ``fit_collectives`` times: "process_group" or "dtensor"
+    comm_kinds: tuple[str, ...] = ("all-reduce", "all-gather")  # the collectives it fits, each on its own line
     optimizer: str | None = "adam"  # whose update is measured on each node's local params; None: unpriced
     measurements: int = field(default=0, init=False)
     fallbacks: dict = field(default_factory=dict, init=False, repr=False)  # signature -> why
@@ -301,12 +352,14 @@ class ProfiledModel(AnalyticModel):
     def comm_cluster(self, cluster: Cluster) -> Cluster:
         """The cluster with its links replaced by the live process group's fit, if any."""
         if not self._comm_done:
-            self.comm, self._comm_done = fit_collectives(device=self.device, via=self.comm_via), True
+            self.comm, self._comm_done = fit_collectives(device=self.device, via=self.comm_via,
+                                                         kinds=self.comm_kinds), True
         if self.comm is None or self.comm.world != cluster.devices:
             return cluster
         c = self.comm
         return dataclasses.replace(cluster, intra_bandwidth=c.bandwidth, intra_latency=c.latency,
-                                   inter_bandwidth=c.bandwidth, inter_latency=c.latency)
+                                   inter_bandwidth=c.bandwidth, inter_latency=c.latency,
+                                   kind_factors=c.kind_factors())
 
     def edge_cost(self, src, src_output, dst, dst_input, src_configs, dst_configs, cluster, mode="train"):
         return super().edge_cost(src, src_output, dst, dst_input, src_configs, dst_configs,

@@ -75,11 +75,14 @@ def zero_collectives(zero: int, grad_bytes: float, param_bytes_: float, microbat
     return [("all-gather", 2 * m, param_bytes_), ("reduce-scatter", m, grad_bytes)]
 
 
-def zero_sync_time(zero: int, grad_bytes, param_bytes_, p, bandwidth, latency, microbatches: int = 1):
-    """Seconds of ``zero_collectives`` over a group of ``p`` devices (numpy-friendly)."""
+def zero_sync_time(zero: int, grad_bytes, param_bytes_, p, bandwidth, latency, microbatches: int = 1,
+                   cluster=None):
+    """Seconds of ``zero_collectives`` over a group of ``p`` devices (numpy-friendly); with
+    ``cluster``, each kind on its links as that cluster's ``kind_link`` gives them."""
     total = 0.0
     for kind, count, nbytes in zero_collectives(zero, grad_bytes, param_bytes_, microbatches):
-        total = total + count * collective_time(kind, nbytes, p, bandwidth, latency)
+        bw, lat = cluster.kind_link(kind, bandwidth, latency) if cluster is not None else (bandwidth, latency)
+        total = total + count * collective_time(kind, nbytes, p, bw, lat)
     return total
 
 

@@ -176,6 +176,10 @@ CPU_LINK_LATENCY = 800e-6
 CPU_OVERSUBSCRIBED_LATENCY = 1200e-6
 
 
+# the collectives a cost model prices (``cost_models.alpha_beta`` holds their formulas)
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send/recv")
+
+
 def _physical_memory() -> float:
     try:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -224,6 +228,11 @@ class Cluster:
     # search's tensor groups: a split across nodes takes them all, in-node splits stay fine-grained)
     node_axis: bool = False
     backend: str = ""  # "gloo": collectives priced as a CPU process group runs them (cost_models.alpha_beta.as_run)
+    # (kind, bandwidth factor, latency factor): a collective the backend runs slower (or faster)
+    # than its all-reduce, whose figures the links hold. gloo's all-gather moves about half the
+    # bytes per second of its all-reduce (``cost_models.profiled.fit_collectives`` fits both on
+    # the live group and sets this); () prices every kind on the links as they are.
+    kind_factors: tuple[tuple[str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -246,6 +255,14 @@ class Cluster:
         for what in ("intra_latency", "inter_latency"):
             if not getattr(self, what) >= 0:
                 raise ValueError(f"Cluster: {what} must be >= 0 seconds, got {getattr(self, what)!r}")
+        factors = tuple((str(k), float(b), float(a)) for k, b, a in self.kind_factors)
+        object.__setattr__(self, "kind_factors", factors)  # lists from a plan file, as tuples
+        unknown = [k for k, _, _ in factors if k not in COLLECTIVE_KINDS]
+        if unknown:
+            raise ValueError(f"Cluster: kind_factors name unknown collectives {unknown}; known: "
+                             f"{', '.join(COLLECTIVE_KINDS)}")
+        if any(not (b > 0 and a > 0) for _, b, a in factors):
+            raise ValueError(f"Cluster: kind_factors need factors > 0, got {factors!r}")
         bad = {k: v for k, v in self.peak_flops.items() if not v > 0}
         if not self.peak_flops or bad:
             raise ValueError(f"Cluster: peak_flops needs FLOP/s > 0 per dtype, got {self.peak_flops!r}")
@@ -279,6 +296,14 @@ class Cluster:
         if crosses_nodes:
             return self.inter_bandwidth, self.inter_latency
         return self.intra_bandwidth, self.intra_latency
+
+    def kind_link(self, kind: str, bandwidth, latency):
+        """``(bandwidth, latency)`` of a link as ``kind`` meets it (``kind_factors``); works on
+        numpy arrays too."""
+        for k, b, a in self.kind_factors:
+            if k == kind:
+                return bandwidth * b, latency * a
+        return bandwidth, latency
 
     @property
     def pods(self) -> int:

@@ -223,13 +223,23 @@ class Plan:
             plan_file.check(plan, str(path), graph)
         if cluster is not None:
             theirs = dataclasses.asdict(cluster) if dataclasses.is_dataclass(cluster) else dict(cluster)
-            if theirs != plan.cluster:
+            if _cluster_key(theirs) != _cluster_key(plan.cluster):
                 raise PlanMismatchError(
                     f"{path} was planned for cluster {plan.cluster.get('name', '?')} "
                     f"({plan.cluster.get('devices', '?')} devices), not {theirs.get('name', '?')} "
                     f"({theirs.get('devices', '?')} devices): re-plan for this cluster"
                 )
         return plan
+
+
+def _cluster_key(d: dict) -> dict:
+    """A cluster's fields as a plan file holds them (tuples as lists), less those at their
+    defaults, so that a file written before a field existed still matches its cluster."""
+    from autopar.core.cluster import Cluster
+
+    defaults = json.loads(json.dumps(dataclasses.asdict(Cluster())))
+    d = json.loads(json.dumps(d))
+    return {k: v for k, v in d.items() if k == "devices" or k == "name" or defaults.get(k, object()) != v}
 
 
 def _search_from_json(d: dict) -> SearchInfo:

@@ -91,7 +91,7 @@ def dp_sync(zero: int, grads: float, params: float, m: int, cluster: Cluster, de
     """Seconds of one stage's data-parallel sync (numpy-friendly in grads/params)."""
     g, o, lg, lo = data_groups(deg, zero_inner)
     bw, lat = level_link(cluster, lg)
-    t = zero_sync_time(zero, grads, params, g, bw, lat, m)
+    t = zero_sync_time(zero, grads, params, g, bw, lat, m, cluster=cluster)
     if o > 1:
         bw_o, lat_o = level_link(cluster, lo)
         t = t + collective_time("all-reduce", grads / (g if zero >= 1 else 1), o, bw_o, lat_o)

@@ -18,6 +18,10 @@ FLAT = Cluster(devices=8, intra_bandwidth=BW, intra_latency=LAT, inter_bandwidth
 HIER = Cluster(devices=16, devices_per_node=8, intra_bandwidth=BW, intra_latency=LAT,
                inter_bandwidth=10e9, inter_latency=10e-6)
 BIG = Cluster(devices=512, devices_per_node=8)  # 9 mesh axes: the sorted-keys path
+# gloo, whose all-gather is slower than its all-reduce (kind_factors as a live fit sets them)
+SLOW_GATHER = Cluster(devices=8, devices_per_node=4, intra_bandwidth=BW, intra_latency=LAT,
+                      inter_bandwidth=1e9, inter_latency=1e-3, backend="gloo",
+                      kind_factors=(("all-gather", 0.5, 3.0), ("all-reduce", 2.0, 1.5)))
 MB = 2 ** 20
 
 
@@ -41,6 +45,26 @@ def test_other_collectives():
     assert collective("all-reduce", n, (), m, FLAT).seconds == 0.0
     with pytest.raises(ValueError):
         collective("gossip", n, (0,), m, FLAT)
+
+
+def test_kind_factors_price_their_kind_and_what_the_backend_runs_as_it():
+    m = FLAT.mesh()
+    n = 3 * MB
+    slow = Cluster(devices=8, intra_bandwidth=BW, intra_latency=LAT, inter_bandwidth=1e9,
+                   inter_latency=1e-3, kind_factors=(("all-gather", 0.5, 3.0),))
+    assert collective("all-gather", n, (0,), m, slow).seconds == pytest.approx(0.5 * n / (0.5 * BW) + 3 * LAT)
+    for kind in ("all-reduce", "reduce-scatter", "all-to-all"):  # priced on the links as they are
+        assert collective(kind, n, (0, 1), m, slow).seconds == collective(kind, n, (0, 1), m, FLAT).seconds
+    # gloo runs an all-to-all as an all-gather of p times the bytes: the all-gather's factors
+    gloo = Cluster(devices=8, intra_bandwidth=BW, intra_latency=LAT, backend="gloo",
+                   kind_factors=(("all-gather", 0.5, 3.0),))
+    assert collective("all-to-all", n, (0,), m, gloo).seconds == pytest.approx(0.5 * 2 * n / (0.5 * BW) + 3 * LAT)
+    with pytest.raises(ValueError, match="unknown collectives"):
+        Cluster(devices=8, kind_factors=(("allgather", 0.5, 1.0),))
+    with pytest.raises(ValueError, match="factors > 0"):
+        Cluster(devices=8, kind_factors=(("all-gather", 0.0, 1.0),))
+    # a plan file holds them as lists
+    assert Cluster(devices=8, kind_factors=[["all-gather", 1, 2]]).kind_factors == (("all-gather", 1.0, 2.0),)
 
 
 def test_group_crossing_nodes_uses_the_slow_link():
@@ -78,7 +102,7 @@ def _random_layout(rng, axes):
     return tuple(rng.choice([R, P, Shard(0), Shard(1), Shard(1, 3)]) for _ in range(axes))
 
 
-@pytest.mark.parametrize("cluster", [FLAT, HIER, BIG])
+@pytest.mark.parametrize("cluster", [FLAT, HIER, BIG, SLOW_GATHER])
 def test_vectorised_matrix_equals_scalar_steps(cluster):
     rng = random.Random(0)
     m = cluster.mesh()
@@ -138,7 +162,8 @@ def _layout(codes):
                                                   ("2x8xH100", (3, 2, 2, 5, 2), (1, 1, 0, 0, 0)),
                                                   ("2x8xH100", (2, 3), (1, 0)),
                                                   ("8xA100", (2, 2, 2), (0, 0, 0)),
-                                                  ("8xA100", (4,), (0,))])
+                                                  ("8xA100", (4,), (0,)),
+                                                  ("slow-gather", (2, 2, 2), (1, 0, 0))])
 def test_bulk_table_prices_every_pair_as_the_scalar_path(preset, shape, level):
     """reshard_table splits the mesh into two halves and prices each distinct half-walk once;
     every pair must still get exactly its own price: misaligned pairs bit for bit DTensor's walk
@@ -146,7 +171,8 @@ def test_bulk_table_prices_every_pair_as_the_scalar_path(preset, shape, level):
     repeated rows included)."""
     from autopar.cost_models import comm
 
-    cluster, mesh = Cluster.preset(preset), Mesh(shape, level)
+    cluster = SLOW_GATHER if preset == "slow-gather" else Cluster.preset(preset)
+    mesh = Mesh(shape, level)
     rng = np.random.default_rng(1)
     src, dst = rng.integers(0, 6, size=(120, len(shape))), rng.integers(0, 6, size=(90, len(shape)))
     src[7], dst[11] = src[3], dst[5]

@@ -106,8 +106,12 @@ def _fit_worker(rank, world, init, out):
         assert fit.via == "process_group"  # timed as the generated module issues it (bare c10d)
         model = ProfiledModel(cache_path=f"{out}.sqlite")
         cl = model.comm_cluster(autopar.Cluster.preset("cpu", devices=world))
+        assert fit.gather_latency > 0 and fit.gather_bandwidth > 0  # the all-gather has its own line
+        assert cl.kind_factors == model.comm.kind_factors() and cl.kind_factors[0][0] == "all-gather"
+        b, a = cl.kind_link("all-gather", cl.intra_bandwidth, cl.intra_latency)
         with open(f"{out}.{rank}", "w") as f:
-            f.write(f"{fit.latency} {fit.bandwidth} {cl.intra_latency} {cl.intra_bandwidth}")
+            f.write(f"{fit.latency} {fit.bandwidth} {cl.intra_latency} {cl.intra_bandwidth} "
+                    f"{model.comm.gather_latency} {model.comm.gather_bandwidth} {a} {b}")
         dist.barrier()  # neither rank tears its connections down while the other still talks
     finally:
         dist.destroy_process_group()
@@ -121,8 +125,9 @@ def test_alpha_beta_fitted_on_live_gloo_group(tmp_path):
     mp.spawn(_fit_worker, args=(2, f"file://{tmp_path}/rendezvous", out), nprocs=2)
     rows = [[float(v) for v in open(f"{out}.{r}").read().split()] for r in range(2)]
     assert rows[0] == rows[1]  # every rank prices plans alike
-    lat, bw, c_lat, c_bw = rows[0]
+    lat, bw, c_lat, c_bw, g_lat, g_bw, cg_lat, cg_bw = rows[0]
     assert lat > 0 and bw > 0 and c_lat > 0 and c_bw > 0
+    assert (cg_lat, cg_bw) == pytest.approx((g_lat, g_bw))  # the cluster prices an all-gather on its fit
     preset = autopar.Cluster.preset("cpu", devices=2)
     assert (c_lat, c_bw) != (preset.intra_latency, preset.intra_bandwidth)  # the model's own fit
 

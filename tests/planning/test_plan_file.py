@@ -80,3 +80,23 @@ def test_saved_file_is_versioned_json(tmp_path):
     make_plan(tiny_graph()).save(tmp_path / "p.json")
     doc = json.loads((tmp_path / "p.json").read_text())
     assert doc["format"] == "autopar-plan" and doc["schema"] == 1 and len(doc["fingerprint"]) == 16
+
+
+def test_cluster_fields_read_back_as_written_and_old_files_still_match(tmp_path):
+    import dataclasses
+
+    from autopar.core.cluster import Cluster
+
+    fitted = Cluster(devices=4, backend="gloo", kind_factors=(("all-gather", 0.5, 1.2),))
+    plan = dataclasses.replace(make_plan(tiny_graph()), cluster=dataclasses.asdict(fitted))
+    plan.save(tmp_path / "p.json")
+    assert Plan.load(tmp_path / "p.json", cluster=fitted).cluster["kind_factors"] == [["all-gather", 0.5, 1.2]]
+    for other in (Cluster(devices=4, backend="gloo"),
+                  Cluster(devices=4, backend="gloo", kind_factors=(("all-gather", 0.6, 1.2),))):
+        with pytest.raises(PlanMismatchError, match="re-plan for this cluster"):
+            Plan.load(tmp_path / "p.json", cluster=other)
+    # a file written before kind_factors existed: its cluster is the one without them
+    old = dataclasses.asdict(Cluster(devices=4))
+    del old["kind_factors"]
+    dataclasses.replace(plan, cluster=old).save(tmp_path / "old.json")
+    Plan.load(tmp_path / "old.json", cluster=Cluster(devices=4))
