@@ -64,20 +64,50 @@ class LocalCall:
     writes_first: bool = False  # an in-place call: it writes into its first tensor (``inplace``)
     whole_dropout: float | None = None  # p of a dropout run with the whole tensor's mask (op_fixes)
     groups: int | None = None  # a grouped conv whose groups are split: how many this device runs
+    _fast: "_Fast | None" = field(default=None, init=False, repr=False)
+
+    def _prepare(self) -> "_Fast":
+        """What every call of this node needs or may skip, found once (at the first call, once the
+        builder has set every field): the runtime's per-node Python cost is paid at every step."""
+        kwargs_keys = None
+        args_spec, kwargs_spec = self.spec.children()
+        if (self.spec.type is tuple and args_spec.type is tuple and issubclass(kwargs_spec.type, dict)
+                and all(c.is_leaf() for c in (*args_spec.children(), *kwargs_spec.children()))):
+            kwargs_keys = (args_spec.num_children, tuple(kwargs_spec.context))  # flat args and kwargs
+        counts = self.layout.split_counts
+        name = call_name(self.fx_node)
+        shapes = any(c > 1 for c in counts.values()) and (
+            name in SHAPE_METHODS or name in ("split", "unflatten")
+            or (name == "reshape" and self.fx_node.op == "call_function"))
+        extent = tuple(any(counts.get(d, 1) > 1 for dims in spec.axes for d in dims) for spec in self.node.outputs)
+        self._fast = _Fast(kwargs_keys, shapes, extent, any(self.layout.output_strided))
+        return self._fast
+
+    def _arguments(self, tensors) -> tuple[tuple, dict]:
+        fast = self._fast or self._prepare()
+        leaves = list(self.flat)
+        for slot, t in zip(self.slots, tensors):
+            leaves[slot] = t
+        if fast.flat_call is not None:
+            n, keys = fast.flat_call
+            args, kwargs = tuple(leaves[:n]), dict(zip(keys, leaves[n:]))
+        else:
+            args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        if fast.shapes:
+            args, kwargs = localize_shape_args(self.fx_node, self.node, self.layout, args, kwargs)
+        return args, kwargs
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Run locally; return the tensor leaves of the output, as ``local_map`` wants them."""
-        tensors = tuple(t * 0 if j in self.drop else t for j, t in enumerate(tensors))
+        if self.drop:
+            tensors = tuple(t * 0 if j in self.drop else t for j, t in enumerate(tensors))
         if self.writes_first and tensors and self.slots[:1] == [0]:
             tensors = (tensors[0].clone(), *tensors[1:])  # local_map's inputs may not be written
         if self.strided_in:
             tensors = tuple(take_blocks(t, spec, cuts, self.node, self.layout.split_counts, self.index)
                             if cuts else t for t, (spec, cuts) in zip(tensors, self.strided_in))
-        leaves = list(self.flat)
-        for slot, t in zip(self.slots, tensors):
-            leaves[slot] = t
-        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
-        args, kwargs = localize_shape_args(self.fx_node, self.node, self.layout, args, kwargs)
+        args, kwargs = self._arguments(tensors)
+        fast = self._fast
         if self.groups is not None and self.fx_node.op != "call_module":
             args, kwargs = local_groups(self.fx_node, args, kwargs, self.groups)
         if self.causal_rows is not None:
@@ -94,22 +124,29 @@ class LocalCall:
             out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         if self.mean_scale != 1.0:
             out = pytree.tree_map(lambda t: t * self.mean_scale if _is_float(t) else t, out)
-        flat, self.out_spec = pytree.tree_flatten(out)
+        if isinstance(out, torch.Tensor):  # the common case: one tensor, no structure around it
+            flat, self.out_spec = [out], None
+        else:
+            flat, self.out_spec = pytree.tree_flatten(out)
         tensors_out = tuple(t for t in flat if isinstance(t, torch.Tensor))
         if len(tensors_out) != len(self.node.outputs):
             raise LayoutError(f"node {self.node.name}: the call returned {len(tensors_out)} "
                               f"tensors, the IR lists {len(self.node.outputs)} outputs")
         counts = self.layout.split_counts
-        tensors_out = tuple(local_extent(t, spec, self.node, counts, self.index)
-                            for t, spec in zip(tensors_out, self.node.outputs))
-        tensors_out = tuple(
-            place_blocks(t, spec, cuts, self.node, counts, self.index) if cuts else t
-            for t, spec, cuts in zip(tensors_out, self.node.outputs, self.layout.output_strided))
-        self.out_flat = [_TENSOR if isinstance(t, torch.Tensor) else t for t in flat]
+        tensors_out = tuple(local_extent(t, spec, self.node, counts, self.index) if cut else t
+                            for t, spec, cut in zip(tensors_out, self.node.outputs, fast.extent))
+        if fast.place:
+            tensors_out = tuple(
+                place_blocks(t, spec, cuts, self.node, counts, self.index) if cuts else t
+                for t, spec, cuts in zip(tensors_out, self.node.outputs, self.layout.output_strided))
+        self.out_flat = None if self.out_spec is None else [
+            _TENSOR if isinstance(t, torch.Tensor) else t for t in flat]
         return tensors_out
 
     def rebuild(self, tensors_out) -> Any:
         """Put the (now distributed) output tensors back into the call's output structure."""
+        if self.out_spec is None:
+            return tensors_out[0]
         it = iter(tensors_out)
         leaves = [next(it) if v is _TENSOR else v for v in self.out_flat]
         return pytree.tree_unflatten(leaves, self.out_spec)
@@ -139,6 +176,16 @@ class LocalCall:
             self_obj, *rest = args
             return getattr(self_obj, n.target)(*rest, **kwargs)
         return n.target(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class _Fast:
+    """A ``LocalCall``'s per-call decisions that depend only on its node and layout."""
+
+    flat_call: tuple[int, tuple[str, ...]] | None  # (positional count, keyword names): no nesting
+    shapes: bool  # a shape-taking call on a split node: ``localize_shape_args`` has work
+    extent: tuple[bool, ...]  # per output: some axis is cut (``local_extent`` may have work)
+    place: bool  # some output has minor-dim cuts (``place_blocks``)
 
 
 def direct_call(module: nn.Module, state: dict, args, kwargs):
