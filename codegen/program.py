@@ -39,6 +39,7 @@ from .placements import LayoutError, NodeLayout, Placements, node_layout
 from .runtime import OutputReshard, Reshard, ReshardSpec, grad_target, needs_reshard
 from .strided import chunk_index
 from .training import PLAIN, ProgramTraining, block_of, cast_placeholders, recompute_blocks, tag_new_nodes
+from .weight_views import lifted_weight
 from .values import (
     aliases,
     concrete,
@@ -131,6 +132,7 @@ class _Builder:
         self.input_placements: dict[str, Placements] = {}
         self.training = training
         self.float_inputs: list[fx.Node] = []  # cast to the compute dtype under mixed precision
+        self.made_by: dict[fx.Node, Node] = {}  # a program node -> the IR node it computes
 
     # -- state ----------------------------------------------------------------------------------
     def _stored_placements(self) -> None:
@@ -362,6 +364,7 @@ class _Builder:
         name = self._free(n.name)
         self.root.add_module(name, NodeCall(call, label))
         out = self.new.call_module(name, tuple(args))
+        self.made_by[out] = node
         self.env[n] = _Value(out, self._output_placements(n, layout))
         if written is not None and written in self.env:
             self.env[written] = self.env[n]  # later readers of the written tensor see the new value
@@ -423,6 +426,11 @@ class _Builder:
         if param is not None:
             param = self.canonical.get(param, param)
         back = self.grad_of[param] if param is not None else grad_target(v.placements)
+        if param is None:  # a weight view's partial gradient goes on to its weight's bucket
+            weight = lifted_weight(self.made_by.get(v.node), v.placements, use.placements, use.grads, back,
+                                   self.grad_of, self.canonical, self.model)
+            if weight is not None:
+                self.grad_of[weight] = back = use.grads
         spec = ReshardSpec(self.mesh, v.placements, use.placements, use.grads, back)
         if not needs_reshard(spec):
             return v.node

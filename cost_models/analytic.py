@@ -37,22 +37,37 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from autopar.cost_models.batchnorm_stats import bn_stats, bn_stats_many
+from autopar.cost_models.comm import collective, collective_time, reshard_matrix_codes, reshard_steps
+from autopar.cost_models.optimizer_step import OPTIMIZER_PASSES, local_elements, optimizer_step
+from autopar.cost_models.reshard_table import StructureCache
+from autopar.cost_models.training import zero_collectives, zero_label, zero_sync_time
+from autopar.cost_models.weight_view_sync import lift_weight_view, weight_view_sync
 
 from autopar.core.buckets import BUCKET_BYTES
 from autopar.core.cluster import Cluster
 from autopar.core.ir import FLOAT_DTYPES, Node
-from autopar.core.layout import (Layout, NodeLayouts, Partial, Shard, dim_placements, format_layout,
-                            grad_of_input, grad_of_output, node_layouts, owner_matrix,
-                            shard_factor, shard_factors, shard_mask, tensor_layout,
-                            tensor_layouts, to_mesh)
+from autopar.core.layout import (
+    Layout,
+    NodeLayouts,
+    Partial,
+    Shard,
+    dim_placements,
+    format_layout,
+    grad_of_input,
+    grad_of_output,
+    node_layouts,
+    owner_matrix,
+    shard_factor,
+    shard_factors,
+    shard_mask,
+    tensor_layout,
+    tensor_layouts,
+    to_mesh,
+)
 from autopar.core.strategy import node_training
 from autopar.core.tables import Config, Mesh
-from autopar.cost_models.reshard_table import StructureCache
-from autopar.cost_models.training import zero_collectives, zero_label, zero_sync_time
-from autopar.cost_models.batchnorm_stats import bn_stats, bn_stats_many
-from autopar.cost_models.optimizer_step import OPTIMIZER_PASSES, local_elements, optimizer_step
-from autopar.cost_models.comm import (collective, collective_time,
-                                      reshard_matrix_codes, reshard_steps)
+from autopar.core.weight_views import WEIGHT_VIEW, lifted_grad_axes
 
 MODES = ("train", "inference")
 
@@ -337,8 +352,10 @@ class AnalyticModel:
         if mode == "train" and spec.dtype in FLOAT_DTYPES:
             d_grad = np.where((d_codes == 0) & (d_own >= 0), 1, d_codes)  # grad_of_input
             s_grad = np.where(s_codes == 1, 0, s_codes)  # grad_of_output
-            m = m + reshard_matrix_codes(spec.nbytes, d_grad, s_grad, mesh, cluster,
-                                         self.reshard_cache).T
+            back = reshard_matrix_codes(spec.nbytes, d_grad, s_grad, mesh, cluster, self.reshard_cache).T
+            if WEIGHT_VIEW in src.attrs:
+                back = lift_weight_view(src, back, s_codes, d_codes, d_grad, mesh, cluster)
+            m = m + back
         return np.ascontiguousarray(m)
 
     def output_cost(self, node: Node, output: int, configs: list[Config], cluster: Cluster,
@@ -386,8 +403,10 @@ class AnalyticModel:
         lines = [f"{src.name}:{src_output} -> {dst.name}:{dst_input} ({spec.nbytes} B): "
                  f"{format_layout(s_lay[0])} -> {format_layout(d_lay[0])}"]
         steps = reshard_steps(spec.nbytes, s_lay[0], d_lay[0], mesh, cluster)
+        lifted = ()
         if mode == "train" and spec.dtype in FLOAT_DTYPES:
-            back = reshard_steps(spec.nbytes, d_grad[0], s_grad[0], mesh, cluster)
+            lifted = lifted_grad_axes(src, s_lay[0], d_lay[0], d_grad[0])
+            back = [] if lifted else reshard_steps(spec.nbytes, d_grad[0], s_grad[0], mesh, cluster)
             lines[0] += f"; grad {format_layout(d_grad[0])} -> {format_layout(s_grad[0])}"
         else:
             back = []
@@ -396,7 +415,11 @@ class AnalyticModel:
             for s in ss:
                 lines.append(f"  {tag}: {s.formula()}")
         total = sum(s.seconds for s in steps + again + back)
-        if not steps and not back:
+        if lifted:
+            t, formula = weight_view_sync(src, lifted, mesh, cluster)
+            lines.append(f"  backward: {formula}")
+            total += t
+        if not steps and not back and not lifted:
             lines.append("  layouts agree: no communication")
         lines.append(f"  edge total = {total:.4g} s")
         return lines, total
@@ -421,28 +444,3 @@ def _codes(node: Node, spec, output: bool, configs: list[Config], mesh: Mesh, bo
 
 def _foreign(layout: Layout) -> Layout:
     return tuple(Shard(p.axis + 10_000, p.period) if isinstance(p, Shard) else p for p in layout)
-
-
-def explain_plan(graph, choice: dict[str, Config], cluster: Cluster,
-                 model: AnalyticModel | None = None, mode: str = "train") -> list[str]:
-    """The predicted step time of a whole plan, term by term: nodes, edges, outputs, the sum."""
-    model = model or AnalyticModel()
-    lines = [cluster.describe(), f"mode: {check_mode(mode)}; model: {model}"]
-    total = 0.0
-    for n in graph.nodes:
-        lines += model.explain(n, choice[n.name], cluster, mode)
-        total += model.node_breakdown(n, choice[n.name], cluster, mode, text=False).seconds
-    for e in graph.edges:
-        src, dst = graph.node(e.src), graph.node(e.dst)
-        ls, t = model.explain_edge(src, e.src_output, dst, e.dst_input, choice[e.src],
-                                   choice[e.dst], cluster, mode)
-        lines += ls
-        total += t
-    for name, idx in graph.outputs:
-        if name in {n.name for n in graph.nodes}:
-            t = float(model.output_cost(graph.node(name), idx, [choice[name]], cluster, mode)[0])
-            if t:
-                lines.append(f"output {name}:{idx} partial -> all-reduce = {t:.4g} s")
-                total += t
-    lines.append(f"predicted step time = {total:.6g} s")
-    return lines

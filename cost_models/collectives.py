@@ -14,6 +14,7 @@ from autopar.core.ir import Graph
 from autopar.core.layout import (Layout, Partial, Shard, format_layout, grad_of_input, node_layouts,
                             shard_factor, tensor_layout, to_mesh)
 from autopar.core.tables import Config
+from autopar.core.weight_views import lifted_grad_axes
 
 from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, check_mode
 from autopar.cost_models.batchnorm_stats import bn_stats
@@ -120,6 +121,7 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
     mesh = cluster.mesh()
     out = Collectives()
     nodes = {n.name for n in graph.nodes}
+    lifted: dict[str, tuple[int, ...]] = {}  # weight -> axes a view's partial gradient adds to its sync
 
     def cfg_of(name: str) -> Config:
         node = graph.node(name)
@@ -139,7 +141,11 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
             name = f"{src.name}:{op.output} -> {n.name}:{i}"
             phases = [("forward", s_lay[0], d_lay[0])]
             if mode == "train" and spec.dtype in FLOAT_DTYPES:
-                phases.append(("backward", d_grad[0], s_grad[0]))
+                axes = lifted_grad_axes(src, s_lay[0], d_lay[0], d_grad[0])
+                if axes:  # summed with the weight's gradient, in its bucket (``_grad_sync``)
+                    lifted[src.params[0].source] = axes
+                else:
+                    phases.append(("backward", d_grad[0], s_grad[0]))
             for phase, a, b in phases:
                 for step in reshard_steps(spec.nbytes, a, b, mesh, cluster):
                     out.items.append(Item(phase, "edge", n.name, (name,), step))
@@ -152,7 +158,7 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
                     out.items.append(Item("forward", "bn-stats", n.name, (f"{n.name}:{stat}",),
                                           stats))
     if mode == "train":
-        out.items += _grad_sync(graph, cfg_of, mesh, cluster)
+        out.items += _grad_sync(graph, cfg_of, mesh, cluster, lifted)
     for name, idx in graph.outputs:
         if name not in nodes:
             continue
@@ -167,9 +173,10 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
     return out
 
 
-def _grad_sync(graph: Graph, cfg_of, mesh, cluster: Cluster) -> list[Item]:
+def _grad_sync(graph: Graph, cfg_of, mesh, cluster: Cluster, lifted: dict[str, tuple[int, ...]]) -> list[Item]:
     """The reducer's buckets (``core.buckets``): each parameter once, as its first reader reads
-    it (how it is stored), reduced over the mesh axes where that reader's gradient is partial;
+    it (how it is stored), reduced over the mesh axes where that reader's gradient is partial
+    (for the weight of a view whose reader's partial gradient is passed on: ``lifted``'s axes);
     a training batch norm with its batch split reduces its own parameters, one by one."""
     params: list[tuple[str, tuple[int, ...], float]] = []
     own: list[Item] = []
@@ -185,7 +192,7 @@ def _grad_sync(graph: Graph, cfg_of, mesh, cluster: Cluster) -> list[Item]:
             if op.spec.dtype not in FLOAT_DTYPES:
                 continue
             g = grad_of_input(pl, node, cfg, mesh)
-            axes = tuple(a for a, x in enumerate(g) if isinstance(x, Partial))
+            axes = tuple(a for a, x in enumerate(g) if isinstance(x, Partial)) or lifted.get(op.source, ())
             nbytes = op.spec.nbytes / shard_factor(pl, mesh)
             if synced_bn and axes:
                 c = collective("all-reduce", nbytes, axes, mesh, cluster)

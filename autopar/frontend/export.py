@@ -33,6 +33,7 @@ import torch.utils._pytree as pytree
 
 from autopar.core.call import CallSpec, InputLeaf, output_path
 from autopar.core.ir import Graph
+from autopar.core.weight_views import mark_weight_views
 from autopar.frontend.build import Builder, Dropped, bind, concrete, output_leaves, tensor
 from autopar.frontend.failures import DATA_DEPENDENT, Failure, user_frame
 from autopar.frontend.inputs import ExampleCall
@@ -86,6 +87,7 @@ class ExportFrontend(Builder):
         outputs, out_leaves = output_leaves(leaves)
         gm.meta["autopar_frontend"] = "export"
         gm.meta["autopar_state"] = dict(state)  # placeholder -> parameter/buffer name, for codegen
+        self.nodes = mark_weight_views(self.nodes, outputs)
         graph = Graph(self.nodes, self.inputs, outputs, type(self.model).__name__, gm, frontend="export",
                       program=ep)
         in_leaves = self._input_leaves(sig)

@@ -22,6 +22,7 @@ import torch.utils._pytree as pytree
 from autopar.core.call import CallSpec, InputLeaf, output_path
 from autopar.core.ir import Graph
 from autopar.core.meta import MetaProp, to_meta
+from autopar.core.weight_views import mark_weight_views
 from autopar.frontend.build import Builder, bind, output_leaves, tensor
 from autopar.frontend.failures import Failure, stack_line, user_frame
 from autopar.frontend.inputs import ExampleCall, bound_arguments
@@ -130,6 +131,7 @@ class FxFrontend(Builder):
         flat, out_spec = pytree.tree_flatten_with_path(value)
         outputs, out_leaves = output_leaves([(output_path(p), v) for p, v in flat])
         gm.meta["autopar_frontend"] = "fx"
+        self.nodes = mark_weight_views(self.nodes, outputs)
         graph = Graph(self.nodes, self.inputs, outputs, type(self.model).__name__, gm, frontend="fx")
         leaves = self._input_leaves(gm)
         graph.call = CallSpec(pytree.tree_structure((self.call.args, self.call.kwargs)), leaves, out_spec,

@@ -207,7 +207,7 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
     plan.rows = breakdown.mesh_rows(priced, tables, plan.assignment, model, cluster, mode)
     plan.notices = mesh_axis_notices(priced, tables, plan.assignment, cluster.mesh())
     if explain and entry.name == "analytic":
-        from autopar.cost_models.analytic import explain_plan
+        from autopar.cost_models.explain import explain_plan
 
         plan.explanation = explain_plan(priced, plan.assignment, cluster, model=model, mode=mode)
     if pipeline is True or (pipeline == "auto" and cluster.nodes > 1):

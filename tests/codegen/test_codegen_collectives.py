@@ -230,6 +230,7 @@ def test_the_list_is_what_the_model_prices(cases):
                 theirs = float(model.edge_cost(graph.node(e.src), e.src_output, graph.node(e.dst),
                                                e.dst_input, [cfg[e.src]], [cfg[e.dst]],
                                                cluster)[0, 0])
+                theirs -= _lifted_sync(graph, e, case["assignment"], cluster, model)  # in a bucket
                 assert mine == pytest.approx(theirs, rel=1e-9, abs=1e-15), (name, edge)
             for n in graph.nodes:
                 terms = model.node_breakdown(n, cfg[n.name], cluster, text=False).terms
@@ -257,10 +258,27 @@ def test_bucket_prices_add_up_to_the_node_terms(cases):
                 c = case["assignment"].get(n.name) or Config((1,) * len(n.dims), ((),) * len(n.dims))
                 priced += sum(t.seconds for t in model.node_breakdown(n, c, cluster, text=False).terms
                               if t.kind == "sync" and not pred.of("bn-params", n.name))
+            priced += sum(_lifted_sync(graph, e, case["assignment"], cluster, model) for e in graph.edges)
             issued = sum(it.collective.seconds for it in buckets)
             latency = sum(2 * (it.collective.p - 1) * it.collective.latency for it in buckets)
             assert priced <= issued * (1 + 1e-9) + 1e-15, name
             assert issued <= priced + latency * (1 + 1e-9) + 1e-15, name
+
+
+def _lifted_sync(graph, e, assignment, cluster, model) -> float:
+    """The part of edge ``e``'s price that is its weight view's gradient summed in the weight's
+    bucket (listed under grad-sync, not under the edge); 0 for other edges."""
+    from autopar.core.weight_views import WEIGHT_VIEW, lifted_grad_axes
+    from autopar.cost_models.weight_view_sync import weight_view_sync
+
+    def cfg(n):
+        return assignment.get(n.name) or Config((1,) * len(n.dims), ((),) * len(n.dims))
+    src, dst, mesh = graph.node(e.src), graph.node(e.dst), cluster.mesh()
+    if WEIGHT_VIEW not in src.attrs:
+        return 0.0
+    _, s_lay, d_lay, d_grad, _ = model._edge_layouts(src, e.src_output, dst, e.dst_input, [cfg(src)], [cfg(dst)], mesh)
+    axes = lifted_grad_axes(src, s_lay[0], d_lay[0], d_grad[0])
+    return weight_view_sync(src, axes, mesh, cluster)[0] if axes else 0.0
 
 
 def test_data_parallel_gradients_go_in_one_bucket():

@@ -12,7 +12,8 @@ import pytest
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Dim, Graph, Node, Operand, TensorSpec
 from autopar.core.tables import Config
-from autopar.cost_models.analytic import AnalyticModel, explain_plan
+from autopar.cost_models.analytic import AnalyticModel
+from autopar.cost_models.explain import explain_plan
 from autopar.cost_models.tables import build_tables
 
 PEAK, MEMBW, BW, LAT = 1e12, 1e11, 50e9, 5e-6
