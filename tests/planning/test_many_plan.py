@@ -116,7 +116,8 @@ def test_plan_many_shards_the_large_models_and_schedules_everything():
     jobs = plan.scheduling_jobs()
     validate(jobs, plan.lrtf)
     validate(jobs, plan.joint)
-    assert plan.lower_bound <= plan.joint.makespan <= plan.lrtf.makespan + 1e-12
+    # the bound may equal the optimum: the same durations summed in another order (one ulp apart)
+    assert plan.lower_bound <= plan.joint.makespan * (1 + 1e-12) <= plan.lrtf.makespan * (1 + 2e-12)
     text = plan.report()
     for needle in ("lower bound", "Sharded-LRTF", "joint CP-SAT", "shards:", "device  3 |"):
         assert needle in text
