@@ -64,7 +64,7 @@ class LocalCall:
     writes_first: bool = False  # an in-place call: it writes into its first tensor (``inplace``)
     whole_dropout: float | None = None  # p of a dropout run with the whole tensor's mask (op_fixes)
     groups: int | None = None  # a grouped conv whose groups are split: how many this device runs
-    _fast: "_Fast | None" = field(default=None, init=False, repr=False)
+    _fast: "_Fast | None" = field(default=None, init=False, repr=False, compare=False)
 
     def _prepare(self) -> "_Fast":
         """What every call of this node needs or may skip, found once (at the first call, once the
