@@ -288,8 +288,10 @@ def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats
                    warmup: int = 2, device="cpu") -> float:
     """Median seconds of one ``torch.optim`` update of parameters of these local shapes.
 
-    The optimizer is built with torch's defaults (as a training script would), gradients are set,
-    and its state is created by the warm-up steps, so only the steady-state update is timed.
+    The optimizer is built as the generated module's ``optimizer()`` builds it (``foreach=True``:
+    on a CPU torch's default is its per-tensor loop, 13.2 ms against foreach's 10.1 ms for the
+    zoo mlp's AdamW here), gradients are set, and its state is created by the warm-up steps, so
+    only the steady-state update is timed.
     """
     if name not in OPTIMIZERS:
         raise NotRunnable(f"optimizer {name!r} unknown to the runner (know {', '.join(OPTIMIZERS)})")
@@ -298,7 +300,7 @@ def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats
         p = torch.randn(shape, dtype=getattr(torch, dtype), device=device, requires_grad=True)
         p.grad = torch.randn_like(p)
         params.append(p)
-    opt = getattr(torch.optim, OPTIMIZERS[name])(params, lr=1e-3)
+    opt = getattr(torch.optim, OPTIMIZERS[name])(params, lr=1e-3, foreach=True)
     for _ in range(max(1, warmup)):
         opt.step()
     _sync(device)

@@ -318,8 +318,8 @@ class ProfiledModel(AnalyticModel):
     ``cache_path``: SQLite file (default ``$AUTOPAR_CACHE`` or ``~/.cache/autopar/profile.sqlite``).
     ``max_estimate``: ops whose analytic forward exceeds this many seconds are not run.
     ``optimizer`` (``adam``, ``adamw``, ``sgd`` or None): the update a training step ends with is
-    timed on each node's local parameter shards (torch's default implementation) and added as a
-    term; replicated parameters are updated whole on every device, sharded ones in part, so this
+    timed on each node's local parameter shards (``foreach``, as the generated module's
+    ``optimizer()`` runs it) and added as a term; replicated parameters are updated whole on every device, sharded ones in part, so this
     is what a data-parallel plan pays and a tensor-parallel one saves.
     ``measurements`` counts ops actually run (0 on a fully cached second run).
     """
@@ -393,7 +393,7 @@ class ProfiledModel(AnalyticModel):
     def optimizer_signature(self, node: Node, config: Config) -> str | None:
         """The cache key of ``node``'s parameter update under ``config`` (None: nothing to update)."""
         shapes = self._optimizer_shapes(node, config)
-        return repr(("optimizer", self.optimizer, shapes)) if shapes else None
+        return repr(("optimizer", self.optimizer, "foreach", shapes)) if shapes else None
 
     def optimizer_timing(self, node: Node, config: Config) -> Timing | None:
         """The cached or measured update of ``node``'s local float parameters (None: none)."""
