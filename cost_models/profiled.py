@@ -393,7 +393,7 @@ class ProfiledModel(AnalyticModel):
     def optimizer_signature(self, node: Node, config: Config) -> str | None:
         """The cache key of ``node``'s parameter update under ``config`` (None: nothing to update)."""
         shapes = self._optimizer_shapes(node, config)
-        return repr(("optimizer", self.optimizer, "foreach", shapes)) if shapes else None
+        return repr(("optimizer", self.optimizer, "foreach, cold, less a scalar's", shapes)) if shapes else None
 
     def optimizer_timing(self, node: Node, config: Config) -> Timing | None:
         """The cached or measured update of ``node``'s local float parameters (None: none)."""

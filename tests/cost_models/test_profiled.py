@@ -132,13 +132,13 @@ def test_alpha_beta_fitted_on_live_gloo_group(tmp_path):
     assert (c_lat, c_bw) != (preset.intra_latency, preset.intra_bandwidth)  # the model's own fit
 
 
-def _linear_node():
-    g = autopar.trace(torch.nn.Linear(64, 32), (torch.randn(16, 64),))
+def _linear_node(n_in=64, n_out=32):
+    g = autopar.trace(torch.nn.Linear(n_in, n_out), (torch.randn(16, n_in),))
     return next(n for n in g.nodes if n.op == "linear")
 
 
 def test_optimizer_update_is_measured_and_cached(tmp_path):
-    node = _linear_node()
+    node = _linear_node(1024, 1024)  # an update well above a scalar's (taken off as the step's own)
     full = Config(tuple(1 for _ in node.dims), tuple(() for _ in node.dims))
     out_dim = [d.name for d in node.dims].index(node.params[0].spec.axes[0][0])
     half = Config(tuple(2 if i == out_dim else 1 for i in range(len(node.dims))),
