@@ -328,10 +328,11 @@ class Cluster:
         pods = (f"; between pods of {self.nodes_per_pod} nodes {self.link(2)[0] / GB:.4g} GB/s + "
                 f"{self.link(2)[1] * 1e6:g} us" if self.nodes_per_pod else "")
         eff = f"; compute at {self.compute_efficiency:g} of peak (measured)" if self.compute_efficiency else ""
+        kinds = "".join(f"; {k} at {b:.3g}x the bandwidth, {a:.3g}x the latency" for k, b, a in self.kind_factors)
         return (f"{self.name}: {self.devices} devices ({self.nodes} node(s) x {self.devices_per_node}); "
                 f"peak {pf}; memory {self.memory_capacity / GB:g} GB at {self.memory_bandwidth / GB:g} GB/s; "
                 f"intra-node {self.intra_bandwidth / GB:.4g} GB/s + {self.intra_latency * 1e6:g} us; "
-                f"inter-node {self.inter_bandwidth / GB:.4g} GB/s + {self.inter_latency * 1e6:g} us{pods}{eff}")
+                f"inter-node {self.inter_bandwidth / GB:.4g} GB/s + {self.inter_latency * 1e6:g} us{pods}{kinds}{eff}")
 
     # -- presets ----------------------------------------------------------------------------
     @classmethod

@@ -63,6 +63,7 @@ def test_kind_factors_price_their_kind_and_what_the_backend_runs_as_it():
         Cluster(devices=8, kind_factors=(("allgather", 0.5, 1.0),))
     with pytest.raises(ValueError, match="factors > 0"):
         Cluster(devices=8, kind_factors=(("all-gather", 0.0, 1.0),))
+    assert "all-gather at 0.5x the bandwidth, 3x the latency" in slow.describe()  # reports say so
     # a plan file holds them as lists
     assert Cluster(devices=8, kind_factors=[["all-gather", 1, 2]]).kind_factors == (("all-gather", 1.0, 2.0),)
 
