@@ -204,7 +204,7 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     p = dist.get_world_size()
     repeats = max(3, repeats)
     median = _timer(device)
-    ops = _collective_ops(via, device)
+    ops, via = _collective_ops(via, device)
     seg = _compute_segment(gap, device) if gap > 0 else None
     alone = median(lambda: [seg() for _ in range(burst)], repeats, 1) / burst if seg else 0.0
     lines = []
@@ -237,8 +237,9 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     return CommFit(latency=c0 / (2 * (p - 1)), bandwidth=2 * (p - 1) / p / c1, world=p, via=via, **gather)
 
 
-def _collective_ops(via: str, device: str) -> dict:
-    """kind -> (bytes -> a function running that collective once on buffers of that size)."""
+def _collective_ops(via: str, device: str) -> tuple[dict, str]:
+    """(kind -> (bytes -> a function running that collective once on buffers of that size), what
+    is timed: ``via``, or "process_group" where this build has no DTensor)."""
     import torch
     import torch.distributed as dist
 
@@ -256,10 +257,14 @@ def _collective_ops(via: str, device: str) -> dict:
         part = out.new_zeros(out.numel() // p)
         return lambda: dist.all_gather_into_tensor(out, part)
 
+    bare = {"all-reduce": all_reduce, "all-gather": all_gather}
     if via == "process_group":
-        return {"all-reduce": all_reduce, "all-gather": all_gather}
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+        return bare, via
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    except ImportError:  # no DTensor in this build: the bare collectives
+        return bare, "process_group"
 
     # the default group itself as a 1-D mesh: no new process group to create or tear down
     mesh = DeviceMesh.from_group(dist.group.WORLD, torch.device(device).type)
@@ -278,7 +283,7 @@ def _collective_ops(via: str, device: str) -> dict:
             return once
         return make
 
-    return {"all-reduce": redistribute(Partial()), "all-gather": redistribute(Shard(0))}
+    return {"all-reduce": redistribute(Partial()), "all-gather": redistribute(Shard(0))}, via
 
 
 def _compute_segment(seconds: float, device: str):

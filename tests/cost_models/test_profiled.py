@@ -107,6 +107,8 @@ def _fit_worker(rank, world, init, out):
         model = ProfiledModel(cache_path=f"{out}.sqlite")
         cl = model.comm_cluster(autopar.Cluster.preset("cpu", devices=world))
         assert fit.gather_latency > 0 and fit.gather_bandwidth > 0  # the all-gather has its own line
+        dt = fit_collectives(sizes=(2 ** 10, 2 ** 16), repeats=3, via="dtensor")  # through DTensor's redistribute
+        assert dt.via == "dtensor" and min(dt.latency, dt.bandwidth, dt.gather_latency, dt.gather_bandwidth) > 0
         assert cl.kind_factors == model.comm.kind_factors() and cl.kind_factors[0][0] == "all-gather"
         b, a = cl.kind_link("all-gather", cl.intra_bandwidth, cl.intra_latency)
         with open(f"{out}.{rank}", "w") as f:
