@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.fx as fx
-import torch.nn as nn
+from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.utils import _pytree as pytree
@@ -39,7 +38,6 @@ from .placements import LayoutError, NodeLayout, Placements, node_layout
 from .runtime import OutputReshard, Reshard, ReshardSpec, grad_target, needs_reshard
 from .strided import chunk_index
 from .training import PLAIN, ProgramTraining, block_of, cast_placeholders, recompute_blocks, tag_new_nodes
-from .weight_views import lifted_weight
 from .values import (
     aliases,
     concrete,
@@ -52,6 +50,7 @@ from .values import (
     state_names,
     traced_values,
 )
+from .weight_views import lifted_weight
 
 
 @dataclass
@@ -427,7 +426,7 @@ class _Builder:
             param = self.canonical.get(param, param)
         back = self.grad_of[param] if param is not None else grad_target(v.placements)
         if param is None:  # a weight view's partial gradient goes on to its weight's bucket
-            weight = lifted_weight(self.made_by.get(v.node), v.placements, use.placements, use.grads, back,
+            weight = lifted_weight(self.made_by.get(v.node), v.placements, use.placements, use.grads,
                                    self.grad_of, self.canonical, self.model)
             if weight is not None:
                 self.grad_of[weight] = back = use.grads

@@ -7,29 +7,29 @@ collectives are checked against its list in ``tests/codegen/test_codegen_collect
 
 from __future__ import annotations
 
-import torch.nn as nn
+from torch import nn
 from torch.distributed.tensor import Placement
 
 from autopar.core.ir import Node
 from autopar.core.weight_views import WEIGHT_VIEW
 
+from .moves import is_sum
+
 Placements = tuple[Placement, ...]
 
 
 def lifted_weight(node: Node | None, made: Placements, wanted: Placements, grads: Placements,
-                  back: Placements, grad_of: dict[str, Placements], canonical: dict[str, str],
-                  model: nn.Module) -> str | None:
+                  grad_of: dict[str, Placements], canonical: dict[str, str], model: nn.Module) -> str | None:
     """The weight (its state name) to which the reader's partial gradient of ``node``'s output
     goes on, or None where the edge reshards it as usual. As ``core.weight_views.lifted_grad_axes``:
     ``node`` is a weight view, ``made`` replicated and read as it is (``wanted``), the reader's
-    ``grads`` per axis as ``back`` wants them or a partial sum where ``back`` replicates; and the
-    weight is a parameter that takes a gradient, stored replicated."""
-    if node is None or WEIGHT_VIEW not in node.attrs or wanted != made or grads == back:
+    ``grads`` replicated or a partial sum on every axis and partial on some; and the weight is a
+    parameter that takes a gradient, stored replicated."""
+    if node is None or WEIGHT_VIEW not in node.attrs or wanted != made:
         return None
     if not all(p.is_replicate() for p in made):
         return None
-    if not all(g == b or (g.is_partial() and getattr(g, "reduce_op", "sum") == "sum" and b.is_replicate())
-               for g, b in zip(grads, back)):
+    if not all(g.is_replicate() or is_sum(g) for g in grads) or all(g.is_replicate() for g in grads):
         return None
     name = node.attrs[WEIGHT_VIEW].removeprefix("param:")
     name = canonical.get(name, name)

@@ -13,8 +13,8 @@ import math
 import operator
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +89,7 @@ def build(node: Node, config: Config, device="cpu") -> OpCall:
     a = node.attrs
     ins = [op.spec for op in node.inputs]
     ps = [op.spec for op in node.params]
-    loc = lambda spec: local_shape(node, config, spec)  # noqa: E731
+    loc = lambda spec: local_shape(node, config, spec)
     op = node.op
     if not node.outputs:
         raise NotRunnable("node has no outputs")
@@ -181,14 +181,14 @@ def build(node: Node, config: Config, device="cpu") -> OpCall:
         nd, kind = a.get("ndim", 2), a.get("kind", "max")
         if a.get("adaptive"):
             f = getattr(F, f"adaptive_{kind}_pool{nd}d")
-            fn = lambda x: f(x, a["output_size"])  # noqa: E731
+            fn = lambda x: f(x, a["output_size"])
         elif kind == "max":
             f = getattr(F, f"max_pool{nd}d")
-            fn = lambda x: f(x, a["kernel"], a["stride"], a["padding"], a.get("dilation", 1),  # noqa: E731
+            fn = lambda x: f(x, a["kernel"], a["stride"], a["padding"], a.get("dilation", 1),
                              ceil_mode=a.get("ceil_mode", False))
         else:
             f = getattr(F, f"avg_pool{nd}d")
-            fn = lambda x: f(x, a["kernel"], a["stride"], a["padding"], a.get("ceil_mode", False))  # noqa: E731
+            fn = lambda x: f(x, a["kernel"], a["stride"], a["padding"], a.get("ceil_mode", False))
         return OpCall(fn, [_tensor(loc(ins[0]), ins[0].dtype, device)])
     if op == "lstm":
         return _lstm(node, config, device)
@@ -288,30 +288,20 @@ EVICT_BYTES = 64 * 2**20  # written before each timed CPU update: twice this mac
 
 
 def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats: int = 5,
-                   warmup: int = 2, device="cpu") -> float:
-    """Median seconds one ``torch.optim`` update of parameters of these local shapes adds to a
-    step.
+                   warmup: int = 2, device="cpu", evict: torch.Tensor | None = None) -> float:
+    """Median seconds of one ``torch.optim`` update of parameters of these local shapes.
 
     The optimizer is built as the generated module's ``optimizer()`` builds it (``foreach=True``:
     on a CPU torch's default is its per-tensor loop, 13.2 ms against foreach's 10.1 ms for the
     zoo mlp's AdamW here), gradients are set, and its state is created by the warm-up steps, so
-    only the steady-state update is timed. On a CPU each timed update starts cold: in a step the
-    rest of the model's update and the backward have gone through the caches since this node's
-    state was last touched, and an update timed hot, again and again on a few MiB, is the
-    cache's speed (the zoo mlp's nodes summed: 5.8 ms hot, 8.2 ms cold, 10.8 ms for the whole
-    model's update in one optimizer). What an update of one scalar costs (the step's own Python
-    and the dozen foreach calls, about 0.5 ms here) is taken off: the model's one optimizer pays
-    it once a step, not once per node (the zoo gpt's 16 nodes with parameters summed to 13 ms
-    with it, against 5 ms for the whole update).
+    only the steady-state update is timed. With ``evict`` (a buffer of ``EVICT_BYTES``, made once
+    by the caller) each timed update starts cold: in a step the rest of the model's update and the
+    backward have gone through the caches since this node's state was last touched, and an update
+    timed hot, again and again on a few MiB, is the cache's speed (the zoo mlp's nodes summed:
+    5.8 ms hot, 8.2 ms cold, 10.8 ms for the whole model's update in one optimizer).
     """
     if name not in OPTIMIZERS:
         raise NotRunnable(f"optimizer {name!r} unknown to the runner (know {', '.join(OPTIMIZERS)})")
-    full = _time_update(name, shapes, repeats, warmup, device)
-    fixed = _time_update(name, [((1,), shapes[0][1] if shapes else "float32")], repeats, warmup, device)
-    return max(full - fixed, 0.0)
-
-
-def _time_update(name: str, shapes, repeats: int, warmup: int, device) -> float:
     params = []
     for shape, dtype in shapes:
         p = torch.randn(shape, dtype=getattr(torch, dtype), device=device, requires_grad=True)
@@ -322,7 +312,6 @@ def _time_update(name: str, shapes, repeats: int, warmup: int, device) -> float:
         opt.step()
     _sync(device)
     now = clock(device)
-    evict = torch.empty(EVICT_BYTES // 4) if torch.device(device).type == "cpu" else None
     ts = []
     for _ in range(repeats):
         if evict is not None:
