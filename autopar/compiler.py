@@ -20,7 +20,7 @@ import sys
 import threading
 
 import torch.distributed as dist
-import torch.nn as nn
+from torch import nn
 
 from autopar.core.cluster import Cluster
 from autopar.core.errors import AutoparError, LaunchRequiredError, PlanMismatchError
@@ -226,7 +226,7 @@ def _check_fingerprint(plan: Plan, graph, what: str) -> None:
 
 
 def _rebuild(kind: str, message: str) -> Exception:
-    import autopar.core.errors as errors
+    from autopar.core import errors
 
     cls = getattr(errors, kind, None)
     if isinstance(cls, type) and issubclass(cls, Exception):

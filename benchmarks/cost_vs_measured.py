@@ -101,11 +101,12 @@ def _linear_dims(node) -> tuple[str, str]:
 
 def _expert_choice(graph, tables, mesh) -> list[int] | None:
     """The planner's Megatron baseline: expert pins, the rest searched exactly (as in planner)."""
-    from autopar.core.batch import batch_dims
-    from autopar.planning.expert import expert_pins, is_transformer_like, matches
-    from autopar.planning.baselines import data_parallel_choice
-    from autopar.core.tables import restrict
     from autopar.search.dp import dp
+
+    from autopar.core.batch import batch_dims
+    from autopar.core.tables import restrict
+    from autopar.planning.baselines import data_parallel_choice
+    from autopar.planning.expert import expert_pins, is_transformer_like, matches
 
     if not is_transformer_like(graph):
         return None
@@ -184,11 +185,11 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
     """On every rank: fit collectives, price the strategies, then time them round-robin."""
     import torch
     import torch.distributed as dist
-
-    import autopar
+    from autopar.codegen.module import shard_module
     from autopar.cost_models.profiled import ProfiledModel
     from autopar.cost_models.tables import build_tables
-    from autopar.codegen.module import shard_module
+
+    import autopar
 
     cluster = autopar.Cluster.preset("cpu", devices=world)
     mesh = cluster.mesh()
@@ -306,10 +307,10 @@ def main(argv=None) -> int:
     repeats = max(5, args.repeats)
 
     import torch
+    from autopar.codegen.launch import launch
+    from autopar.cost_models.profiled import ProfiledModel
 
     import autopar
-    from autopar.cost_models.profiled import ProfiledModel
-    from autopar.codegen.launch import launch
 
     sizes = {m: (QUICK if args.quick else SIZES)[m] for m in args.models.split(",")}
     cluster = autopar.Cluster.preset("cpu", devices=WORLD)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.nn as nn
+from torch import nn
 from torch.distributed.tensor.debug import CommDebugMode
 
 

@@ -15,8 +15,7 @@ import copy
 import inspect
 
 import torch
-import torch.fx as fx
-import torch.nn as nn
+from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 

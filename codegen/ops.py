@@ -17,12 +17,12 @@ What only particular ops need (averaging losses, causal masks, vocabulary shards
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
-import torch.fx as fx
-import torch.nn as nn
+from torch import fx, nn
 from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
@@ -64,9 +64,9 @@ class LocalCall:
     writes_first: bool = False  # an in-place call: it writes into its first tensor (``inplace``)
     whole_dropout: float | None = None  # p of a dropout run with the whole tensor's mask (op_fixes)
     groups: int | None = None  # a grouped conv whose groups are split: how many this device runs
-    _fast: "_Fast | None" = field(default=None, init=False, repr=False, compare=False)
+    _fast: _Fast | None = field(default=None, init=False, repr=False, compare=False)
 
-    def _prepare(self) -> "_Fast":
+    def _prepare(self) -> _Fast:
         """What every call of this node needs or may skip, found once (at the first call, once the
         builder has set every field): the runtime's per-node Python cost is paid at every step."""
         kwargs_keys = None

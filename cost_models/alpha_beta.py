@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.core.cluster import COLLECTIVE_KINDS as KINDS
+from autopar.core.cluster import COLLECTIVE_KINDS
+
+KINDS = COLLECTIVE_KINDS  # the kinds priced here (the cluster's list, which kind_factors names)
 
 # (bandwidth multiplier as a function of p, latency steps as a function of p)
 _BW = {"all-reduce": lambda p: 2 * (p - 1) / p, "all-gather": lambda p: (p - 1) / p,

@@ -8,17 +8,26 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from autopar.core.buckets import make_buckets
-from autopar.core.cluster import Cluster
-from autopar.core.ir import Graph
-from autopar.core.layout import (Layout, Partial, Shard, format_layout, grad_of_input, node_layouts,
-                            shard_factor, tensor_layout, to_mesh)
-from autopar.core.tables import Config
-from autopar.core.weight_views import lifted_grad_axes
-
 from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, check_mode
 from autopar.cost_models.batchnorm_stats import bn_stats
 from autopar.cost_models.comm import Collective, collective, reshard_steps
+
+from autopar.core.buckets import make_buckets
+from autopar.core.cluster import Cluster
+from autopar.core.ir import Graph
+from autopar.core.layout import (
+    Layout,
+    Partial,
+    Shard,
+    format_layout,
+    grad_of_input,
+    node_layouts,
+    shard_factor,
+    tensor_layout,
+    to_mesh,
+)
+from autopar.core.tables import Config
+from autopar.core.weight_views import lifted_grad_axes
 
 # the cost model's kind -> the op name CommDebugMode counts (c10d_functional, namespace stripped)
 TORCH_NAMES = {"all-reduce": "all_reduce", "all-gather": "all_gather_into_tensor",

@@ -8,13 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from autopar.cost_models.alpha_beta import _BW, _FORMULA, _LAT, KINDS, as_run, collective_time  # noqa: F401
+from autopar.cost_models.reshard_table import reshard_table
 
 from autopar.core.cluster import Cluster
 from autopar.core.layout import Layout, Partial, Replicate, Shard
 from autopar.core.tables import Mesh
-
-from autopar.cost_models.alpha_beta import _BW, _FORMULA, _LAT, KINDS, as_run, collective_time  # noqa: F401
-from autopar.cost_models.reshard_table import reshard_table
 
 
 @dataclass(frozen=True)

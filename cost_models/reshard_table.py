@@ -181,7 +181,7 @@ def structure(s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh) -> ReshardSt
                                               np.arange(len(masks)), indexing="ij"))
     hid, high = _half(sH[a], dH[b], masks[c], range(h, n), n_codes, "last")
     a, b = (x.ravel() for x in np.meshgrid(np.arange(len(sL)), np.arange(len(dL)), indexing="ij"))
-    lid, low = _half(sL[a], dL[b], np.zeros(len(a), dtype=np.int64), range(0, h), n_codes, "first")
+    lid, low = _half(sL[a], dL[b], np.zeros(len(a), dtype=np.int64), range(h), n_codes, "first")
 
     # source classes: shard factor (local bytes = nbytes / factor) and whether it shards at all
     factor = np.prod(np.where(s_codes >= 2, np.asarray(mesh.shape, dtype=float), 1.0), axis=1)

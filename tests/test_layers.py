@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 # where each importable package's files live (setup.cfg's package_dir)
 SOURCES = {"autopar": ROOT / "autopar", "autopar.cost_models": ROOT / "cost_models",

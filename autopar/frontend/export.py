@@ -27,9 +27,8 @@ import warnings
 from typing import Any
 
 import torch
-import torch.fx as fx
-import torch.nn as nn
 import torch.utils._pytree as pytree
+from torch import fx, nn
 
 from autopar.core.call import CallSpec, InputLeaf, output_path
 from autopar.core.ir import Graph

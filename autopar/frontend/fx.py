@@ -15,9 +15,8 @@ import re
 from typing import Any
 
 import torch
-import torch.fx as fx
-import torch.nn as nn
 import torch.utils._pytree as pytree
+from torch import fx, nn
 
 from autopar.core.call import CallSpec, InputLeaf, output_path
 from autopar.core.ir import Graph
@@ -27,6 +26,7 @@ from autopar.frontend.build import Builder, bind, output_leaves, tensor
 from autopar.frontend.failures import Failure, stack_line, user_frame
 from autopar.frontend.inputs import ExampleCall, bound_arguments
 from autopar.frontend.rules.sites import ATTRIBUTES, FUNCTIONS, METHODS, has_module_rule, module_call
+
 # front end 1: torch.fx symbolic_trace + meta-tensor shape propagation
 
 

@@ -14,14 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autopar.planning import plan_file
-from autopar.planning.plan_checks import check_document
-from autopar.planning.rows import (NodeRow, StageRow, row_from_json, row_to_json, stage_from_json,
-                                   stage_to_json)
 from autopar.core.errors import PlanMismatchError
 from autopar.core.strategy import Strategy
 from autopar.core.tables import Config, Mesh
-
+from autopar.planning import plan_file
+from autopar.planning.plan_checks import check_document
+from autopar.planning.rows import (
+    NodeRow,
+    StageRow,
+    row_from_json,
+    row_to_json,
+    stage_from_json,
+    stage_to_json,
+)
 
 SEARCH_STATUSES = ("optimal", "bound", "heuristic", "fixed")
 

@@ -22,7 +22,7 @@ MLP = "zoo:mlp:batch=16,hidden=32"
 
 
 def _sharded_losses(stdout: str) -> list[float]:
-    rows = re.findall(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+(-?\d+\.\d+)\s+\S+$", stdout, flags=re.M)
+    rows = re.findall(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+(-?\d+\.\d+)\s+\S+$", stdout, flags=re.MULTILINE)
     return [float(r[1]) for r in rows]
 
 

@@ -86,7 +86,7 @@ def test_checkpoint_options_are_checked_before_starting(args, needle, tmp_path, 
 def _run(*args):
     r = cli("run", GPT, "--nproc", "2", *args)  # in this process; the ranks are its gloo processes
     assert r.returncode == 0, r.stderr
-    rows = re.findall(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+(-?\d+\.\d+)\s+\S+$", r.stdout, flags=re.M)
+    rows = re.findall(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+(-?\d+\.\d+)\s+\S+$", r.stdout, flags=re.MULTILINE)
     return r.stdout, {int(k): float(a) for k, a, _ in rows}
 
 

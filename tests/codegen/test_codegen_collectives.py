@@ -25,15 +25,15 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from autopar.cost_models.analytic import AnalyticModel
+from autopar.cost_models.collectives import Collectives, predicted_collectives
 
 import autopar
 from autopar.core.cluster import Cluster
-from autopar.cost_models.analytic import AnalyticModel
-from autopar.cost_models.collectives import Collectives, predicted_collectives
 from autopar.core.tables import Config
 from tests.helpers.dist_utils import run_gloo
-from tests.helpers.mlp import mlp_graph
-from tests.helpers.mlp import MLP, plans as mlp_plans
+from tests.helpers.mlp import MLP, mlp_graph
+from tests.helpers.mlp import plans as mlp_plans
 from tests.helpers.plans import data_parallel
 
 # big enough that autopar's own plan splits on the cpu preset (a tiny one stays replicated)
@@ -75,10 +75,9 @@ def measure_rank(rank, world, cases):
     """Every plan's counts on this rank: 4-device plans on the (2, 2) mesh, 2-device plans on
     each pair of ranks ({0, 1} and {2, 3}: a 1-d sub-mesh each), so one launch serves both."""
     import torch
-    from torch.distributed.device_mesh import DeviceMesh
-
     from autopar.codegen.comms import measure
     from autopar.codegen.module import shard_module
+    from torch.distributed.device_mesh import DeviceMesh
 
     grid = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("pair", "rank"))
     out = {}
@@ -268,8 +267,9 @@ def test_bucket_prices_add_up_to_the_node_terms(cases):
 def _lifted_sync(graph, e, assignment, cluster, model) -> float:
     """The part of edge ``e``'s price that is its weight view's gradient summed in the weight's
     bucket (listed under grad-sync, not under the edge); 0 for other edges."""
-    from autopar.core.weight_views import WEIGHT_VIEW, lifted_grad_axes
     from autopar.cost_models.weight_view_sync import weight_view_sync
+
+    from autopar.core.weight_views import WEIGHT_VIEW, lifted_grad_axes
 
     def cfg(n):
         return assignment.get(n.name) or Config((1,) * len(n.dims), ((),) * len(n.dims))

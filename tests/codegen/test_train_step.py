@@ -9,9 +9,9 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from autopar.codegen.comms import counts
+from torch import nn
 from torch.distributed.tensor.debug import CommDebugMode
 
 import autopar

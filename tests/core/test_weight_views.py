@@ -5,7 +5,7 @@ position-embedding slice in the gradient bucket) is ``tests/codegen/test_codegen
 """
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 import autopar
 from autopar.core.layout import Partial, Replicate, Shard

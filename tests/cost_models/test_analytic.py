@@ -8,13 +8,13 @@ import math
 
 import numpy as np
 import pytest
+from autopar.cost_models.analytic import AnalyticModel
+from autopar.cost_models.explain import explain_plan
+from autopar.cost_models.tables import build_tables
 
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Dim, Graph, Node, Operand, TensorSpec
 from autopar.core.tables import Config
-from autopar.cost_models.analytic import AnalyticModel
-from autopar.cost_models.explain import explain_plan
-from autopar.cost_models.tables import build_tables
 
 PEAK, MEMBW, BW, LAT = 1e12, 1e11, 50e9, 5e-6
 C8 = Cluster(devices=8, peak_flops={"float32": PEAK}, memory_bandwidth=MEMBW,
@@ -282,6 +282,7 @@ def test_inference_tables_have_no_backward():
 
 def test_vectorised_node_cost_and_memory_equal_the_breakdowns():
     from autopar.cost_models.memory import node_memory, node_memory_vector
+
     from autopar.core.space import mesh_configs
 
     cluster = Cluster.preset("2x8xH100")

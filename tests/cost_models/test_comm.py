@@ -5,11 +5,11 @@ import random
 
 import numpy as np
 import pytest
+from autopar.cost_models.comm import collective, reshard_cost, reshard_matrix, reshard_steps
 
 from autopar.core.cluster import Cluster
-from autopar.core.tables import Mesh
 from autopar.core.layout import Partial, Replicate, Shard
-from autopar.cost_models.comm import collective, reshard_cost, reshard_matrix, reshard_steps
+from autopar.core.tables import Mesh
 
 R, P = Replicate(), Partial()
 BW, LAT = 100e9, 2e-6

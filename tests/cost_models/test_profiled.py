@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
+from autopar.cost_models.profiled import ProfiledModel, Progress, fit_collectives
+from autopar.cost_models.tables import build_tables
 
 import autopar
-from autopar.cost_models.profiled import Progress, ProfiledModel, fit_collectives
-from autopar.cost_models.tables import build_tables
 from autopar.core.tables import Config
 
 CPU2 = autopar.Cluster.preset("cpu", devices=2)

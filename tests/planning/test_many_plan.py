@@ -9,15 +9,15 @@ import random
 
 import numpy as np
 import pytest
+from autopar.cost_models.analytic import AnalyticModel
+from autopar.search.schedule import validate
 
 import autopar
 from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
-from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.fusion_choice import choose_fusion, group_sizes
 from autopar.planning.many import plan_many
 from autopar.planning.shards import NodeProfile, cut_shards, shard_step
-from autopar.search.schedule import validate
 
 
 class PerOpOverhead(AnalyticModel):

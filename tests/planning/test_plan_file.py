@@ -7,8 +7,8 @@ import pytest
 from autopar.core.errors import PlanMismatchError
 from autopar.core.fingerprint import fingerprint
 from autopar.core.ir import Dim, Graph, Node, Operand, TensorSpec
-from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.core.tables import Config, Mesh
+from autopar.planning.plan import Plan, SearchInfo, Stage
 
 
 def tiny_graph(width=8):

@@ -8,7 +8,6 @@ and ``clone`` (identity) copy theirs.
 
 from __future__ import annotations
 
-
 from autopar.core.ir import Dim
 from autopar.frontend.rules.base import Call, Result, Tensor, generic_names, names_axes, norm_axis, same_dims
 
@@ -52,9 +51,9 @@ def _groups(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], lis
         i, j = i + 1, j + 1
         while pa != pb:
             if pa < pb and i < len(ia):
-                gi.append(ia[i]); pa *= a[ia[i]]; i += 1  # noqa: E702
+                gi.append(ia[i]); pa *= a[ia[i]]; i += 1
             elif pb < pa and j < len(ib):
-                gj.append(ib[j]); pb *= b[ib[j]]; j += 1  # noqa: E702
+                gj.append(ib[j]); pb *= b[ib[j]]; j += 1
             else:
                 break
         groups.append((gi, gj))
