@@ -96,8 +96,10 @@ def _all_gather(x: torch.Tensor, k: int, n: int, group) -> torch.Tensor:
     dist.all_gather_single(out, part, group=group)
     if k == 0:
         return out
-    # the ranks' blocks are stacked first: one copy puts them side by side on dim k
-    return out.unflatten(0, (n, part.shape[0])).movedim(0, k).flatten(k, k + 1)
+    # the ranks' blocks are stacked first: one copy puts them side by side on dim k. flatten
+    # alone is a view, not that copy, where the block's dim k is 1 long: contiguous, as DTensor's
+    # gather is (a ``view`` reading the result failed on the strided one)
+    return out.unflatten(0, (n, part.shape[0])).movedim(0, k).flatten(k, k + 1).contiguous()
 
 
 __all__ = ["move"]

@@ -64,3 +64,19 @@ def test_every_fast_move_is_dtensors_on_a_2x2_mesh():
     pairs = _cases()
     bad = run_threaded(_check, 4, whole, pairs)
     assert all(not b for b in bad), f"moves that differ from DTensor's redistribute: {bad[0][:5]}"
+
+
+def _gather_one_long(rank, world, whole):
+    mesh = init_device_mesh("cpu", (world,))
+    src_local = distribute_tensor(whole, mesh, [Shard(2)]).to_local()  # dim 2 is 1 long here
+    got = move(src_local, mesh, (Shard(2),), (Replicate(),))
+    want = DTensor.from_local(src_local, mesh, [Shard(2)], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+    return torch.equal(got, want), got.is_contiguous(), tuple(got.view(4, 6, -1).shape)
+
+
+def test_a_gather_on_a_dim_one_long_per_rank_is_contiguous_as_dtensors():
+    # the quick gpt of cost_vs_measured (2 heads over 2 ranks, one each, then gathered) failed in a reader's
+    # view: flatten of a 1-long dim is a view, so the gathered result came back strided
+    whole = torch.randn(4, 6, 2, 8)
+    for same, contiguous, viewed in run_threaded(_gather_one_long, 2, whole):
+        assert same and contiguous and viewed == (4, 6, 16)
