@@ -167,7 +167,7 @@ def fit_line(sizes, seconds) -> tuple[float, float]:
 
 def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24), repeats: int = 7,
                     device: str = "cpu", via: str = "process_group", gap: float = 1e-3,
-                    burst: int = 8, kinds=("all-reduce", "all-gather")) -> CommFit | None:
+                    burst: int = 8, kinds=("all-reduce", "all-gather"), work: str = "mixed") -> CommFit | None:
     """Fit alpha and beta of a ring all-reduce and all-gather on the live process group (None
     without one).
 
@@ -179,7 +179,8 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     25 MiB, and gloo's bytes per second at 8 MiB were half those at 512 KiB, so a fit on small
     messages alone priced the buckets low.
     Each size is timed as a step meets it (``gap`` > 0, the default): ``burst`` collectives, each
-    after about ``gap`` seconds of matmul, minus the matmuls alone, per collective; the median of
+    after about ``gap`` seconds of ``work`` (``_compute_segment``: half matmul, half memory-bound
+    by default), minus the work alone, per collective; the median of
     ``repeats`` such bursts. A collective alone in a tight loop hides what a step pays: on the
     2-core development machine a 128 KiB all-reduce took 0.44 ms at the median of a tight loop
     and 1.7 ms in the mean, 2.7 ms after 1 ms of compute (a process that slept in the collective
@@ -199,13 +200,15 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
         return None
     if via not in ("dtensor", "process_group"):
         raise ValueError(f"via must be 'dtensor' or 'process_group', not {via!r}")
+    if work not in ("mixed", "matmul"):
+        raise ValueError(f"work must be 'mixed' or 'matmul', not {work!r}")
     if "all-reduce" not in kinds or not set(kinds) <= {"all-reduce", "all-gather"}:
         raise ValueError(f"kinds must hold 'all-reduce' and may hold 'all-gather', not {kinds!r}")
     p = dist.get_world_size()
     repeats = max(3, repeats)
     median = _timer(device)
     ops, via = _collective_ops(via, device)
-    seg = _compute_segment(gap, device) if gap > 0 else None
+    seg = _compute_segment(gap, device, work) if gap > 0 else None
     alone = median(lambda: [seg() for _ in range(burst)], repeats, 1) / burst if seg else 0.0
     lines = []
     for kind in ("all-reduce", "all-gather"):
@@ -286,33 +289,53 @@ def _collective_ops(via: str, device: str) -> tuple[dict, str]:
     return {"all-reduce": redistribute(Partial()), "all-gather": redistribute(Shard(0))}, via
 
 
-def _compute_segment(seconds: float, device: str):
-    """A function of about ``seconds`` of matmul, the same work on every rank (the slowest
-    rank's count of matmuls): what a step computes between two collectives."""
+def _compute_segment(seconds: float, device: str, work: str = "mixed"):
+    """A function of about ``seconds`` of work, the same on every rank (the slowest rank's
+    count): what a step computes between two collectives.
+
+    ``work="mixed"`` (default): half matmul, half a memory-bound elementwise pass over 8 MiB, as a
+    step alternates linears with norms, activations and softmaxes. A collective after streaming
+    work costs more than after a matmul that stays in cache (gloo's copies compete with the peer's
+    for the memory bus): on the 2-core development machine the runtime's moves of 0.5-2 MiB took
+    1.0-1.7x the matmul-gap fit, 1.2-1.7x the same fit after memory-bound gaps, and 1.3-2.2x
+    it inside real training steps. ``work="matmul"``: matmuls alone (the fit before).
+    """
     import time
 
     import torch
     import torch.distributed as dist
+
+    if work not in ("mixed", "matmul"):
+        raise ValueError(f"work must be 'mixed' or 'matmul', not {work!r}")
 
     def sync():
         _sync(device)
 
     x = torch.randn(128, 256, device=device)
     w = torch.randn(256, 256, device=device)
-    for _ in range(3):
-        torch.mm(x, w)
-    sync()
-    t = time.perf_counter()
-    for _ in range(20):
-        torch.mm(x, w)
-    sync()
-    count = torch.tensor([max(1, round(seconds / max((time.perf_counter() - t) / 20, 1e-9)))], device=device)
+    a = torch.randn(1 << 21, device=device)  # 8 MiB: streams from memory, not from L2
+    b = torch.randn(1 << 21, device=device)
+    kernels = [lambda: torch.mm(x, w)] + ([lambda: torch.add(a, b, out=a)] if work == "mixed" else [])
+
+    def per_call(f) -> float:
+        for _ in range(3):
+            f()
+        sync()
+        t = time.perf_counter()
+        for _ in range(20):
+            f()
+        sync()
+        return max((time.perf_counter() - t) / 20, 1e-9)
+
+    share = seconds / len(kernels)
+    count = torch.tensor([max(1, round(share / per_call(f))) for f in kernels], device=device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    n = int(count)
+    plan = [(f, int(n)) for f, n in zip(kernels, count.tolist())]
 
     def segment():
-        for _ in range(n):
-            torch.mm(x, w)
+        for f, n in plan:
+            for _ in range(n):
+                f()
     return segment
 
 
@@ -338,6 +361,7 @@ class ProfiledModel(AnalyticModel):
     fit_comm: bool = True
     comm_via: str = "process_group"  # what ``fit_collectives`` times: "process_group" or "dtensor"
     comm_kinds: tuple[str, ...] = ("all-reduce", "all-gather")  # the collectives it fits, each on its own line
+    comm_work: str = "mixed"  # what runs between the timed collectives (``_compute_segment``)
     optimizer: str | None = "adam"  # whose update is measured on each node's local params; None: unpriced
     measurements: int = field(default=0, init=False)
     fallbacks: dict = field(default_factory=dict, init=False, repr=False)  # signature -> why
@@ -360,7 +384,7 @@ class ProfiledModel(AnalyticModel):
         """The cluster with its links replaced by the live process group's fit, if any."""
         if not self._comm_done:
             self.comm, self._comm_done = fit_collectives(device=self.device, via=self.comm_via,
-                                                         kinds=self.comm_kinds), True
+                                                         kinds=self.comm_kinds, work=self.comm_work), True
         if self.comm is None or self.comm.world != cluster.devices:
             return cluster
         c = self.comm

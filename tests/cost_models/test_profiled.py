@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from autopar.cost_models.profiled import ProfiledModel, Progress, fit_collectives
+from autopar.cost_models.profiled import ProfiledModel, Progress, _compute_segment, fit_collectives
 from autopar.cost_models.tables import build_tables
 
 import autopar
@@ -97,6 +97,11 @@ def test_no_process_group_keeps_cluster_links(tmp_path):
     assert model.comm_cluster(CPU2) == CPU2
 
 
+def test_compute_segment_names_the_work_it_knows():
+    with pytest.raises(ValueError, match="'mixed' or 'matmul'"):
+        _compute_segment(1e-3, "cpu", "sleep")
+
+
 def _fit_worker(rank, world, init, out):
     import torch.distributed as dist
 
@@ -107,6 +112,12 @@ def _fit_worker(rank, world, init, out):
         model = ProfiledModel(cache_path=f"{out}.sqlite")
         cl = model.comm_cluster(autopar.Cluster.preset("cpu", devices=world))
         assert fit.gather_latency > 0 and fit.gather_bandwidth > 0  # the all-gather has its own line
+        mm = fit_collectives(sizes=(2 ** 10, 2 ** 16), repeats=3, work="matmul")  # the gaps of stop 23
+        assert min(mm.latency, mm.bandwidth, mm.gather_latency, mm.gather_bandwidth) > 0
+        with pytest.raises(ValueError, match="work must be"):
+            fit_collectives(work="sleep")
+        # the fit through DTensor last: with another fit after it, a rank aborted in about 1 run of
+        # 10 ("terminate called without an active exception"; not understood yet, see stop 24's note)
         dt = fit_collectives(sizes=(2 ** 10, 2 ** 16), repeats=3, via="dtensor")  # through DTensor's redistribute
         assert dt.via == "dtensor" and min(dt.latency, dt.bandwidth, dt.gather_latency, dt.gather_bandwidth) > 0
         assert cl.kind_factors == model.comm.kind_factors() and cl.kind_factors[0][0] == "all-gather"
