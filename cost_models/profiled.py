@@ -200,8 +200,7 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
         return None
     if via not in ("dtensor", "process_group"):
         raise ValueError(f"via must be 'dtensor' or 'process_group', not {via!r}")
-    if work not in ("mixed", "matmul"):
-        raise ValueError(f"work must be 'mixed' or 'matmul', not {work!r}")
+    _check_work(work)
     if "all-reduce" not in kinds or not set(kinds) <= {"all-reduce", "all-gather"}:
         raise ValueError(f"kinds must hold 'all-reduce' and may hold 'all-gather', not {kinds!r}")
     p = dist.get_world_size()
@@ -289,6 +288,14 @@ def _collective_ops(via: str, device: str) -> tuple[dict, str]:
     return {"all-reduce": redistribute(Partial()), "all-gather": redistribute(Shard(0))}, via
 
 
+GAP_WORK = ("mixed", "matmul")  # what ``_compute_segment`` can run between timed collectives
+
+
+def _check_work(work: str) -> None:
+    if work not in GAP_WORK:
+        raise ValueError(f"work must be {' or '.join(map(repr, GAP_WORK))}, not {work!r}")
+
+
 def _compute_segment(seconds: float, device: str, work: str = "mixed"):
     """A function of about ``seconds`` of work, the same on every rank (the slowest rank's
     count): what a step computes between two collectives.
@@ -305,8 +312,7 @@ def _compute_segment(seconds: float, device: str, work: str = "mixed"):
     import torch
     import torch.distributed as dist
 
-    if work not in ("mixed", "matmul"):
-        raise ValueError(f"work must be 'mixed' or 'matmul', not {work!r}")
+    _check_work(work)
 
     def sync():
         _sync(device)
