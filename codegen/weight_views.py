@@ -10,26 +10,40 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor import Placement
 
+from autopar.core import layout as core
 from autopar.core.ir import Node
-from autopar.core.weight_views import WEIGHT_VIEW
+from autopar.core.weight_views import WEIGHT_VIEW, lifted_grad_axes
 
 from .moves import is_sum
 
 Placements = tuple[Placement, ...]
 
 
+def _core(placements: Placements) -> core.Layout | None:
+    """The IR's layout of torch placements (None: a partial that is not a sum, never lifted)."""
+    out = []
+    for p in placements:
+        if p.is_replicate():
+            out.append(core.R)
+        elif p.is_shard():
+            out.append(core.Shard(p.dim))
+        elif is_sum(p):
+            out.append(core.P)
+        else:
+            return None
+    return tuple(out)
+
+
 def lifted_weight(node: Node | None, made: Placements, wanted: Placements, grads: Placements,
                   grad_of: dict[str, Placements], canonical: dict[str, str], model: nn.Module) -> str | None:
     """The weight (its state name) to which the reader's partial gradient of ``node``'s output
-    goes on, or None where the edge reshards it as usual. As ``core.weight_views.lifted_grad_axes``:
-    ``node`` is a weight view, ``made`` replicated and read as it is (``wanted``), the reader's
-    ``grads`` replicated or a partial sum on every axis and partial on some; and the weight is a
-    parameter that takes a gradient, stored replicated."""
-    if node is None or WEIGHT_VIEW not in node.attrs or wanted != made:
+    goes on, or None where the edge reshards it as usual: where ``core.weight_views.lifted_grad_axes``
+    lifts some axis (the rule the cost model prices), and the weight is a parameter that takes a
+    gradient, stored replicated."""
+    if node is None or WEIGHT_VIEW not in node.attrs:
         return None
-    if not all(p.is_replicate() for p in made):
-        return None
-    if not all(g.is_replicate() or is_sum(g) for g in grads) or all(g.is_replicate() for g in grads):
+    layouts = [_core(x) for x in (made, wanted, grads)]
+    if None in layouts or not lifted_grad_axes(node, *layouts):
         return None
     name = node.attrs[WEIGHT_VIEW].removeprefix("param:")
     name = canonical.get(name, name)
