@@ -8,9 +8,13 @@ common moves, where exactly one mesh axis changes and the shards are even, are t
 DTensor would make: a local slice (replicate -> shard), an all-reduce (partial -> replicate), a
 reduce-scatter (partial -> shard), an all-gather (shard -> replicate), and for shard -> shard the
 all-gather and local slice DTensor runs on a CPU group (gloo has no all-to-all), on that axis's
-group. Everything else (several axes at once, uneven shards, non-sum partials, replicate ->
-partial) goes through DTensor unchanged. ``tests/codegen/test_moves.py`` checks every fast move
-against DTensor's on a 2x2 mesh.
+group. A move on several axes at once runs as those moves one axis at a time, in the order the
+cost model prices it (``cost_models.comm.reshard_steps``: slices, a reduce-scatter, the
+all-reduce, a gather), where a sum over several axes is one all-reduce over their flattened group
+(as DTensor merges it); a move that order does not fit (nested shards, several reduce-scatters or
+gathers, shard -> shard) goes through DTensor from where the walk stopped. Everything else
+(uneven shards, non-sum partials, replicate -> partial) goes through DTensor unchanged.
+``tests/codegen/test_moves.py`` checks every move against DTensor's on a 2x2 mesh.
 """
 
 from __future__ import annotations
@@ -32,7 +36,74 @@ def move(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements) ->
         out = _one_axis(x, mesh, changed[0], src[changed[0]], dst[changed[0]], src)
         if out is not None:
             return out
+    else:
+        x, src = _walk(x, mesh, src, dst, changed)
+        if src == dst:
+            return x
     return DTensor.from_local(x, mesh, src, run_check=False).redistribute(mesh, dst).to_local()
+
+
+def _walk(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements,
+          changed: list[int]) -> tuple[torch.Tensor, Placements]:
+    """A move on several axes as single-axis moves, in the cost model's order: replicate ->
+    shard slices (lowest axis first: the major cut), one partial -> shard reduce-scatter, the
+    partial -> replicate sums as one all-reduce over their axes' flattened group, one shard ->
+    replicate gather. Returns where it got to (DTensor does the rest, if anything is left)."""
+    def kind(a: int) -> str:
+        s, d = src[a], dst[a]
+        if s.is_replicate() and d.is_shard():
+            return "slice"
+        if is_sum(s):
+            return "rs" if d.is_shard() else "ar" if d.is_replicate() else "other"
+        return "ag" if s.is_shard() and d.is_replicate() else "other"
+
+    by: dict[str, list[int]] = {"slice": [], "rs": [], "ar": [], "ag": [], "other": []}
+    for a in changed:
+        by[kind(a)].append(a)
+    if by["other"] or len(by["rs"]) > 1 or len(by["ag"]) > 1 or (len(by["ar"]) > 1 and mesh.mesh_dim_names is None) \
+            or not _same_cuts(src, dst, x.dim()):
+        return x, src  # not a walk the cost model prices step by step: DTensor's, whole
+    steps = [[a] for a in by["slice"] + by["rs"]] + ([by["ar"]] if by["ar"] else []) + [[a] for a in by["ag"]]
+    cur = list(src)
+    for axes in steps:
+        if len(axes) == 1:
+            y = _one_axis(x, mesh, axes[0], cur[axes[0]], dst[axes[0]], tuple(cur))
+            if y is None:
+                return x, tuple(cur)
+        else:  # a sum over several axes: one all-reduce over their group (as DTensor merges it)
+            y = x.contiguous().clone()  # the input may be saved for a backward: never reduce in place
+            dist.all_reduce(y, group=axes_group(mesh, tuple(axes)))
+        x = y
+        for a in axes:
+            cur[a] = dst[a]
+    return x, tuple(cur)
+
+
+def _same_cuts(src: Placements, dst: Placements, ndim: int) -> bool:
+    """Each tensor dim cut by at most one mesh axis, the same one in ``src`` and ``dst`` where both
+    cut it: no nested shards, no cut moving between axes (DTensor's order differs there, and the
+    cost model prices DTensor's)."""
+    cut: dict[int, int] = {}
+    for layout in (src, dst):
+        seen = set()
+        for a, p in enumerate(layout):
+            if p.is_shard():
+                k = p.dim % ndim
+                if type(p) is not Shard or k in seen or cut.setdefault(k, a) != a:
+                    return False
+                seen.add(k)
+    return True
+
+
+def axes_group(mesh: DeviceMesh, axes: tuple[int, ...]) -> dist.ProcessGroup:
+    """The process group of the mesh axes ``axes`` (a flattened sub-mesh for several, which
+    DeviceMesh creates once, collectively, and caches)."""
+    if len(axes) == 1:
+        return mesh.get_group(axes[0])
+    names = mesh.mesh_dim_names
+    if names is None:
+        raise ValueError("a collective over several mesh axes needs a mesh with dim names")
+    return mesh[tuple(names[a] for a in axes)]._flatten().get_group()
 
 
 def is_sum(p: Placement) -> bool:
@@ -102,4 +173,4 @@ def _all_gather(x: torch.Tensor, k: int, n: int, group) -> torch.Tensor:
     return out.unflatten(0, (n, part.shape[0])).movedim(0, k).flatten(k, k + 1).contiguous()
 
 
-__all__ = ["move"]
+__all__ = ["axes_group", "move"]

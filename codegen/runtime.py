@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 
 from autopar.core.buckets import BUCKET_BYTES, make_buckets
 
+from .moves import axes_group as _group
 from .moves import is_sum, move
 
 Placements = tuple[Placement, ...]
@@ -297,16 +298,6 @@ class GradReducer:
     def remove(self) -> None:
         for h in self._hooks:
             h.remove()
-
-
-def _group(mesh: DeviceMesh, axes: tuple[int, ...]) -> dist.ProcessGroup:
-    """The process group of the mesh axes ``axes`` (a flattened sub-mesh for several)."""
-    if len(axes) == 1:
-        return mesh.get_group(axes[0])
-    names = mesh.mesh_dim_names
-    if names is None:
-        raise ValueError("a gradient reduction over several mesh axes needs a mesh with dim names")
-    return mesh[tuple(names[a] for a in axes)]._flatten().get_group()
 
 
 def finish_loss(loss: torch.Tensor, spec: ReshardSpec) -> torch.Tensor:

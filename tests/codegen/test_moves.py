@@ -7,6 +7,7 @@ c10d path where it applies, DTensor's where it does not; both must agree)."""
 from __future__ import annotations
 
 import itertools
+import threading
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -80,3 +81,60 @@ def test_a_gather_on_a_dim_one_long_per_rank_is_contiguous_as_dtensors():
     whole = torch.randn(4, 6, 2, 8)
     for same, contiguous, viewed in run_threaded(_gather_one_long, 2, whole):
         assert same and contiguous and viewed == (4, 6, 16)
+
+
+# moves on both axes that the cost model prices step by step (cost_models.comm.reshard_steps): the
+# walk must run them as c10d calls, never through DTensor, and a sum over both axes as one all-reduce
+WALKS = [((Partial(), Partial()), (Replicate(), Replicate()), 1),
+         ((Partial(), Partial()), (Replicate(), Shard(0)), 1),
+         ((Partial(), Partial()), (Shard(1), Replicate()), 1),
+         ((Replicate(), Replicate()), (Shard(0), Shard(1)), 0),
+         ((Shard(0), Partial()), (Replicate(), Replicate()), 1),
+         ((Partial(), Shard(2)), (Shard(1), Replicate()), 0)]
+
+
+def _walk(rank, world, whole, calls):
+    from torch.distributed.tensor import DTensor as RealDTensor
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+    cases = []
+    for src, dst, _ in WALKS:  # DTensor's answers first: only the moves' own calls are counted
+        if any(p.is_partial() for p in src):
+            src_local = _local_of(whole, mesh, src, rank)
+        else:
+            src_local = distribute_tensor(whole, mesh, [Replicate(), Replicate()]).redistribute(mesh, src).to_local()
+        cases.append((src_local, RealDTensor.from_local(src_local, mesh, src, run_check=False).redistribute(mesh, dst).to_local()))
+    me, bad = threading.get_ident(), []
+    for (src, dst, _), (src_local, want) in zip(WALKS, cases):
+        before = calls.count(me)
+        got = move(src_local, mesh, src, dst)
+        bad.append((got.shape != want.shape or not torch.allclose(got, want, atol=1e-6), calls.count(me) - before))
+    return bad
+
+
+def test_a_move_on_both_axes_walks_them_with_one_all_reduce_for_a_sum_over_both(monkeypatch):
+    from codegen import moves
+
+    class NoDTensor:
+        @staticmethod
+        def from_local(*a, **k):
+            raise AssertionError("a walkable move went through DTensor")
+
+    calls = []
+    real = moves.dist.all_reduce
+
+    def counted(t, *a, **k):
+        calls.append(threading.get_ident())  # the rank's thread: each counts its own
+        return real(t, *a, **k)
+
+    torch.manual_seed(0)
+    whole = torch.randn(4, 8, 12)
+    monkeypatch.setattr(moves, "DTensor", NoDTensor)
+    monkeypatch.setattr(moves.dist, "all_reduce", counted)
+    per_rank = run_threaded(_walk, 4, whole, calls)
+    for results in per_rank:
+        assert [wrong for wrong, _ in results] == [False] * len(WALKS)
+    # the all-reduces each rank made per move (a reduce-scatter is another call): one where a sum is
+    # reduced to a replica, whether over one axis or both
+    for results in per_rank:
+        assert [n for _, n in results] == [n for _, _, n in WALKS]
