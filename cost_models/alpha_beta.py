@@ -24,15 +24,16 @@ _FORMULA = {"all-reduce": "2(p-1)/p*N/bw + 2(p-1)*a", "all-gather": "(p-1)/p*N/b
             "broadcast": "N/bw + (p-1)*a", "send/recv": "N/bw + a"}
 
 
-def collective_time(kind: str, nbytes, p, bandwidth, latency):
-    """Seconds of one ring collective; works elementwise on numpy arrays. p <= 1 costs 0."""
-    if not any(isinstance(x, np.ndarray) for x in (nbytes, p, bandwidth, latency)):
+def collective_time(kind: str, nbytes, p, bandwidth, latency, fixed=0.0):
+    """Seconds of one ring collective; works elementwise on numpy arrays. p <= 1 costs 0.
+    ``fixed``: paid once per collective (``Cluster.call_latency``)."""
+    if not any(isinstance(x, np.ndarray) for x in (nbytes, p, bandwidth, latency, fixed)):
         if p <= 1:
             return 0.0
-        return float(_BW[kind](p) * nbytes / bandwidth + _LAT[kind](p) * latency)
+        return float(_BW[kind](p) * nbytes / bandwidth + _LAT[kind](p) * latency + fixed)
     p = np.asarray(p, dtype=float)
     safe = np.maximum(p, 1.0)
-    t = _BW[kind](safe) * np.asarray(nbytes, dtype=float) / bandwidth + _LAT[kind](safe) * latency
+    t = _BW[kind](safe) * np.asarray(nbytes, dtype=float) / bandwidth + _LAT[kind](safe) * latency + fixed
     return np.where(p > 1, t, 0.0)
 
 

@@ -228,7 +228,7 @@ class AnalyticModel:
             cs = [(n, collective(kind, nb, axes, mesh, cluster))
                   for kind, n, nb in zero_collectives(train.zero, nbytes, nbytes)]
             if cs[0][1].p > 1:
-                seconds = sum(n * collective_time(c.kind, c.nbytes, c.p, c.bandwidth, c.latency * share)
+                seconds = sum(n * collective_time(c.kind, c.nbytes, c.p, c.bandwidth, c.latency * share, c.fixed * share)
                               for n, c in cs)
                 f = ""
                 if text:
@@ -312,7 +312,7 @@ class AnalyticModel:
             lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
             share = np.minimum(1.0, bucket / BUCKET_BYTES)  # the latency, amortized over a bucket
             t = zero_sync_time(node_training(node).zero, bucket, bucket, p, bw, lat * share,
-                               cluster=cluster)
+                               cluster=cluster, call_share=share)
             out += np.where(first & (m > 0), t, 0.0)
         return out
 

@@ -47,4 +47,4 @@ def bn_stats_many(node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> 
     cross = (batch & level).any(axis=1)
     bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
     lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
-    return 2.0 * collective_time("all-reduce", nbytes, p, bw, lat)
+    return 2.0 * collective_time("all-reduce", nbytes, p, bw, lat, cluster.call_latency)

@@ -31,6 +31,7 @@ class Collective:
 
     run_as: str = ""  # the collective the backend really runs, where it differs (``as_run``)
     run_bytes: float = 0.0
+    fixed: float = 0.0  # paid once (``Cluster.call_latency``)
 
     def formula(self) -> str:
         kind, nbytes = (self.run_as, self.run_bytes) if self.run_as else (self.kind, self.nbytes)
@@ -41,10 +42,12 @@ class Collective:
                 "reduce-scatter": f"{p - 1}/{p}*{n}/{bw} + {p - 1}*{a}",
                 "all-to-all": f"{p - 1}/{p}*{n}/{bw} + {p - 1}*{a}",
                 "broadcast": f"{n}/{bw} + {p - 1}*{a}", "send/recv": f"{n}/{bw} + {a}"}[kind]
+        if self.fixed:
+            body += f" + {self.fixed:.3g}"
         link = "inter-node" if self.crosses_nodes else "intra-node"
         run = f", run by gloo as {kind} of N = {n} B" if self.run_as else ""
         return (f"{self.kind} over mesh axes {list(self.axes)} (p={p}, {link}{run}): "
-                f"{_FORMULA[kind]} = {body} = {self.seconds:.4g} s")
+                f"{_FORMULA[kind]}{' + c' if self.fixed else ''} = {body} = {self.seconds:.4g} s")
 
 
 def group_of(axes, mesh: Mesh) -> tuple[int, bool]:
@@ -66,8 +69,9 @@ def collective(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -> 
     bw, lat = cluster.link(cross)
     run, run_bytes = as_run(kind, nbytes, p, cluster.backend) if p > 1 else (kind, nbytes)
     bw, lat = cluster.kind_link(run, bw, lat)
-    return Collective(kind, axes, p, float(nbytes), bw, lat, cross, collective_time(run, run_bytes, p, bw, lat),
-                      run if run != kind else "", float(run_bytes) if run != kind else 0.0)
+    fixed = cluster.call_latency
+    return Collective(kind, axes, p, float(nbytes), bw, lat, cross, collective_time(run, run_bytes, p, bw, lat, fixed),
+                      run if run != kind else "", float(run_bytes) if run != kind else 0.0, fixed)
 
 
 # --- resharding ----------------------------------------------------------------------------------

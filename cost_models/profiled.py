@@ -394,7 +394,7 @@ class ProfiledModel(AnalyticModel):
         if self.comm is None or self.comm.world != cluster.devices:
             return cluster
         c = self.comm
-        return dataclasses.replace(cluster, intra_bandwidth=c.bandwidth, intra_latency=c.latency,
+        return dataclasses.replace(cluster, intra_bandwidth=c.bandwidth, intra_latency=c.latency, call_latency=0.0,
                                    inter_bandwidth=c.bandwidth, inter_latency=c.latency,
                                    kind_factors=c.kind_factors())
 

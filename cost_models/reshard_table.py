@@ -266,7 +266,7 @@ def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.nd
         run, k = as_run(name, k, p, cluster.backend)  # what the backend runs (gloo: see as_run)
         bw, lat = cluster.kind_link(run, bw, lat)
         slope += np.where(p > 1, _BW[run](np.maximum(p, 1)) * k / bw, 0.0)
-        intercept += np.where(p > 1, _LAT[run](np.maximum(p, 1)) * lat, 0.0)
+        intercept += np.where(p > 1, _LAT[run](np.maximum(p, 1)) * lat + cluster.call_latency, 0.0)
         if kind == P_RS:
             scale = scale / p
     return slope, intercept
@@ -312,7 +312,7 @@ def _walk_prices(kinds: np.ndarray, joins: np.ndarray, local: np.ndarray, walk_a
             if mask.any():
                 run, nbytes = as_run(name, local[mask], pend_p[mask], cluster.backend)
                 b, a = cluster.kind_link(run, bw[mask], lat[mask])
-                total[mask] += collective_time(run, nbytes, pend_p[mask], b, a)
+                total[mask] += collective_time(run, nbytes, pend_p[mask], b, a, cluster.call_latency)
         rs = ending & (pend == W_RS)
         local[rs] /= pend_p[rs]
         pend[ending] = W_NONE

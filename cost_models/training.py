@@ -76,13 +76,15 @@ def zero_collectives(zero: int, grad_bytes: float, param_bytes_: float, microbat
 
 
 def zero_sync_time(zero: int, grad_bytes, param_bytes_, p, bandwidth, latency, microbatches: int = 1,
-                   cluster=None):
+                   cluster=None, call_share=1.0):
     """Seconds of ``zero_collectives`` over a group of ``p`` devices (numpy-friendly); with
-    ``cluster``, each kind on its links as that cluster's ``kind_link`` gives them."""
+    ``cluster``, each kind on its links as that cluster's ``kind_link`` gives them, plus its
+    ``call_latency`` times ``call_share`` (a bucket's share of it, as ``latency`` already is)."""
     total = 0.0
     for kind, count, nbytes in zero_collectives(zero, grad_bytes, param_bytes_, microbatches):
         bw, lat = cluster.kind_link(kind, bandwidth, latency) if cluster is not None else (bandwidth, latency)
-        total = total + count * collective_time(kind, nbytes, p, bw, lat)
+        fixed = cluster.call_latency * call_share if cluster is not None else 0.0
+        total = total + count * collective_time(kind, nbytes, p, bw, lat, fixed)
     return total
 
 

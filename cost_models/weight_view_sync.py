@@ -40,7 +40,8 @@ def weight_view_sync(src: Node, axes: tuple[int, ...], mesh: Mesh, cluster: Clus
     nbytes = src.params[0].spec.nbytes
     c = collective("all-reduce", nbytes, axes, mesh, cluster)
     share = min(1.0, nbytes / BUCKET_BYTES)
-    seconds = collective_time(c.run_as or c.kind, c.run_bytes or c.nbytes, c.p, c.bandwidth, c.latency * share)
+    seconds = collective_time(c.run_as or c.kind, c.run_bytes or c.nbytes, c.p, c.bandwidth, c.latency * share,
+                              c.fixed * share)
     return seconds, (f"gradient summed with {src.params[0].source}'s in its bucket: {c.formula()}; "
                      f"in buckets of {BUCKET_BYTES / 2**20:g} MiB the latency term counts {share:.4g} "
                      f"of itself = {seconds:.4g} s")

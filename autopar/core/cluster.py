@@ -171,9 +171,16 @@ CPU_DEFAULT_FLOPS = 85e9  # fp32 FLOP/s per process
 CPU_DEFAULT_MEMBW = 27 * GB
 CPU_LINK_BANDWIDTH = 1 * GB  # gloo over loopback TCP, per direction
 CPU_LINK_LATENCY = 800e-6
-# 4 gloo processes on the 2 cores, the same fit: 1000-1460 us per ring step (a process the
-# scheduler parked is waited for)
-CPU_OVERSUBSCRIBED_LATENCY = 1200e-6
+# 4 gloo processes on the 2 cores: a process the scheduler parked is waited for, once per
+# collective more than per ring step. Timed in isolation (2026-11-25, after 2.4 ms of matmul on
+# each side of a barrier, median of 40; all-reduce, all-gather, reduce-scatter over groups of 2
+# and 4, 4 KiB to 512 KiB, two runs): a least-squares fit gives 1.16 ms per collective + 0.88 ms
+# per ring step + 1.13 GB/s (0.45 ms rms, 27% at worst), where ring steps alone fit at 1.11 ms
+# each (0.72 ms rms, 60% at worst: a 2-rank all-gather, one step, costs about what a 2-rank
+# all-reduce, two, does; a 4-rank all-reduce, six, about twice a 2-rank one). That split decides
+# plans: three small collectives cost more than one over the same four ranks.
+CPU_OVERSUBSCRIBED_LATENCY = 900e-6
+CPU_OVERSUBSCRIBED_CALL = 1150e-6
 # gloo's all-gather beside its all-reduce, the same fit with a line of its own (2026-11-25, two
 # fits of 2 processes, 4 KiB to 16 MiB): 0.85 and 0.93 GB/s against 1.48 and 1.63 GB/s, 815 and
 # 925 us per step against 800 and 819 us
@@ -237,6 +244,10 @@ class Cluster:
     # bytes per second of its all-reduce (``cost_models.profiled.fit_collectives`` fits both on
     # the live group and sets this); () prices every kind on the links as they are.
     kind_factors: tuple[tuple[str, float, float], ...] = ()
+    # seconds every collective (p > 1) pays once on top of its per-step latency: the wait for
+    # processes the scheduler parked where more processes than cores share them (the cpu preset
+    # past its cores); 0 where each device runs on its own
+    call_latency: float = 0.0
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -256,7 +267,7 @@ class Cluster:
         for what in ("memory_bandwidth", "memory_capacity", "intra_bandwidth", "inter_bandwidth"):
             if not getattr(self, what) > 0:  # also refuses NaN
                 raise ValueError(f"Cluster: {what} must be > 0, got {getattr(self, what)!r}")
-        for what in ("intra_latency", "inter_latency"):
+        for what in ("intra_latency", "inter_latency", "call_latency"):
             if not getattr(self, what) >= 0:
                 raise ValueError(f"Cluster: {what} must be >= 0 seconds, got {getattr(self, what)!r}")
         factors = tuple((str(k), float(b), float(a)) for k, b, a in self.kind_factors)
@@ -329,6 +340,8 @@ class Cluster:
                 f"{self.link(2)[1] * 1e6:g} us" if self.nodes_per_pod else "")
         eff = f"; compute at {self.compute_efficiency:g} of peak (measured)" if self.compute_efficiency else ""
         kinds = "".join(f"; {k} at {b:.3g}x the bandwidth, {a:.3g}x the latency" for k, b, a in self.kind_factors)
+        if self.call_latency:
+            kinds += f"; every collective + {self.call_latency * 1e6:g} us once"
         return (f"{self.name}: {self.devices} devices ({self.nodes} node(s) x {self.devices_per_node}); "
                 f"peak {pf}; memory {self.memory_capacity / GB:g} GB at {self.memory_bandwidth / GB:g} GB/s; "
                 f"intra-node {self.intra_bandwidth / GB:.4g} GB/s + {self.intra_latency * 1e6:g} us; "
@@ -392,12 +405,13 @@ class Cluster:
             flops, membw = measure_cpu()
         share = min(1.0, cores / n)
         latency = CPU_LINK_LATENCY if n <= cores else CPU_OVERSUBSCRIBED_LATENCY
+        call = 0.0 if n <= cores else CPU_OVERSUBSCRIBED_CALL
         return cls(devices=n, devices_per_node=n, peak_flops={"float32": flops * share},
                    memory_bandwidth=membw * share, memory_capacity=_physical_memory() / n,
                    intra_bandwidth=CPU_LINK_BANDWIDTH, intra_latency=latency,
                    inter_bandwidth=CPU_LINK_BANDWIDTH, inter_latency=latency,
                    name="cpu" + (" (measured)" if measure else ""), backend="gloo",
-                   kind_factors=CPU_GATHER_FACTORS)
+                   kind_factors=CPU_GATHER_FACTORS, call_latency=call)
 
     def with_devices(self, devices: int) -> "Cluster":
         return replace(self, devices=devices, devices_per_node=min(self.devices_per_node, devices))

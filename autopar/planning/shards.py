@@ -161,4 +161,4 @@ def model_parallel_step(graph: Graph, profiles: list[NodeProfile], cluster: Clus
                 crossing += op.spec.nbytes * sum(pos[op.source] <= c < pos[node.name] for c in cuts)
     bw, lat = cluster.link(cluster.nodes > 1)
     compute = sum(p.forward + p.backward for p in profiles)
-    return compute + 2 * (crossing / bw + len(cuts) * lat)
+    return compute + 2 * (crossing / bw + len(cuts) * (lat + cluster.call_latency))

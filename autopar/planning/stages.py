@@ -185,7 +185,7 @@ def cut_times(graph: Graph, stage: Cluster, cluster: Cluster, stages: int) -> np
     crosses_nodes = stage.devices >= cluster.devices_per_node and cluster.nodes > 1
     bw, lat = cluster.link(crosses_nodes)
     per_device = crossing / stage.devices
-    return np.where(crossing > 0, 2 * (lat + per_device / bw), 0.0)
+    return np.where(crossing > 0, 2 * (lat + cluster.call_latency + per_device / bw), 0.0)
 
 
 def best_pipeline(graph, cluster, mode, optimizer, capacity, solve, model, bound: float = math.inf,

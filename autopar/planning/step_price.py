@@ -94,7 +94,7 @@ def dp_sync(zero: int, grads: float, params: float, m: int, cluster: Cluster, de
     t = zero_sync_time(zero, grads, params, g, bw, lat, m, cluster=cluster)
     if o > 1:
         bw_o, lat_o = level_link(cluster, lo)
-        t = t + collective_time("all-reduce", grads / (g if zero >= 1 else 1), o, bw_o, lat_o)
+        t = t + collective_time("all-reduce", grads / (g if zero >= 1 else 1), o, bw_o, lat_o, cluster.call_latency)
     return t
 
 
@@ -115,7 +115,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     cut = np.zeros(max(len(s.spans) - 1, 0))
     if p > 1:
         bw, lat = level_link(cluster, pipeline_level(deg))
-        cut = 2 * (lat + s.boundary / bw)
+        cut = 2 * (lat + cluster.call_latency + s.boundary / bw)
     costs = StageCosts(cluster.devices // p, m, s.time, s.sync, static, s.acts, cut)
     sol = best_cuts(costs, p, capacity - transient, "1f1b")
     fits = sol is not None

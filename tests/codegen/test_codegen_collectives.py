@@ -246,7 +246,8 @@ def test_the_list_is_what_the_model_prices(cases):
 
 def test_bucket_prices_add_up_to_the_node_terms(cases):
     """The buckets' bandwidth terms are the nodes' sync bandwidth terms summed; their latency is
-    at least the nodes' amortized shares and at most one latency per bucket more."""
+    at least the nodes' amortized shares and at most one latency per bucket more (its ring steps'
+    and its call latency, where processes share cores)."""
     model = AnalyticModel()
     for by_name in cases.values():
         for name, case in by_name.items():
@@ -259,7 +260,7 @@ def test_bucket_prices_add_up_to_the_node_terms(cases):
                               if t.kind == "sync" and not pred.of("bn-params", n.name))
             priced += sum(_lifted_sync(graph, e, case["assignment"], cluster, model) for e in graph.edges)
             issued = sum(it.collective.seconds for it in buckets)
-            latency = sum(2 * (it.collective.p - 1) * it.collective.latency for it in buckets)
+            latency = sum(2 * (it.collective.p - 1) * it.collective.latency + it.collective.fixed for it in buckets)
             assert priced <= issued * (1 + 1e-9) + 1e-15, name
             assert issued <= priced + latency * (1 + 1e-9) + 1e-15, name
 
