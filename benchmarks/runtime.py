@@ -19,9 +19,13 @@ for every implementation but ``parallelize_module``'s, whose mix of plain and DT
 foreach refuses), fenced by barriers; the variants of a model are built first
 and timed in turns (one step of each per round, the order reversed every other round: a slower
 spell of the machine falls on all of them alike); the figure is the median of ``steps`` rounds
-after ``warmup``, on rank 0, and each cell the median of ``runs`` whole runs. Ratios are autopar / PyTorch (lower is better); the predicted
-ratio of autopar's own plan over its data-parallel plan sits beside the measured one. Results go
-to ``benchmarks/runtime.md``.
+after ``warmup``, on rank 0, and each cell the median of ``runs`` whole runs. autopar's modules are
+compiled with ``inputs="local"`` and fed each rank's slice of the batch, as DDP and FSDP2 are (cut
+once, before the steps). Ratios are autopar / PyTorch (lower is better); the predicted
+ratio of autopar's own plan over its data-parallel plan sits beside the measured one. The last
+column pairs autopar's own plan with the fastest PyTorch variant round by round (``paired_ratio``:
+the median over every run's rounds and a 95% bootstrap interval), the measure of "no slower" least
+moved by the machine's drift. Results go to ``benchmarks/runtime.md``.
 """
 
 from __future__ import annotations
@@ -41,10 +45,11 @@ MODELS = {
 }
 
 
-def _round_robin(steps_of: dict, steps: int, warmup: int) -> dict:
+def _round_robin(steps_of: dict, steps: int, warmup: int) -> tuple[dict, dict]:
     """Median seconds per step of each variant, timed in turns: one step of each per round (the
     order reversed every other round), so that drift in the machine's speed over the run falls on
-    all of them alike rather than on whichever ran last."""
+    all of them alike rather than on whichever ran last; and every round's seconds (the paired
+    ratios of ``paired_ratio``)."""
     import torch.distributed as dist
 
     labels = list(steps_of)
@@ -59,7 +64,7 @@ def _round_robin(steps_of: dict, steps: int, warmup: int) -> dict:
             steps_of[label]()
             dist.barrier()
             times[label].append(time.perf_counter() - t)
-    return {label: statistics.median(ts) for label, ts in times.items()}
+    return {label: statistics.median(ts) for label, ts in times.items()}, times
 
 
 def _pins(graph, plan, tp_linears: list[str]):
@@ -133,8 +138,10 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
 
         ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
         add("DDP", ddp, local)
-        dp_mod = autopar.compile(model, inputs, plan=best.baselines["data_parallel"])
-        add("autopar DP", dp_mod, inputs, lambda b: dp_mod.train_step(*b))
+        # autopar's modules take each rank's own slice of the batch, as DDP and FSDP2 do
+        # (inputs="local": a DistributedSampler's; cut here once, outside the timed steps)
+        dp_mod = autopar.compile(model, inputs, plan=best.baselines["data_parallel"], inputs="local")
+        add("autopar DP", dp_mod, dp_mod.local_batch(*inputs)[0], lambda b: dp_mod.train_step(*b))
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         mesh = init_device_mesh("cpu", (world,))
@@ -142,8 +149,8 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
         parallelize_module(tp, mesh, {m: ColwiseParallel() if m.endswith("fc1") else RowwiseParallel()
                                       for m in mlps})
         add("TP", tp, inputs)
-        tp_mod = autopar.compile(model, inputs, plan=tp_plan)
-        add("autopar TP", tp_mod, inputs, lambda b: tp_mod.train_step(*b))
+        tp_mod = autopar.compile(model, inputs, plan=tp_plan, inputs="local")
+        add("autopar TP", tp_mod, tp_mod.local_batch(*inputs)[0], lambda b: tp_mod.train_step(*b))
         failed = {}
         try:
             from torch.distributed.fsdp import fully_shard
@@ -156,11 +163,12 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
             add("FSDP2", fs, local)
         except Exception as e:  # noqa: BLE001 - report it, keep the other figures
             failed["FSDP2"] = f"failed: {type(e).__name__}: {str(e)[:80]}"
-        own = autopar.compile(model, inputs, plan=best)
-        add("autopar", own, inputs, lambda b: own.train_step(*b))
-        results = {**_round_robin(steps_of, steps, warmup), **failed}
+        own = autopar.compile(model, inputs, plan=best, inputs="local")
+        add("autopar", own, own.local_batch(*inputs)[0], lambda b: own.train_step(*b))
+        medians, rounds = _round_robin(steps_of, steps, warmup)
+        results = {**medians, **failed, "rounds": rounds}
         if rank == 0:
-            for label, v in results.items():
+            for label, v in medians.items() | failed.items():
                 print(f"  {name} {label}: " + (f"{v * 1e3:.1f} ms" if isinstance(v, float) else v), flush=True)
         dp_cost = best.baselines["data_parallel"].cost
         results["predicted speed-up over DP"] = dp_cost / best.cost
@@ -174,31 +182,58 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
 def table(runs: dict) -> str:
     lines = ["| procs | model | DDP | autopar DP | ratio | TP | autopar TP | ratio | FSDP2 | autopar own plan | "
              "vs fastest PyTorch | autopar TP / DP measured | predicted | "
-             "own plan's speed-up over autopar DP measured | predicted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "own plan's speed-up over autopar DP measured | predicted | own / fastest per round [95% CI] |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for nproc, per_model in runs.items():
         for name, r in per_model.items():
             ms = {k: v * 1e3 for k, v in r.items() if isinstance(v, float) and "predicted" not in k}
             fsdp = r.get("FSDP2")
-            fastest = min(v for k, v in ms.items() if k in ("DDP", "TP", "FSDP2"))
+            fastest_label = min(("DDP", "TP", "FSDP2"), key=lambda k: ms.get(k, float("inf")))
+            fastest = ms[fastest_label]
             fsdp_cell = f"{fsdp * 1e3:.1f}" if isinstance(fsdp, float) else str(fsdp)
             cells = [str(nproc), name, f"{ms['DDP']:.1f}", f"{ms['autopar DP']:.1f}",
                      f"{ms['autopar DP'] / ms['DDP']:.2f}", f"{ms['TP']:.1f}", f"{ms['autopar TP']:.1f}",
                      f"{ms['autopar TP'] / ms['TP']:.2f}", fsdp_cell, f"{ms['autopar']:.1f}",
                      f"{ms['autopar'] / fastest:.2f}", f"{ms['autopar TP'] / ms['autopar DP']:.2f}",
                      f"{r['predicted TP / DP']:.2f}", f"{ms['autopar DP'] / ms['autopar']:.2f}",
-                     f"{r['predicted speed-up over DP']:.2f}"]
+                     f"{r['predicted speed-up over DP']:.2f}", _paired_cell(r, fastest_label)]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def paired_ratio(rounds: list[dict], label: str, base: str, resamples: int = 2000) -> tuple[float, float, float]:
+    """(median, low, high) of ``label``'s step over ``base``'s, round by round (the two timed back
+    to back, so a slow spell of the machine falls on both), pooled over the runs; low and high the
+    95% bootstrap interval of that median (seeded). Rounds of one run are not independent draws,
+    so the interval is a guide to the noise, not a test."""
+    import numpy as np
+
+    ratios = np.array([a / b for run in rounds for a, b in zip(run[label], run[base])])
+    rng = np.random.default_rng(0)
+    meds = np.median(rng.choice(ratios, size=(resamples, len(ratios))), axis=1)
+    return float(np.median(ratios)), float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975))
+
+
+def _paired_cell(r: dict, base: str) -> str:
+    rounds = r.get("rounds")
+    rounds = [rounds] if isinstance(rounds, dict) else rounds  # one run's, or every run's
+    if not rounds or base not in rounds[0]:
+        return "-"
+    m, lo, hi = paired_ratio(rounds, "autopar", base)
+    return f"{m:.3f} [{lo:.3f}, {hi:.3f}] vs {base}"
+
+
 def _median_runs(repeats: list[dict]) -> dict:
-    """Each timed cell the median over the runs (a failure text kept as it is)."""
+    """Each timed cell the median over the runs (a failure text kept as it is); the rounds of
+    every run kept, a list of them (``paired_ratio`` pools them)."""
     out = {}
     for name, first in repeats[0].items():
         cell = {}
         for k, v in first.items():
             vals = [r[name][k] for r in repeats]
+            if k == "rounds":
+                cell[k] = vals
+                continue
             cell[k] = statistics.median(vals) if all(isinstance(x, float) for x in vals) else v
         out[name] = cell
     return out
