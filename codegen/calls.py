@@ -1,4 +1,5 @@
-"""The modules a rank's program calls: one IR node on local shards, or a batch norm with global
+"""The modules a rank's program calls: one IR node on local shards that needs a repair
+(``ops.LocalCall``; the others are inlined into the graph), or a batch norm with global
 statistics. Each shows in ``module.code`` as ``self.<node>(...)`` and in ``print(module.program)``
 with what it runs."""
 

@@ -267,3 +267,68 @@ def _arg(n: fx.Node, args, kwargs, i: int, key: str, default: Any = None):
     if len(args) > i:
         return args[i]
     return kwargs.get(key, default)
+
+
+def inline_call(graph: fx.Graph, call: LocalCall, uses: list, args: list) -> fx.Node | None:
+    """``call`` as one node of the program's graph, the traced op itself on the local shards,
+    where it needs none of ``LocalCall``'s repairs: the per-node Python of a ``NodeCall`` (module
+    call, argument assembly, output checks: tens of microseconds a node, ~2 ms a forward of the
+    zoo gpt) is then not paid at every step. ``args``: the graph nodes of the call's tensors (data
+    operands in ``call.slots`` order, then the module's parameters), ``uses`` how each is read.
+    None where a repair is needed (the ``NodeCall`` runs it)."""
+    if (call.drop or call.writes_first or call.groups is not None or call.causal_rows is not None
+            or call.vocab is not None or call.whole_dropout is not None or call.mean_scale != 1.0
+            or any(u.strided for u in uses)
+            or any(isinstance(c, torch.Tensor) for i, c in enumerate(call.flat) if i not in call.slots)):
+        return None  # a tensor constant would need a buffer of the program: the NodeCall holds it
+    fast = call._fast or call._prepare()
+    if fast.place or not _outputs_come_cut(call, uses):
+        return None
+    n = call.fx_node
+    operands, params = args[:len(call.slots)], args[len(call.slots):]
+    call_args, call_kwargs = call._arguments(operands)  # shape arguments localized, as at run time
+    if n.op in ("call_function", "call_method"):  # named as traced: ``module.code`` reads like the model
+        return graph.create_node(n.op, n.target, tuple(call_args), call_kwargs, name=n.name)
+    if n.op == "call_module" and not call_kwargs and len(call_args) == 1:
+        state = dict(zip(call.param_names, params))
+        functional = _functional(call.module, state, call_args[0])
+        if functional is not None:
+            return graph.create_node("call_function", functional[0], functional[1], {}, name=n.name)
+    return None
+
+
+def _functional(module: nn.Module, state: dict, x) -> tuple | None:
+    """(function, args) of ``direct_call``'s functional form of ``module``, where it has one as
+    a plain torch function (a convolution's is a bound method: left to the ``NodeCall``)."""
+    kind = type(module)
+    if kind is nn.Linear and set(state) <= {"weight", "bias"}:
+        return torch.nn.functional.linear, (x, state["weight"], state.get("bias"))
+    if kind is nn.LayerNorm and set(state) <= {"weight", "bias"}:
+        return torch.nn.functional.layer_norm, (x, tuple(module.normalized_shape), state.get("weight"),
+                                                state.get("bias"), module.eps)
+    if kind is nn.Embedding and set(state) == {"weight"}:
+        return torch.nn.functional.embedding, (x, state["weight"], module.padding_idx, module.max_norm,
+                                               module.norm_type, module.scale_grad_by_freq, module.sparse)
+    return None
+
+
+def _outputs_come_cut(call: LocalCall, uses: list) -> bool:
+    """Does the op on local shards return every output already cut as its layout says, so that
+    ``local_extent`` has nothing to do? Yes where each mesh axis that cuts a dim of an output
+    also cuts that dim in some tensor the op reads (the op maps it through); no for a dim only
+    the output has (a slice's fresh dim, a factory's), which comes out whole."""
+    node, layout = call.node, call.layout
+    for a, d in enumerate(layout.axis_dims):
+        if d is None or layout.split_counts.get(d, 1) <= 1:
+            continue
+        if not any(d in dims for spec in node.outputs for dims in spec.axes):
+            continue
+        fed_cut = False
+        for u in uses:
+            p = u.placements[a] if u.spec is not None else None
+            if p is not None and p.is_shard() and d in u.spec.axes[p.dim % len(u.spec.axes)]:
+                fed_cut = True
+                break
+        if not fed_cut:
+            return False
+    return True

@@ -1,9 +1,12 @@
 """The per-rank program: the traced graph rewritten once into a GraphModule on local shards.
 
-Every IR node becomes one call on this rank's shards (``NodeCall``: the traced op with its shape
-arguments localized and the per-op repairs of ``ops.LocalCall``), preceded by a ``Reshard`` for
-each operand whose layout differs from its producer's (forward and backward collectives, from the
-IR and the plan). Values that are not tensors (sizes, shapes) are the traced constants, so the
+Every IR node becomes one call on this rank's shards, preceded by a ``Reshard`` for each operand
+whose layout differs from its producer's (forward and backward collectives, from the IR and the
+plan): the traced op itself, with its shape arguments localized, as a node of the graph
+(``ops.inline_call``: no Python of autopar's runs for it at a step), or, where the op needs one of
+the per-op repairs of ``ops.LocalCall`` (a dropped additive term, minor-dim cuts, a vocabulary
+shard, a causal mask's rows, an output that comes out whole, ...), a ``NodeCall`` module that
+runs it. Values that are not tensors (sizes, shapes) are the traced constants, so the
 program's shapes are static: the batch it was compiled for. Parameters and buffers come in as
 placeholders (the caller passes their local shards), then the user's inputs; outputs leave as
 whole tensors (``outputs="replicate"``) or as the plan leaves them (``"local"``).
@@ -33,7 +36,7 @@ from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
 from .inplace import written_argument
 from .op_fixes import causal_rows, mean_scale, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
-from .ops import LocalCall
+from .ops import LocalCall, inline_call
 from .placements import LayoutError, NodeLayout, Placements, node_layout
 from .runtime import OutputReshard, Reshard, ReshardSpec, grad_target, needs_reshard
 from .strided import chunk_index
@@ -359,10 +362,12 @@ class _Builder:
                          [(u.spec, u.strided) for u in uses], index, writes_first=written is not None,
                          whole_dropout=whole_dropout(n, node, layout, module),
                          groups=local_groups(node, layout))
-        label = f"{describe(n)}; split {split_words(node, layout)}"
-        name = self._free(n.name)
-        self.root.add_module(name, NodeCall(call, label))
-        out = self.new.call_module(name, tuple(args))
+        out = inline_call(self.new, call, uses, args) if written is None else None
+        if out is None:
+            label = f"{describe(n)}; split {split_words(node, layout)}"
+            name = self._free(n.name)
+            self.root.add_module(name, NodeCall(call, label))
+            out = self.new.call_module(name, tuple(args))
         self.made_by[out] = node
         self.env[n] = _Value(out, self._output_placements(n, layout))
         if written is not None and written in self.env:
