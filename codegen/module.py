@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from autopar.core.ir import Graph
 from autopar.core.tables import Config
 
+from .local_step import local_stepping
 from .placements import LayoutError
 from .program import Program, build
 from .runtime import GradReducer, finish_loss
@@ -103,11 +104,13 @@ class CompiledModule(nn.Module):
         updated parameters (ZeRO-3: the next forward gathers them; ``zero.ShardedOptimizer``; one
         parameter group). ``foreach`` defaults to True where ``cls`` takes it: the parameters are
         DTensors, and torch's per-parameter loop (its CPU default) pays DTensor's dispatch on every
-        op of every parameter (gpt, 2 ranks: AdamW 9.9 ms a step, 6.1 ms with foreach, DDP's 5.9)."""
+        op of every parameter (gpt, 2 ranks: AdamW 9.9 ms a step, 6.1 ms with foreach, DDP's 5.9);
+        an element-wise optimizer (Adam, AdamW, SGD, ...) steps on the local tensors
+        (``local_step.py``: 7.0 ms a step over DTensors, 6.2 on local tensors, as DDP's)."""
         if not self.training.zero:
             if "foreach" in inspect.signature(cls).parameters:
                 kwargs = {"foreach": True, **kwargs}
-            return cls(self.parameters(), **kwargs)
+            return local_stepping(cls)(self.parameters(), **kwargs)
         from .zero import ShardedOptimizer
 
         return ShardedOptimizer(self.reducer, cls, **kwargs)
