@@ -196,6 +196,9 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
             f"no plan of {graph.model_name or 'the model'} fits {tables.memory_capacity / 2**30:.3g} GiB per device "
             f"on {cluster.devices} devices; the least autopar can reach is {least / 2**30:.3g} GiB per device "
             f"(splitting every node as finely as it can): add devices or memory", least) from e
+    from autopar.planning.ties import prefer_data_parallel
+
+    sol = prefer_data_parallel(tables, sol, base_plans.data_parallel_choice(graph, tables))
     info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
     info.detail = getattr(sol, "detail", "") or info.detail
     if follow == "auto":  # the stages are searched in the space the single-stage plan was
