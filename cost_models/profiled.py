@@ -165,8 +165,13 @@ def fit_line(sizes, seconds) -> tuple[float, float]:
     return max(float(c0), 1e-7), max(float(c1), 1e-13)
 
 
+# the compute before each timed collective (``fit_collectives``): as long as a step's segments
+# between blocking collectives are, a few milliseconds (see its docstring)
+GAP_S = 4e-3
+
+
 def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24), repeats: int = 7,
-                    device: str = "cpu", via: str = "process_group", gap: float = 1e-3,
+                    device: str = "cpu", via: str = "process_group", gap: float = GAP_S,
                     burst: int = 8, kinds=("all-reduce", "all-gather"), work: str = "mixed") -> CommFit | None:
     """Fit alpha and beta of a ring all-reduce and all-gather on the live process group (None
     without one).
@@ -184,7 +189,12 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     ``repeats`` such bursts. A collective alone in a tight loop hides what a step pays: on the
     2-core development machine a 128 KiB all-reduce took 0.44 ms at the median of a tight loop
     and 1.7 ms in the mean, 2.7 ms after 1 ms of compute (a process that slept in the collective
-    is woken, a peer that computed longer is waited for), and the step pays the mean.
+    is woken, a peer that computed longer is waited for), and the step pays the mean. The wait
+    grows with the compute before the collective (the ranks drift apart over it): a 1 MiB
+    all-reduce's mean was ~2 ms after gaps of 0.5-2 ms and 3.5-4.8 ms after 4-16 ms, and the
+    segments between a step's blocking collectives are a few milliseconds long, so ``gap``
+    defaults to ``GAP_S`` (4 ms; 1 ms until stop 25, which priced the split plans of
+    ``benchmarks/cost_vs_measured.py`` 1.15-1.3x low).
     ``gap=0``: the median of ``repeats`` bare collectives. The line is fitted on relative error
     (``fit_line``).
     ``via="process_group"`` (default) times the bare c10d call (``dist.all_reduce``,
@@ -368,6 +378,7 @@ class ProfiledModel(AnalyticModel):
     comm_via: str = "process_group"  # what ``fit_collectives`` times: "process_group" or "dtensor"
     comm_kinds: tuple[str, ...] = ("all-reduce", "all-gather")  # the collectives it fits, each on its own line
     comm_work: str = "mixed"  # what runs between the timed collectives (``_compute_segment``)
+    comm_gap: float = GAP_S  # seconds of it before each (``fit_collectives``)
     optimizer: str | None = "adam"  # whose update is measured on each node's local params; None: unpriced
     measurements: int = field(default=0, init=False)
     fallbacks: dict = field(default_factory=dict, init=False, repr=False)  # signature -> why
@@ -390,7 +401,8 @@ class ProfiledModel(AnalyticModel):
         """The cluster with its links replaced by the live process group's fit, if any."""
         if not self._comm_done:
             self.comm, self._comm_done = fit_collectives(device=self.device, via=self.comm_via,
-                                                         kinds=self.comm_kinds, work=self.comm_work), True
+                                                         kinds=self.comm_kinds, work=self.comm_work,
+                                                         gap=self.comm_gap), True
         if self.comm is None or self.comm.world != cluster.devices:
             return cluster
         c = self.comm

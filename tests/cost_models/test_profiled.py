@@ -230,3 +230,14 @@ def test_gradient_sync_is_the_analytic_bucketed_term(tmp_path):
             if t.kind == "sync"]
     theirs = [t for t in AnalyticModel().node_breakdown(node, dp, CPU2).terms if t.kind == "sync"]
     assert len(mine) == 1 and [t.seconds for t in mine] == [t.seconds for t in theirs]
+
+
+def test_the_fit_times_collectives_after_the_model_s_gap_and_work(tmp_path, monkeypatch):
+    from autopar.cost_models import profiled
+
+    seen = []
+    monkeypatch.setattr(profiled, "fit_collectives", lambda **kw: seen.append(kw))
+    cluster = autopar.Cluster.preset("cpu", devices=2)
+    for kw in ({}, {"comm_gap": 1e-3, "comm_work": "matmul"}):
+        ProfiledModel(cache_path=tmp_path / "gap.sqlite", **kw).comm_cluster(cluster)
+    assert [(k["gap"], k["work"]) for k in seen] == [(profiled.GAP_S, "mixed"), (1e-3, "matmul")]
