@@ -29,16 +29,24 @@ ELEMENTWISE = tuple(getattr(torch.optim, name) for name in (
 
 def local_stepping(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
     """``cls`` with a ``step`` on local tensors when its update is element-wise; ``cls`` itself
-    otherwise (a subclass of it either way, so ``isinstance`` checks hold)."""
+    otherwise (a subclass of it either way, so ``isinstance`` checks hold).
+
+    torch wraps an optimizer class's ``step`` once, at its first instance, in the wrapper that runs
+    the step hooks (``Optimizer.profile_hook_step``); the subclass's ``step`` gets that wrapper, and
+    calls ``cls``'s own step unwrapped, so that hooks run once a step and see the DTensors."""
     if cls not in ELEMENTWISE:
         return cls
-    return type(cls.__name__, (cls,), {"step": _step, "__module__": cls.__module__,
-                                       "__doc__": f"{cls.__doc__ or ''}\n(autopar: steps on local tensors)"})
 
+    class LocalStepped(cls):
+        def step(self, *args, **kwargs):
+            inner = cls.step.__wrapped__ if getattr(cls.step, "hooked", False) else cls.step
+            with _on_local_tensors(self):
+                return inner(self, *args, **kwargs)
 
-def _step(self, *args, **kwargs):
-    with _on_local_tensors(self):
-        return super(type(self), self).step(*args, **kwargs)
+    LocalStepped.__name__ = LocalStepped.__qualname__ = cls.__name__  # a pickle finds cls itself
+    LocalStepped.__module__ = cls.__module__
+    LocalStepped.__doc__ = f"{cls.__doc__ or ''}\n(autopar: steps on the parameters' local tensors)"
+    return LocalStepped
 
 
 @contextlib.contextmanager

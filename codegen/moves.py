@@ -11,8 +11,9 @@ all-gather and local slice DTensor runs on a CPU group (gloo has no all-to-all),
 group. A move on several axes at once runs as those moves one axis at a time, in the order the
 cost model prices it (``cost_models.comm.reshard_steps``: slices, a reduce-scatter, the
 all-reduce, a gather), where a sum over several axes is one all-reduce over their flattened group
-(as DTensor merges it); a move that order does not fit (nested shards, several reduce-scatters or
-gathers, shard -> shard) goes through DTensor from where the walk stopped. Everything else
+(as DTensor merges it); a move that order does not fit (nested shards, a cut moving between
+axes, several reduce-scatters or gathers, shard -> shard) goes through DTensor whole, and a step
+the one-axis path declines (uneven shards) through DTensor from where the walk stopped. Everything else
 (uneven shards, non-sum partials, replicate -> partial) goes through DTensor unchanged.
 ``tests/codegen/test_moves.py`` checks every move against DTensor's on a 2x2 mesh.
 """

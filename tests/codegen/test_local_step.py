@@ -64,3 +64,23 @@ def test_an_optimizer_that_needs_whole_tensors_is_left_to_dtensor():
     assert local_stepping(torch.optim.Adafactor) is torch.optim.Adafactor  # factored moments: row and column means
     assert local_stepping(torch.optim.AdamW) is not torch.optim.AdamW
     assert issubclass(local_stepping(torch.optim.AdamW), torch.optim.AdamW)
+
+
+def _hooks(rank, world, doc, built):
+    model, inputs = copy.deepcopy(built)
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])  # AdamW.step now wrapped by torch's hook runner
+    module = autopar.compile(model, inputs, plan=Plan.from_json(doc))
+    opt = module.optimizer(torch.optim.AdamW, lr=1e-2)
+    seen = []
+    opt.register_step_pre_hook(lambda o, a, k: seen.append(("pre", type(o.param_groups[0]["params"][0]).__name__)))
+    opt.register_step_post_hook(lambda o, a, k: seen.append(("post", type(next(iter(o.state.values()))["exp_avg"]).__name__)))
+    for _ in range(2):
+        opt.zero_grad()
+        module.train_step(*inputs)
+        opt.step()
+    return seen
+
+
+def test_step_hooks_run_once_a_step_and_see_dtensors():
+    for seen in run_threaded(_hooks, 2, make_plans(2)["dp"], gpt()):
+        assert seen == [("pre", "DTensor"), ("post", "DTensor")] * 2
