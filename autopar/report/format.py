@@ -25,6 +25,14 @@ def fmt_bytes(b: float | None) -> str:
     return f"{b:.0f} B"
 
 
+def cost_ratio(other: float, this: float) -> float:
+    """``other / this``, where a zero ``this`` (a plan priced at nothing, e.g. a hand-edited plan
+    file) gives inf or NaN, which ``speed_words`` calls not comparable, instead of raising."""
+    if this == 0:
+        return float("inf") if other else float("nan")
+    return other / this
+
+
 def speed_words(ratio: float) -> str:
     """'1.13x faster', '1.12x slower' or 'as fast' for ``ratio`` = other's cost / this one's: never
     '1x faster' (equal within the 3 digits shown) nor '0.889x faster' (a slow-down said as one)."""

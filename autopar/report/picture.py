@@ -30,14 +30,14 @@ MAX_LABELS = 80  # node names on the x axis; beyond this every k-th node is name
 
 
 def _title(plan) -> str:
-    from autopar.report.format import NO_PARALLELISM, replicates_everything, speed_words, units_of
+    from autopar.report.format import NO_PARALLELISM, cost_ratio, replicates_everything, speed_words, units_of
 
     units = units_of(plan)
     head = f"{plan.model_name} on {plan.cluster.get('name', '?')}: {units(plan.cost)} per step"
     if replicates_everything(plan):
         head += f" ({NO_PARALLELISM})"
     elif "data_parallel" in plan.baselines:
-        head += f" ({speed_words(plan.baselines['data_parallel'].cost / plan.cost)} than data parallel)"
+        head += f" ({speed_words(cost_ratio(plan.baselines['data_parallel'].cost, plan.cost))} than data parallel)"
     return head
 
 

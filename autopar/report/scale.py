@@ -7,7 +7,7 @@ one cost model for all of them), so a saved plan prints the same report.
 
 from __future__ import annotations
 
-from autopar.report.format import fmt_bytes, fmt_seconds, over_capacity, speed_words
+from autopar.report.format import cost_ratio, fmt_bytes, fmt_seconds, over_capacity, speed_words
 
 # why a term differs, in words (filled with the two plans' numbers)
 _WHY = {
@@ -132,7 +132,7 @@ def format_scale_report(plan) -> str:
         misfit = over_capacity(b.memory_per_device, capacity)  # it would not run: no speed-up against it
         lines += ["", f"why autopar's plan differs from {name.replace('_', ' ')} ({fmt_seconds(b.cost)} -> "
                       f"{fmt_seconds(plan.cost)}, " + (f"but {name.replace('_', ' ')} {misfit}" if misfit else
-                      f"autopar is {speed_words(b.cost / plan.cost)}") + "):"]
+                      f"autopar is {speed_words(cost_ratio(b.cost, plan.cost))}") + "):"]
         lines += ["  " + w for w in why_lines(plan, b, name.replace("_", " "))] or ["  (no term differs by more than 0.5%)"]
         if b.strategy.notes and plan.strategy.notes:
             lines += [f"  autopar's {plan.strategy.notes[0]}", f"  {name.replace('_', ' ')}'s {b.strategy.notes[0]}"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from autopar.report.pase import pase_lines
 from autopar.report.pipeline import pipeline_lines
-from autopar.report.format import (NO_PARALLELISM, NODE_HEADER, PLACEMENT_KEY, fmt_bytes, fmt_seconds, fold, node_cells,
-                                   over_capacity, replicates_everything, speed_words, table, units_of)
+from autopar.report.format import (NO_PARALLELISM, NODE_HEADER, PLACEMENT_KEY, cost_ratio, fmt_bytes, fmt_seconds, fold,
+                                   node_cells, over_capacity, replicates_everything, speed_words, table, units_of)
 
 def header_lines(plan) -> list[str]:
     c = plan.cluster
@@ -43,9 +43,9 @@ def header_lines(plan) -> list[str]:
         if misfit:  # it would not run: no speed-up against it
             line += f": {misfit}"
         elif alone:
-            line += f" -> the whole model on each device is {speed_words(b.cost / plan.cost)}"
+            line += f" -> the whole model on each device is {speed_words(cost_ratio(b.cost, plan.cost))}"
         else:
-            line += f" -> autopar is {speed_words(b.cost / plan.cost)}"
+            line += f" -> autopar is {speed_words(cost_ratio(b.cost, plan.cost))}"
         lines.append(line)
     return lines
 

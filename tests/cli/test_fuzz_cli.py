@@ -140,3 +140,15 @@ def test_tampered_plan_files_are_one_line(plan_doc, tmp_path, edit, needle):
     path.write_text(json.dumps(doc))
     r = cli("show", str(path))
     assert one_line_error(r) and needle in r.stderr, r.stderr
+
+
+def test_a_plan_file_priced_at_zero_shows_its_baselines_as_not_comparable(plan_doc, tmp_path):
+    # hypothesis found it: "cost": 0 made `autopar show` divide by it (ZeroDivisionError traceback)
+    doc = copy.deepcopy(plan_doc)
+    assert doc["baselines"]  # the fixture's plan compares itself with them
+    doc["cost"] = 0
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    r = cli("show", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "not comparable" in r.stdout
