@@ -128,7 +128,10 @@ class Plan:
         if baseline not in self.baselines:
             raise ValueError(f"this plan has no baseline {baseline!r}; it has: "
                              f"{', '.join(self.baselines) or 'none (planned with baselines=False)'}")
-        return self.baselines[baseline].cost / self.cost
+        other = self.baselines[baseline].cost
+        if self.cost == 0:  # a hand-edited plan priced at nothing: no ratio to give
+            return math.inf if other else math.nan
+        return other / self.cost
 
     def report(self, **kwargs) -> str:
         if self.strategy is not None and self.strategy.degrees is not None:  # a hierarchical plan

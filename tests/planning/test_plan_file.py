@@ -41,6 +41,8 @@ def test_roundtrip_keeps_everything(tmp_path):
     assert back.speedup_over("data_parallel") == pytest.approx(2.0 / 1.5)
     with pytest.raises(ValueError, match="no baseline 'expert'; it has: data_parallel"):
         back.speedup_over("expert")  # was a bare KeyError
+    back.cost = 0.0  # a hand-edited plan file priced at nothing: inf, not a ZeroDivisionError
+    assert back.speedup_over("data_parallel") == float("inf")
 
 
 def test_plan_for_another_model_is_refused(tmp_path):
