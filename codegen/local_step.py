@@ -20,6 +20,8 @@ import contextlib
 import torch
 from torch.distributed.tensor import DTensor
 
+from .runtime import _as_grad
+
 # torch optimizers whose update is element-wise (each element of a parameter from the same element
 # of its gradient and state, and scalar hyper-parameters)
 ELEMENTWISE = tuple(getattr(torch.optim, name) for name in (
@@ -97,8 +99,6 @@ def _same(kept, v) -> bool:
 def _like(p: DTensor, v):
     """A state value the step made: a DTensor laid out as ``p`` where it is shaped as ``p``'s
     local tensor (moments, buffers), as it is otherwise (a scalar step count)."""
-    local = p._local_tensor
-    if isinstance(v, torch.Tensor) and not isinstance(v, DTensor) and v.shape == local.shape and v.dim():
-        return DTensor(v, p._spec, requires_grad=False) if v.stride() == local.stride() and v.dtype == local.dtype \
-            else DTensor.from_local(v, p.device_mesh, p.placements, run_check=False)
+    if isinstance(v, torch.Tensor) and not isinstance(v, DTensor) and v.shape == p._local_tensor.shape and v.dim():
+        return _as_grad(p, v)  # the reducer's wrapping of a local tensor as laid out as ``p``
     return v

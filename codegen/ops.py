@@ -197,18 +197,10 @@ def direct_call(module: nn.Module, state: dict, args, kwargs):
     x = args[0]
     if not state:
         return module(x)  # parameterless (activations, dropout, pooling): nothing to swap
-    kind = type(module)
-    if kind is nn.Linear:
-        return torch.nn.functional.linear(x, state["weight"], state.get("bias"))
-    if kind in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
+    if type(module) in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
         return module._conv_forward(x, state["weight"], state.get("bias"))
-    if kind is nn.LayerNorm:
-        return torch.nn.functional.layer_norm(x, module.normalized_shape, state.get("weight"), state.get("bias"),
-                                              module.eps)
-    if kind is nn.Embedding:
-        return torch.nn.functional.embedding(x, state["weight"], module.padding_idx, module.max_norm,
-                                             module.norm_type, module.scale_grad_by_freq, module.sparse)
-    return NotImplemented
+    functional = functional_form(module, state, x)
+    return NotImplemented if functional is None else functional[0](*functional[1])
 
 
 def local_groups(n: fx.Node, args, kwargs, groups: int):
@@ -291,15 +283,16 @@ def inline_call(graph: fx.Graph, call: LocalCall, uses: list, args: list) -> fx.
         return graph.create_node(n.op, n.target, tuple(call_args), call_kwargs, name=n.name)
     if n.op == "call_module" and not call_kwargs and len(call_args) == 1:
         state = dict(zip(call.param_names, params))
-        functional = _functional(call.module, state, call_args[0])
+        functional = functional_form(call.module, state, call_args[0])
         if functional is not None:
             return graph.create_node("call_function", functional[0], functional[1], {}, name=n.name)
     return None
 
 
-def _functional(module: nn.Module, state: dict, x) -> tuple | None:
-    """(function, args) of ``direct_call``'s functional form of ``module``, where it has one as
-    a plain torch function (a convolution's is a bound method: left to the ``NodeCall``)."""
+def functional_form(module: nn.Module, state: dict, x) -> tuple | None:
+    """(function, args) of the plain torch function ``module`` runs on ``x`` with the tensors of
+    ``state``: what ``direct_call`` calls at a step and ``inline_call`` puts in the graph (a
+    convolution's form is a bound method: ``direct_call`` runs it, the graph does not hold it)."""
     kind = type(module)
     if kind is nn.Linear and set(state) <= {"weight", "bias"}:
         return torch.nn.functional.linear, (x, state["weight"], state.get("bias"))
