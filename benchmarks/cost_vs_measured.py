@@ -27,6 +27,7 @@ model and over all rows, and writes the same as markdown (``benchmarks/cost_vs_m
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import platform
 import random
@@ -214,8 +215,10 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
         cm = ProfiledModel(cache_path=cache, optimizer=OPTIMIZER)
         cm.profile(graph, cluster, progress=False)  # the parent filled the cache: all hits
         tables = build_tables(graph, cluster, cm, space="mesh", mode="train", optimizer="adam")
-        # for comparison, the model of stop 23: collectives fitted after matmul gaps alone
-        old = ProfiledModel(cache_path=cache, optimizer=OPTIMIZER, comm_gap=1e-3)  # stop 24's fit
+        # for comparison, the model of stop 25: the same fit and timings, each node's update
+        # priced as timed alone (no whole-model update rate), every reshard on the 4 ms fit
+        old = copy.copy(cm)
+        old.update_rate, old.near = 0.0, None
         old_tables = build_tables(graph, cluster, old, space="mesh", mode="train", optimizer="adam")
         strats = strategies(name, graph, tables, mesh)
         runs = []
@@ -236,8 +239,9 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
         result[name] = dict(
             comm=(cm.comm.latency, cm.comm.bandwidth, cm.comm.via, cm.comm.gather_latency,
                   cm.comm.gather_bandwidth) if cm.comm else None,
-            old_comm=(old.comm.latency, old.comm.bandwidth, old.comm.via, old.comm.gather_latency,
-                      old.comm.gather_bandwidth) if old.comm else None,
+            near=(cm.near.latency, cm.near.bandwidth, cm.near.via, cm.near.gather_latency,
+                  cm.near.gather_bandwidth) if cm.near else None,
+            update_rate=cm.update_rate,
             rows=[dict(label=label, predicted=tables.total(choice), times=times[label], cpu=cpu[label],
                        before=old_tables.total(choice),
                        split_nodes=sum(tables.configs[i][c].devices > 1 for i, c in enumerate(choice)),
@@ -325,7 +329,7 @@ def main(argv=None) -> int:
 
     import torch
     from autopar.codegen.launch import launch
-    from autopar.cost_models.profiled import ProfiledModel
+    from autopar.cost_models.profiled import GAP_S, NEAR_GAP_S, ProfiledModel
 
     import autopar
 
@@ -359,12 +363,15 @@ def main(argv=None) -> int:
         comm = per_rank[0]["comm"]
         lines.append(f"## {name} {kw}")
         lines.append("")
-        for label, c in (("Fitted on the live group", comm), ("`before`", per_rank[0]["old_comm"])):
+        for label, c in ((f"Fitted on the live group after {1e3 * GAP_S:g} ms of work", comm),
+                         (f"after {1e3 * NEAR_GAP_S:g} ms (reshards after shorter nodes)", per_rank[0]["near"])):
             if c:
                 gather = (f"; all-gather {1e6 * c[3]:.1f} us, {c[4] / 1e9:.3f} GB/s"
                           if len(c) > 3 and c[4] else "")
                 lines.append(f"{label}: all-reduce hop latency {1e6 * c[0]:.1f} us, "
                              f"bandwidth {c[1] / 1e9:.3f} GB/s{gather} (timed via {c[2]}).  ")
+        if per_rank[0]["update_rate"]:
+            lines.append(f"Whole-model {OPTIMIZER} update: {1e9 * per_rank[0]['update_rate']:.2f} ns per element.  ")
         lines.append("")
         lines += table(name, rows)
         allp += [r["predicted"] for r in rows]
@@ -395,9 +402,10 @@ def main(argv=None) -> int:
               "out time spent waiting on the peer). The breakdown columns are the predicted terms "
               "(ms): measured compute forward + backward, the measured optimizer update, "
               "weight-gradient all-reduces, reshards on edges and graph outputs. `before` is the "
-              "model of the previous stop: the same, with the collectives fitted after 1 ms of work "
-              "each (now 4 ms: the ranks drift apart over a step's longer segments, and the wait "
-              "for the later one is part of what a collective costs). Compute is profiled afresh in each "
+              "model of the previous stop: the same fits and timings, with each node's optimizer "
+              "update priced as timed alone (now at least at the rate of the whole model's update, "
+              "whose state streams from memory once it outgrows the cache) and every reshard on "
+              "the 4 ms fit (now between the two fits by its producer's compute). Compute is profiled afresh in each "
               "invocation (a temporary cache) unless `--cache` names one."]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -30,12 +30,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import numpy as np
 from autopar.cost_models.analytic import AnalyticModel, NodeCost, Term, check_mode
 from autopar.cost_models.profile_cache import ProfileCache, Timing
 
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Graph, Node
 from autopar.core.layout import NodeLayouts, to_mesh
+from autopar.core.strategy import node_training
 from autopar.core.tables import Config
 
 
@@ -155,8 +157,6 @@ def fit_line(sizes, seconds) -> tuple[float, float]:
     """``(c0, c1)`` of ``t = c0 + c1 * N`` by least squares on *relative* error (each point
     weighted by ``1 / t``), so that small messages, where the latency shows, count as much as
     large ones; both clamped positive."""
-    import numpy as np
-
     x = np.asarray(sizes, dtype=float)
     t = np.asarray(seconds, dtype=float)
     w = 1.0 / np.maximum(t, 1e-12)
@@ -168,6 +168,9 @@ def fit_line(sizes, seconds) -> tuple[float, float]:
 # the compute before each timed collective (``fit_collectives``): as long as a step's segments
 # between blocking collectives are, a few milliseconds (see its docstring)
 GAP_S = 4e-3
+# and a second, shorter gap: a reshard after a node that computes for less than ``GAP_S`` is
+# priced between the two fits (``ProfiledModel.edge_cost``)
+NEAR_GAP_S = 1e-3
 
 
 def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24), repeats: int = 7,
@@ -298,6 +301,10 @@ def _collective_ops(via: str, device: str) -> tuple[dict, str]:
     return {"all-reduce": redistribute(Partial()), "all-gather": redistribute(Shard(0))}, via
 
 
+# elements of parameters the whole-update rate is timed on (``ProfiledModel.whole_update_rate``):
+# AdamW's state at 16 bytes an element is then 512 MiB, beyond any CPU's last-level cache
+UPDATE_RATE_ELEMENTS = 32 * 2 ** 20
+
 GAP_WORK = ("mixed", "matmul")  # what ``_compute_segment`` can run between timed collectives
 
 
@@ -379,11 +386,15 @@ class ProfiledModel(AnalyticModel):
     comm_kinds: tuple[str, ...] = ("all-reduce", "all-gather")  # the collectives it fits, each on its own line
     comm_work: str = "mixed"  # what runs between the timed collectives (``_compute_segment``)
     comm_gap: float = GAP_S  # seconds of it before each (``fit_collectives``)
+    near_gap: float | None = NEAR_GAP_S  # a second fit's gap, for reshards after short nodes; None: one fit
     optimizer: str | None = "adam"  # whose update is measured on each node's local params; None: unpriced
+    # seconds per parameter element of the whole model's update, timed by ``profile`` (0: not yet)
+    update_rate: float = field(default=0.0, init=False)
     measurements: int = field(default=0, init=False)
     fallbacks: dict = field(default_factory=dict, init=False, repr=False)  # signature -> why
     cache: ProfileCache = field(init=False, repr=False)
     comm: CommFit | None = field(default=None, init=False)
+    near: CommFit | None = field(default=None, init=False)  # the fit after ``near_gap`` of work
     _evict: Any = field(default=None, init=False, repr=False)  # written before each timed CPU update
     _scalar_update: dict = field(default_factory=dict, init=False, repr=False)  # dtype -> seconds
 
@@ -397,22 +408,75 @@ class ProfiledModel(AnalyticModel):
         self._comm_done = not self.fit_comm
 
     # -- communication -----------------------------------------------------------------------
-    def comm_cluster(self, cluster: Cluster) -> Cluster:
-        """The cluster with its links replaced by the live process group's fit, if any."""
-        if not self._comm_done:
-            self.comm, self._comm_done = fit_collectives(device=self.device, via=self.comm_via,
-                                                         kinds=self.comm_kinds, work=self.comm_work,
-                                                         gap=self.comm_gap), True
-        if self.comm is None or self.comm.world != cluster.devices:
+    def _fit(self) -> None:
+        """Fit the links once, on every rank together (each fit runs collectives)."""
+        if self._comm_done:
+            return
+        fit = {"device": self.device, "via": self.comm_via, "kinds": self.comm_kinds, "work": self.comm_work}
+        self.comm = fit_collectives(gap=self.comm_gap, **fit)
+        if self.comm is not None and self.near_gap is not None and 0 < self.near_gap < self.comm_gap:
+            self.near = fit_collectives(gap=self.near_gap, **fit)
+        self._comm_done = True
+
+    @staticmethod
+    def _with_links(cluster: Cluster, c: CommFit | None) -> Cluster:
+        if c is None or c.world != cluster.devices:
             return cluster
-        c = self.comm
         return dataclasses.replace(cluster, intra_bandwidth=c.bandwidth, intra_latency=c.latency, call_latency=0.0,
                                    inter_bandwidth=c.bandwidth, inter_latency=c.latency,
                                    kind_factors=c.kind_factors())
 
+    def comm_cluster(self, cluster: Cluster) -> Cluster:
+        """The cluster with its links replaced by the live process group's fit, if any."""
+        self._fit()
+        return self._with_links(cluster, self.comm)
+
+    def near_weight(self, node: Node, configs: list[Config], cluster: Cluster, backward: bool = False) -> np.ndarray:
+        """Per config of ``node``: 0 where a reshard right after its forward (``backward``: after
+        its backward) is priced on the near fit (``near_gap`` of compute or less), 1 on the far
+        one (``comm_gap`` or more), linear between.
+
+        The wait inside a blocking collective grows with the compute since the ranks last met
+        (see ``fit_collectives``), and a reshard comes right after the node that makes its tensor:
+        in the forward the producer, in the backward the consumer, whose input gradient it is.
+        A residual MLP of batch 64 whose linears run 1-3 ms measured its tensor-parallel plans
+        0.65-0.75x what the 4 ms fit priced, and 1.2-1.35x the 1 ms fit. The one node stands for
+        the segment: the work since the previous collective can be longer, when cheap
+        elementwise nodes sit between.
+        """
+        far, near = self.comm_gap, self.near_gap
+        w = np.ones(len(configs))
+        mesh = cluster.mesh()
+        for i, c in enumerate(configs):
+            m = to_mesh(c, mesh)
+            t = self.timing(node, m) if m is not None else None
+            if t is not None and not t.error:
+                gap = (t.backward or 0.0) if backward else t.forward
+                w[i] = min(1.0, max(0.0, (gap - near) / (far - near)))
+        return w
+
     def edge_cost(self, src, src_output, dst, dst_input, src_configs, dst_configs, cluster, mode="train"):
-        return super().edge_cost(src, src_output, dst, dst_input, src_configs, dst_configs,
-                                 self.comm_cluster(cluster), mode)
+        args = (src, src_output, dst, dst_input, src_configs, dst_configs)
+        m = super().edge_cost(*args, self.comm_cluster(cluster), mode)
+        if self.near is None or self.near.world != cluster.devices:
+            return m
+        near = self._with_links(cluster, self.near)
+        w_fwd = self.near_weight(src, src_configs, cluster)
+        w_bwd = self.near_weight(dst, dst_configs, cluster, backward=True)
+        if (w_fwd >= 1.0).all() and (w_bwd >= 1.0).all():
+            return m
+        short = super().edge_cost(*args, near, mode)
+        if check_mode(mode) != "train":
+            return np.ascontiguousarray(short + w_fwd[:, None] * (m - short))
+        # the forward's move (twice with recompute, as the analytic model counts it) and the
+        # gradient's move back, each weighted by the node that runs just before it
+        base = super().edge_cost  # (super() does not reach into a generator expression)
+        fwd, fwd_short = (base(*args, c, "inference") for c in (self.comm_cluster(cluster), near))
+        if node_training(dst).recompute:
+            fwd, fwd_short = 2.0 * fwd, 2.0 * fwd_short
+        back, back_short = m - fwd, short - fwd_short
+        return np.ascontiguousarray(fwd_short + w_fwd[:, None] * (fwd - fwd_short)
+                                    + back_short + w_bwd[None, :] * (back - back_short))
 
     def output_cost(self, node, output, configs, cluster, mode="train"):
         return super().output_cost(node, output, configs, self.comm_cluster(cluster), mode)
@@ -457,6 +521,44 @@ class ProfiledModel(AnalyticModel):
         self.measurements += 1
         self.cache.put(self._device, self._torch, sig, timing)
         return timing
+
+    def whole_update_rate(self, graph: Graph) -> float:
+        """Seconds per element of one update of all of ``graph``'s float parameters at once (cached).
+
+        A node's update timed alone (``optimizer_timing``) runs its handful of foreach passes over
+        a few MiB that stay in the last-level cache between passes, even when it starts cold. In a
+        step the one optimizer walks the whole model's state in each pass, and once that state
+        outgrows the cache every pass streams from memory: on the 2-core development machine
+        (32 MiB L3) AdamW took 1.8 ns per element over 1 M elements and 3.8-3.9 over 2-8 M, so
+        bench-runtime's residual MLP (8.4 M) updated in 33 ms where its nodes timed alone summed
+        to 18. The rate is measured on the model's own parameter shapes (the largest first, up
+        to ``UPDATE_RATE_ELEMENTS``, past which it no longer changes), the replicated case: a
+        sharded plan's smaller state can only stream less, so its nodes are priced at least at
+        their own timing and at most at this rate (``_optimizer_terms``).
+        """
+        from autopar.cost_models.op_runner import FLOAT
+
+        seen: dict[str, tuple[tuple[int, ...], str]] = {}
+        for n in graph.nodes:
+            for p in n.params:
+                if p.spec.dtype in FLOAT:
+                    seen[p.source] = (tuple(p.spec.shape), p.spec.dtype)
+        if not self.optimizer or not seen:
+            return 0.0
+        shapes, total = [], 0
+        for shape, dtype in sorted(seen.values(), key=lambda s: -math.prod(s[0])):
+            if total >= UPDATE_RATE_ELEMENTS:
+                break
+            shapes.append((shape, dtype))
+            total += math.prod(shape)
+        sig = repr(("optimizer rate", self.optimizer, "foreach, cold, less a scalar's, per element", shapes))
+        hit = self.cache.get(self._device, self._torch, sig)
+        if hit is None:
+            t = self._measure_optimizer(shapes)
+            hit = Timing(t.forward / total, 0.0, t.error) if not t.error else t
+            self.measurements += 1
+            self.cache.put(self._device, self._torch, sig, hit)
+        return 0.0 if hit.error else hit.forward
 
     def _measure_optimizer(self, shapes) -> Timing:
         import torch
@@ -536,9 +638,14 @@ class ProfiledModel(AnalyticModel):
         o = self.optimizer_timing(node, config)
         if o is None or o.error:
             return []  # no parameters, or an update the runner cannot time: left unpriced
-        return [Term("optimizer step (measured)", o.forward,
-                     f"{self.optimizer} update of the local parameter shards, median of {self.repeats} "
-                     f"= {o.forward:.4g} s" if text else "", "optimizer")]
+        why = f"{self.optimizer} update of the local parameter shards, median of {self.repeats} = {o.forward:.4g} s"
+        seconds = o.forward
+        elements = sum(math.prod(shape) for shape, _ in self._optimizer_shapes(node, config))
+        if elements * self.update_rate > seconds:  # the whole model's state streams from memory
+            seconds = elements * self.update_rate
+            why += (f"; in the whole model's update, {elements} elements x {self.update_rate * 1e9:.3g} ns "
+                    f"= {seconds:.4g} s (whole_update_rate)")
+        return [Term("optimizer step (measured)", seconds, why if text else "", "optimizer")]
 
     # -- a whole graph up front, with a progress bar ------------------------------------------
     def profile(self, graph: Graph, cluster: Cluster, mode: str = "train", space: str = "mesh",
@@ -558,6 +665,8 @@ class ProfiledModel(AnalyticModel):
         missing = [(n, c) for s, (n, c) in todo.items()
                    if self.cache.get(self._device, self._torch, s) is None]
         before = self.measurements
+        if mode == "train":
+            self.update_rate = self.whole_update_rate(graph)
         bar = Progress(len(missing), f"profiling {graph.model_name or 'model'}", enabled=progress)
         for n, c in missing:
             self.node_breakdown(n, c, cluster, mode, text=False)

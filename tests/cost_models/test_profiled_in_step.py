@@ -1,0 +1,134 @@
+"""The profiled model prices what a step meets, not what an op timed alone meets: the whole
+model's optimizer update streaming from memory, and the shorter wait before a reshard that
+follows a short node. The device is replaced by fakes whose behaviour is known, so the checks
+are exact and do not depend on this machine's timings."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from autopar.cost_models.analytic import AnalyticModel
+from autopar.cost_models.profile_cache import Timing
+from autopar.cost_models.profiled import CommFit, ProfiledModel
+from autopar.cost_models.tables import build_tables
+
+import autopar
+from autopar.core.tables import Config
+
+CPU2 = autopar.Cluster.preset("cpu", devices=2)
+CACHE_ELEMENTS = 1 << 16  # the fake device's cache, in parameter elements
+
+
+def fake_update(shapes) -> Timing:
+    """A device whose update costs 1 ns an element while the whole call's state fits its cache
+    and 4 ns once it does not (as AdamW on the development machine: 1.8 vs 3.8 ns)."""
+    n = sum(math.prod(s) for s, _ in shapes)
+    return Timing((1e-9 if n <= CACHE_ELEMENTS else 4e-9) * n, 0.0)
+
+
+def _mlp(width: int):
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width))
+    return autopar.trace(model, (torch.randn(8, width),))
+
+
+def _replicated_update(model: ProfiledModel, graph) -> float:
+    total = 0.0
+    for n in graph.nodes:
+        whole = Config(tuple(1 for _ in n.dims))
+        total += sum(t.seconds for t in model.node_breakdown(n, whole, CPU2).terms if t.kind == "optimizer")
+    return total
+
+
+# a model whose state fits the cache, and one whose nodes fit alone but whose whole state does not
+@pytest.mark.parametrize("width", [64, 200])
+def test_replicated_update_sums_to_the_whole_model_s_update(tmp_path, monkeypatch, width):
+    monkeypatch.setattr(ProfiledModel, "_measure_optimizer", lambda self, shapes: fake_update(shapes))
+    monkeypatch.setattr(ProfiledModel, "_measure", lambda self, node, config: Timing(1e-4, 1e-4))
+    graph = _mlp(width)
+    shapes = [(tuple(p.shape), "float32") for p in
+              torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, width)).parameters()]
+    truth = fake_update(shapes).forward  # one optimizer over every parameter, as a step runs it
+    model = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"), optimizer="adamw", fit_comm=False)
+    model.profile(graph, CPU2)
+    assert _replicated_update(model, graph) == pytest.approx(truth, rel=1e-6)
+    alone = copy.copy(model)  # each node priced as timed alone: right only while it all fits
+    alone.update_rate = 0.0
+    assert width * width + width <= CACHE_ELEMENTS  # each node alone fits
+    fits = 2 * (width * width + width) <= CACHE_ELEMENTS
+    assert (_replicated_update(alone, graph) == pytest.approx(truth, rel=1e-6)) == fits
+
+
+def test_a_shard_is_priced_between_its_own_timing_and_the_whole_rate(tmp_path, monkeypatch):
+    monkeypatch.setattr(ProfiledModel, "_measure_optimizer", lambda self, shapes: fake_update(shapes))
+    monkeypatch.setattr(ProfiledModel, "_measure", lambda self, node, config: Timing(1e-4, 1e-4))
+    graph = _mlp(256)
+    model = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"), optimizer="adamw", fit_comm=False)
+    model.profile(graph, CPU2)
+    assert model.update_rate == pytest.approx(4e-9)
+    node = next(n for n in graph.nodes if n.op == "linear")
+    out_dim = [d.name for d in node.dims].index(node.params[0].spec.axes[0][0])
+    half = Config(tuple(2 if i == out_dim else 1 for i in range(len(node.dims))),
+                  tuple((0,) if i == out_dim else () for i in range(len(node.dims))))
+    [term] = [t for t in model.node_breakdown(node, half, CPU2).terms if t.kind == "optimizer"]
+    assert term.seconds == pytest.approx(4e-9 * (256 * 128 + 128))  # half the weight and bias, streamed
+
+
+# -- reshards after short and long producers ---------------------------------------------------
+
+FAR = CommFit(latency=2e-3, bandwidth=1e9, world=2, gather_latency=3e-3, gather_bandwidth=0.5e9)
+NEAR = CommFit(latency=1e-3, bandwidth=1.2e9, world=2, gather_latency=1.5e-3, gather_bandwidth=0.8e9)
+
+
+def _fitted(tmp_path, forward: float, backward: float | None = None) -> ProfiledModel:
+    model = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"), optimizer=None)
+    model.comm, model.near, model._comm_done = FAR, NEAR, True
+    model.timing = lambda node, config, estimate=0.0: Timing(forward, forward if backward is None else backward)
+    return model
+
+
+def _analytic_on(fit: CommFit, graph, cluster, mode="train"):
+    linked = ProfiledModel._with_links(cluster, fit)
+    return build_tables(graph, linked, AnalyticModel(optimizer=None), space="mesh", mode=mode,
+                        optimizer=None)
+
+
+@pytest.mark.parametrize("forward, weight", [(0.5e-3, 0.0), (1e-3, 0.0), (2.5e-3, 0.5), (4e-3, 1.0), (9e-3, 1.0)])
+def test_reshard_priced_between_the_two_fits_by_the_producer_s_compute(tmp_path, forward, weight):
+    graph = _mlp(64)
+    model = _fitted(tmp_path, forward)
+    tables = build_tables(graph, CPU2, model, space="mesh", mode="train", optimizer=None)
+    far, near = _analytic_on(FAR, graph, CPU2), _analytic_on(NEAR, graph, CPU2)
+    moved = 0
+    for key, m in tables.edge_cost.items():
+        expect = near.edge_cost[key] + weight * (far.edge_cost[key] - near.edge_cost[key])
+        np.testing.assert_allclose(m, expect, rtol=1e-9, atol=1e-15)
+        moved += int((far.edge_cost[key] != near.edge_cost[key]).any())
+    assert moved > 0  # the fits disagree on some edge, so the weight was exercised
+
+
+def test_forward_move_by_the_producer_gradient_move_by_the_consumer(tmp_path):
+    graph = _mlp(64)
+    model = _fitted(tmp_path, forward=0.5e-3, backward=9e-3)  # every forward short, every backward long
+    tables = build_tables(graph, CPU2, model, space="mesh", mode="train", optimizer=None)
+    far, far_fwd = _analytic_on(FAR, graph, CPU2), _analytic_on(FAR, graph, CPU2, "inference")
+    near_fwd = _analytic_on(NEAR, graph, CPU2, "inference")
+    for key, m in tables.edge_cost.items():  # the forward's move on the near fit, the gradient's on the far
+        expect = near_fwd.edge_cost[key] + (far.edge_cost[key] - far_fwd.edge_cost[key])
+        np.testing.assert_allclose(m, expect, rtol=1e-9, atol=1e-15)
+    inference = build_tables(graph, CPU2, model, space="mesh", mode="inference", optimizer=None)
+    for key, m in inference.edge_cost.items():
+        np.testing.assert_allclose(m, near_fwd.edge_cost[key], rtol=1e-9, atol=1e-15)
+
+
+def test_one_fit_when_near_gap_is_off(tmp_path):
+    graph = _mlp(64)
+    model = _fitted(tmp_path, 0.1e-3)
+    model.near_gap, model.near = None, None
+    tables = build_tables(graph, CPU2, model, space="mesh", mode="train", optimizer=None)
+    far = _analytic_on(FAR, graph, CPU2)
+    for key, m in tables.edge_cost.items():
+        np.testing.assert_allclose(m, far.edge_cost[key], rtol=1e-9, atol=1e-15)
