@@ -173,6 +173,19 @@ def _cluster(cluster, devices: int) -> Cluster:
 
 # -- the plan: searched on rank 0, or read, then checked against this rank's graph -------------
 
+def _profiled_on_group(cluster, plan_kwargs):
+    """A profiled cost model whose links every rank has fitted together.
+
+    The fit times collectives on the process group, so every rank must run it; the compute is
+    then profiled on rank 0 alone, which plans. Before, rank 0 started the fit alone while the
+    others waited for its plan, and the run hung."""
+    from autopar.cost_models.profiled import ProfiledModel
+
+    model = ProfiledModel(optimizer=plan_kwargs.get("optimizer", "adam"))  # as the registry's entry makes it
+    model.comm_cluster(cluster)
+    return model
+
+
 def _local_plan(model, inputs, graph, cluster, plan, plan_kwargs) -> Plan:
     if plan is None:
         from autopar.planning.planner import plan as search
@@ -193,6 +206,8 @@ def _shared_plan(model, inputs, graph, cluster, plan, plan_kwargs) -> Plan:
     """Rank 0's plan on every rank (an error on rank 0 is raised on every rank, not a hang)."""
     box: list = [None]
     mine = None
+    if plan is None and plan_kwargs.get("cost_model") == "profiled":
+        plan_kwargs = {**plan_kwargs, "cost_model": _profiled_on_group(cluster, plan_kwargs)}
     if dist.get_rank() == 0:
         try:
             mine = _local_plan(model, inputs, graph, cluster, plan, plan_kwargs)

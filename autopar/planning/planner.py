@@ -98,7 +98,7 @@ def run_search(tables: CostTables, search: str, time_limit: float, whole: frozen
 
 
 def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices: int | None = None,
-         cost_model: str = "analytic",
+         cost_model="analytic",
          space: str = "mesh", search: str = "auto", mode: str = "train", optimizer: str | None = "adam",
          memory_capacity: float | None = None, time_limit: float = 60.0, graph: Graph | None = None,
          model_name: str = "", pase_profile: str | None = None, pase_rate: tuple[float, float] = (10.0, 16.0),
@@ -111,7 +111,8 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     keyword inputs, or one dict of keyword inputs). ``cluster``: None (this machine: the ``cpu`` preset, ``devices`` of them, by default the
     process group's size or this machine's cores), a preset name (``"8xA100"``), a device count
     or an ``autopar.Cluster``. ``memory_capacity`` (bytes per device) overrides the cluster's.
-    ``cost_model``, ``search``, ``space``: see ``autopar.planning.registry``. PaSE's model
+    ``cost_model``, ``search``, ``space``: see ``autopar.planning.registry`` (``cost_model`` may also
+    be a mesh cost model object, e.g. a ``ProfiledModel`` with its own options). PaSE's model
     (``pase_rate`` = its TFLOP/s and GB/s) prices PaSE's view of the graph in its own space;
     ``pase_profile`` names its per-model fold rules (default: from the model class's name).
     ``pipeline``: True searches pipeline stages too, False never; "auto" when the cluster has
@@ -139,7 +140,7 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     space_kind, cutoff = parse_space(space)
     if entry.space != space_kind:
         also = " or 'pase:N'" if entry.space == "pase" else ""
-        raise ValueError(f"cost_model={cost_model!r} goes with space={entry.space!r}{also}, not {space!r}")
+        raise ValueError(f"cost_model={entry.name!r} goes with space={entry.space!r}{also}, not {space!r}")
     cluster = resolve_cluster(cluster, devices)
     if graph is None:
         from autopar.frontend.trace import trace
@@ -147,7 +148,7 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
         graph = trace(model, example_inputs, example_kwargs)
     name = model_name or graph.model_name or type(model).__name__
     common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
-                  mesh=cluster.mesh(), cost_model=cost_model, space=space, mode=mode)
+                  mesh=cluster.mesh(), cost_model=entry.name, space=space, mode=mode)
     if memory_capacity is not None:  # the plan (and its report and file) says the capacity it was made for
         common["cluster"]["memory_capacity"] = float(memory_capacity)
     from autopar.planning import hierarchical as hier

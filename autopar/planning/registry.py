@@ -91,10 +91,29 @@ SPACES = {"mesh": "splits realizable on the device mesh (default)",
           "pase": "PaSE's space with its cutoff 4", "pase:N": "PaSE's space with cutoff N"}
 
 
-def cost_model(name: str) -> CostModelEntry:
+def cost_model(name) -> CostModelEntry:
+    """The entry of a cost model by name, or one for a mesh cost model object already made (an
+    ``AnalyticModel`` or ``ProfiledModel`` configured by the caller: ``autopar.compile`` fits a
+    profiled model's links on every rank of the group, then plans with it on rank 0)."""
+    if not isinstance(name, str):
+        from autopar.cost_models.analytic import AnalyticModel
+
+        if not isinstance(name, AnalyticModel):  # a ValueError, as for every bad argument of plan()
+            raise ValueError(  # noqa: TRY004
+                f"cost_model must be a name ({', '.join(COST_MODELS)}) or a cost model object "
+                f"(autopar.cost_models.profiled.ProfiledModel, ...), not {type(name).__name__}")
+        return CostModelEntry(name.name, "given", "mesh", lambda graph, cluster, mode, optimizer: _given(
+            name, graph, cluster, mode))
     if name not in COST_MODELS:
         raise ValueError(f"unknown cost model {name!r}; use one of {', '.join(COST_MODELS)}")
     return COST_MODELS[name]
+
+
+def _given(model, graph, cluster, mode):
+    """A given model, its measurements done for this graph (``profile``, where it has one)."""
+    if hasattr(model, "profile"):
+        model.profile(graph, cluster, mode)
+    return model
 
 
 def search(name: str) -> SearchEntry:

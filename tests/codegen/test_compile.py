@@ -132,6 +132,46 @@ def test_compile_on_real_gloo_processes():
     assert results[0][1] == results[1][1]
 
 
+def _gloo_profiled(rank, world, cache):
+    import os
+
+    os.environ["AUTOPAR_CACHE"] = cache
+    model, inputs = _gpt()
+    module = autopar.compile(model, inputs, cost_model="profiled")
+    loss = module(*inputs)
+    loss.backward()
+    return float(loss), module.plan.to_json(), module.plan.cost_model
+
+
+@pytest.mark.slow
+def test_compile_with_the_profiled_model_fits_links_on_every_rank(tmp_path):
+    """The profiled model's fit runs collectives: every rank fits, rank 0 plans (this hung when
+    rank 0 fitted alone while the others waited for its plan)."""
+    model, inputs = _gpt()
+    results = run_gloo(_gloo_profiled, 2, str(tmp_path / "profile.sqlite"))
+    expected = float(model(*inputs))
+    for loss, plan, kind in results:
+        assert loss == pytest.approx(expected, rel=1e-5) and kind == "profiled"
+    assert results[0][1] == results[1][1]  # rank 0's plan on both
+
+
+def test_a_cost_model_object_plans_under_its_own_name(tmp_path):
+    from autopar.cost_models.analytic import AnalyticModel
+    from autopar.cost_models.profiled import ProfiledModel
+
+    model, inputs = _gpt()
+    cluster = autopar.Cluster.preset("cpu", devices=2)
+    by_name = autopar.plan(model, inputs, cluster, cost_model="analytic")
+    given = autopar.plan(model, inputs, cluster, cost_model=AnalyticModel(optimizer="adam"))
+    assert given.cost_model == "analytic" and given.assignment == by_name.assignment
+    assert given.cost == pytest.approx(by_name.cost)
+    profiled = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"), fit_comm=False)
+    assert autopar.plan(model, inputs, cluster, cost_model=profiled).cost_model == "profiled"
+    assert profiled.measurements > 0  # the given model was profiled for this graph
+    with pytest.raises(ValueError, match="cost_model must be a name"):
+        autopar.plan(model, inputs, cluster, cost_model=3)
+
+
 def _pipelined_losses(rank, world, plan_path):
     from autopar.training import train_steps
 
