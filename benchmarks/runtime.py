@@ -16,7 +16,8 @@ On ``nproc`` local gloo processes (one thread each, ``OMP_NUM_THREADS=1``), for 
 
 A step is forward + backward + AdamW (``foreach=True``, autopar's ``module.optimizer`` default,
 for every implementation but ``parallelize_module``'s, whose mix of plain and DTensor parameters
-foreach refuses), fenced by barriers; the variants of a model are built first
+foreach refuses), fenced by barriers; the variants of a model are built first, in an order drawn
+per run (``order_seed``: the run's number, the same on every rank),
 and timed in turns (one step of each per round, the order reversed every other round: a slower
 spell of the machine falls on all of them alike); the figure is the median of ``steps`` rounds
 after ``warmup``, on rank 0, and each cell the median of ``runs`` whole runs. autopar's modules are
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
@@ -93,15 +95,9 @@ def _pins(graph, plan, tp_linears: list[str]):
     return dataclasses.replace(plan, assignment=assignment, baselines={}, cost=tables.total(choice))
 
 
-def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
-    import copy
-
+def worker(rank: int, world: int, steps: int, warmup: int, order_seed: int = 0) -> dict:
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
-
-    import autopar
 
     torch.set_num_threads(1)
     import faulthandler
@@ -109,49 +105,70 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
     faulthandler.dump_traceback_later(float(os.environ.get("RUNTIME_HANG_S", "1800")), exit=True)
     out = {}
     for name, sizes in MODELS.items():
-        model, inputs = autopar.zoo.get(name, **sizes)
-        local = tuple(t.chunk(world)[rank] for t in inputs)
-        mlps = [m for m, _ in model.named_modules() if m.endswith("fc1") or m.endswith("fc2")]  # same order on every rank
-        best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False,
-                            optimizer="adamw")  # the optimizer every step below runs
-        tp_plan = _pins(best.graph, best, mlps)
-        steps_of = {}
+        out[name] = _model_results(name, sizes, rank, world, steps, warmup, order_seed)
+        dist.barrier()
+    return out
 
-        def add(label, module, batch, step_fn=None):
-            # the same AdamW everywhere, foreach on (autopar's module.optimizer default) wherever
-            # torch takes it: DDP's plain tensors gain nothing, FSDP2's DTensors gain what autopar's
-            # do; parallelize_module leaves plain and DTensor parameters mixed, which foreach
-            # refuses, so TP keeps torch's default loop
-            kinds = {isinstance(p, DTensor) for p in module.parameters()}
-            opt = (module.optimizer(torch.optim.AdamW, lr=1e-4) if hasattr(module, "optimizer")
-                   else torch.optim.AdamW(module.parameters(), lr=1e-4, foreach=True if len(kinds) == 1 else None))
 
-            def step():
-                opt.zero_grad()
-                if step_fn is not None:
-                    step_fn(batch)
-                else:
-                    module(*batch).backward()
-                opt.step()
+def _model_results(name: str, sizes: dict, rank: int, world: int, steps: int, warmup: int, order_seed: int) -> dict:
+    """One model's variants, built in the run's order and timed in turns (on every rank)."""
+    import copy
 
-            steps_of[label] = step
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
 
-        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
-        add("DDP", ddp, local)
+    import autopar
+
+    model, inputs = autopar.zoo.get(name, **sizes)
+    local = tuple(t.chunk(world)[rank] for t in inputs)
+    mlps = [m for m, _ in model.named_modules() if m.endswith("fc1") or m.endswith("fc2")]  # same order on every rank
+    best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False,
+                        optimizer="adamw")  # the optimizer every step below runs
+    tp_plan = _pins(best.graph, best, mlps)
+    steps_of = {}
+
+    def add(label, module, batch, step_fn=None):
+        # the same AdamW everywhere, foreach on (autopar's module.optimizer default) wherever
+        # torch takes it: DDP's plain tensors gain nothing, FSDP2's DTensors gain what autopar's
+        # do; parallelize_module leaves plain and DTensor parameters mixed, which foreach
+        # refuses, so TP keeps torch's default loop
+        kinds = {isinstance(p, DTensor) for p in module.parameters()}
+        opt = (module.optimizer(torch.optim.AdamW, lr=1e-4) if hasattr(module, "optimizer")
+               else torch.optim.AdamW(module.parameters(), lr=1e-4, foreach=True if len(kinds) == 1 else None))
+
+        def step():
+            opt.zero_grad()
+            if step_fn is not None:
+                step_fn(batch)
+            else:
+                module(*batch).backward()
+            opt.step()
+
+        steps_of[label] = step
+
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+
+    def build_ddp():
+        add("DDP", torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model)), local)
+
+    def build_autopar(label, plan):
         # autopar's modules take each rank's own slice of the batch, as DDP and FSDP2 do
         # (inputs="local": a DistributedSampler's; cut here once, outside the timed steps)
-        dp_mod = autopar.compile(model, inputs, plan=best.baselines["data_parallel"], inputs="local")
-        add("autopar DP", dp_mod, dp_mod.local_batch(*inputs)[0], lambda b: dp_mod.train_step(*b))
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        mod = autopar.compile(model, inputs, plan=plan, inputs="local")
+        add(label, mod, mod.local_batch(*inputs)[0], lambda b: mod.train_step(*b))
 
-        mesh = init_device_mesh("cpu", (world,))
+    def build_tp():
         tp = copy.deepcopy(model)
         parallelize_module(tp, mesh, {m: ColwiseParallel() if m.endswith("fc1") else RowwiseParallel()
                                       for m in mlps})
         add("TP", tp, inputs)
-        tp_mod = autopar.compile(model, inputs, plan=tp_plan, inputs="local")
-        add("autopar TP", tp_mod, tp_mod.local_batch(*inputs)[0], lambda b: tp_mod.train_step(*b))
-        failed = {}
+
+    failed = {}
+
+    def build_fsdp2():
         try:
             from torch.distributed.fsdp import fully_shard
 
@@ -163,20 +180,25 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
             add("FSDP2", fs, local)
         except Exception as e:  # noqa: BLE001 - report it, keep the other figures
             failed["FSDP2"] = f"failed: {type(e).__name__}: {str(e)[:80]}"
-        own = autopar.compile(model, inputs, plan=best, inputs="local")
-        add("autopar", own, own.local_batch(*inputs)[0], lambda b: own.train_step(*b))
-        medians, rounds = _round_robin(steps_of, steps, warmup)
-        results = {**medians, **failed, "rounds": rounds}
-        if rank == 0:
-            for label, v in medians.items() | failed.items():
-                print(f"  {name} {label}: " + (f"{v * 1e3:.1f} ms" if isinstance(v, float) else v), flush=True)
-        dp_cost = best.baselines["data_parallel"].cost
-        results["predicted speed-up over DP"] = dp_cost / best.cost
-        results["predicted TP / DP"] = tp_plan.cost / dp_cost
-        results["plan"] = best.search.name
-        out[name] = results
-        dist.barrier()
-    return out
+
+    builders = {"DDP": build_ddp, "autopar DP": lambda: build_autopar("autopar DP", best.baselines["data_parallel"]),
+                "TP": build_tp, "autopar TP": lambda: build_autopar("autopar TP", tp_plan),
+                "FSDP2": build_fsdp2, "autopar": lambda: build_autopar("autopar", best)}
+    # built (and then timed) in an order drawn per run, the same on every rank: a variant
+    # built last paid up to 12% in one run (the gpt's own module, the same plan and code as
+    # the data-parallel one built second), so no variant keeps one place over the runs
+    for label in random.Random(order_seed).sample(list(builders), len(builders)):
+        builders[label]()
+    medians, rounds = _round_robin(steps_of, steps, warmup)
+    results = {**medians, **failed, "rounds": rounds}
+    if rank == 0:
+        for label, v in medians.items() | failed.items():
+            print(f"  {name} {label}: " + (f"{v * 1e3:.1f} ms" if isinstance(v, float) else v), flush=True)
+    dp_cost = best.baselines["data_parallel"].cost
+    results["predicted speed-up over DP"] = dp_cost / best.cost
+    results["predicted TP / DP"] = tp_plan.cost / dp_cost
+    results["plan"] = best.search.name
+    return results
 
 
 def table(runs: dict) -> str:
@@ -253,8 +275,8 @@ def main(argv=None) -> int:
     runs = {}
     for n in args.nproc:
         repeats = []
-        for _ in range(args.runs):  # whole runs, fresh processes; each cell the median over them
-            repeats.append(launch(worker, n, args.steps, args.warmup, timeout=3600)[0])
+        for k in range(args.runs):  # whole runs, fresh processes; each cell the median over them
+            repeats.append(launch(worker, n, args.steps, args.warmup, k, timeout=3600)[0])
             print(table({n: repeats[-1]}), flush=True)
         runs[n] = _median_runs(repeats)
     text = table(runs)
