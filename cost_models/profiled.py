@@ -5,12 +5,14 @@ under a config (operands cut by the splits, see ``op_runner.local_shape``) is ru
 device, forward and backward, and the median of ``repeats`` runs replaces the two roofline terms.
 On a CPU the op runs on one thread and is timed on that thread's CPU clock (``op_runner.clock``),
 so other processes on a shared machine do not leak into the cached numbers. In training, the
-optimizer's update of the node's local parameter shards is measured too (``optimizer``).
+optimizer's update of the node's local parameter shards is measured too (``optimizer``), and
+priced at least at the per-element rate of the whole model's update (``whole_update_rate``).
 Everything else (weight-gradient syncs, edge reshards, graph outputs) is the analytic model's,
 priced on the cluster's links, or on links fitted to the live process group when there is one
 (``fit_collectives``: an all-reduce timed at a few sizes as the generated module issues it, the
 bare c10d call of ``codegen/moves.py`` and of the gradient buckets; a line fitted for alpha and
-beta). The gradient sync is the
+beta; fitted twice, after 4 and 1 ms of work, and each reshard priced between the two by the
+node just before it, ``near_weight``). The gradient sync is the
 analytic model's: bucketed, as the generated module's reducer runs it (``core.buckets``).
 
 Timings are cached in SQLite (``profile_cache``) by device, torch version and op signature, so
@@ -449,7 +451,8 @@ class ProfiledModel(AnalyticModel):
         mesh = cluster.mesh()
         for i, c in enumerate(configs):
             m = to_mesh(c, mesh)
-            t = self.timing(node, m) if m is not None else None
+            # cached timings only: an op left unmeasured (over ``max_estimate``) is not run here
+            t = self.cache.get(self._device, self._torch, op_signature(node, m)) if m is not None else None
             if t is not None and not t.error:
                 gap = (t.backward or 0.0) if backward else t.forward
                 w[i] = min(1.0, max(0.0, (gap - near) / (far - near)))
@@ -547,8 +550,11 @@ class ProfiledModel(AnalyticModel):
             return 0.0
         shapes, total = [], 0
         for shape, dtype in sorted(seen.values(), key=lambda s: -math.prod(s[0])):
-            if total >= UPDATE_RATE_ELEMENTS:
+            room = UPDATE_RATE_ELEMENTS - total
+            if room <= 0:
                 break
+            if math.prod(shape) > room:  # a flat piece instead: no 4 GiB of state for a large embedding
+                shape = (room,)
             shapes.append((shape, dtype))
             total += math.prod(shape)
         sig = repr(("optimizer rate", self.optimizer, "foreach, cold, less a scalar's, per element", shapes))

@@ -86,7 +86,8 @@ NEAR = CommFit(latency=1e-3, bandwidth=1.2e9, world=2, gather_latency=1.5e-3, ga
 def _fitted(tmp_path, forward: float, backward: float | None = None) -> ProfiledModel:
     model = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"), optimizer=None)
     model.comm, model.near, model._comm_done = FAR, NEAR, True
-    model.timing = lambda node, config, estimate=0.0: Timing(forward, forward if backward is None else backward)
+    timed = Timing(forward, forward if backward is None else backward)
+    model.cache.get = lambda device, version, signature: timed  # every op, as profiled
     return model
 
 
@@ -132,3 +133,30 @@ def test_one_fit_when_near_gap_is_off(tmp_path):
     far = _analytic_on(FAR, graph, CPU2)
     for key, m in tables.edge_cost.items():
         np.testing.assert_allclose(m, far.edge_cost[key], rtol=1e-9, atol=1e-15)
+
+
+def test_pricing_the_edges_runs_no_op_the_profile_left_unmeasured(tmp_path):
+    graph = _mlp(64)
+    model = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"), optimizer=None, max_estimate=0.0)
+    model.comm, model.near, model._comm_done = FAR, NEAR, True
+    model.profile(graph, CPU2)
+    tables = build_tables(graph, CPU2, model, space="mesh", mode="train", optimizer=None)
+    assert model.measurements == 0  # every op over max_estimate: analytic, and never run for a weight
+    far = _analytic_on(FAR, graph, CPU2)
+    for key, m in tables.edge_cost.items():  # no timing: priced on the far fit
+        np.testing.assert_allclose(m, far.edge_cost[key], rtol=1e-9, atol=1e-15)
+
+
+def test_the_whole_update_is_timed_on_at_most_the_cap(tmp_path, monkeypatch):
+    from autopar.cost_models import profiled
+
+    seen = []
+    monkeypatch.setattr(profiled, "UPDATE_RATE_ELEMENTS", 3000)
+    monkeypatch.setattr(ProfiledModel, "_measure_optimizer",
+                        lambda self, shapes: (seen.append(shapes), fake_update(shapes))[1])
+    monkeypatch.setattr(ProfiledModel, "_measure", lambda self, node, config: Timing(1e-4, 1e-4))
+    model = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"), optimizer="adamw", fit_comm=False)
+    model.profile(_mlp(64), CPU2)  # two 64x64 weights (4096 elements each) and two biases
+    whole = [s for s in seen if sum(math.prod(x) for x, _ in s) == 3000]
+    assert len(whole) == 1 and whole[0] == [((3000,), "float32")]  # a flat piece of the largest
+    assert model.update_rate == pytest.approx(1e-9)  # the fake's rate for 3000 elements
