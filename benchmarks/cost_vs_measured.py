@@ -41,8 +41,7 @@ import numpy as np
 
 from benchmarks.runtime import MODELS as RUNTIME_MODELS
 
-WORLD = 2
-MESH = (2,)
+WORLD = 2  # default ranks (``--world``)
 SIZES = {
     "mlp": dict(batch=256, inputs=512, hidden=1024, layers=3, classes=64),
     "gpt": dict(batch=8, seq=128, width=256, heads=4, layers=2, vocab=1024),
@@ -146,26 +145,28 @@ def strategies(name: str, graph, tables, mesh, randoms: int = 3) -> dict[str, li
     from tests.helpers.plans import follow
 
     linears = [n for n in graph.nodes if n.op == "linear"]
+    shape = tuple(mesh.shape)
+    axes = tuple(range(len(shape)))  # a pinned split over every mesh axis (on 4 ranks: 2x2)
     out: dict[str, list[int]] = {}
     out["data parallel"] = data_parallel_choice(graph, tables)
     out["replicated"] = _choice(graph, tables, {})
     out["column-parallel"] = _choice(graph, tables, follow(
-        graph, MESH, {n.name: {_linear_dims(n)[0]: (0,)} for n in linears}))
+        graph, shape, {n.name: {_linear_dims(n)[0]: axes} for n in linears}))
     out["row-parallel"] = _choice(graph, tables, follow(
-        graph, MESH, {n.name: {_linear_dims(n)[1]: (0,)} for n in linears}))
+        graph, shape, {n.name: {_linear_dims(n)[1]: axes} for n in linears}))
     expert = _expert_choice(graph, tables, mesh)
     if expert is not None:
         out["expert (Megatron)"] = expert
     else:  # Megatron pairs by hand: column then row, the activation in between stays split
-        pins = {n.name: {_linear_dims(n)[j % 2]: (0,)} for j, n in enumerate(linears)}
-        out["column/row pairs"] = _choice(graph, tables, follow(graph, MESH, pins))
+        pins = {n.name: {_linear_dims(n)[j % 2]: axes} for j, n in enumerate(linears)}
+        out["column/row pairs"] = _choice(graph, tables, follow(graph, shape, pins))
     # mixed: data parallel on the first half of the nodes, column/row-parallel linears after
     half = len(graph.nodes) // 2
     dp_plan = {n.name: tables.configs[i][c]
                for i, (n, c) in enumerate(zip(graph.nodes, out["data parallel"])) if i < half}
     late = [n for n in linears if graph.nodes.index(n) >= half]
-    pins = {n.name: {_linear_dims(n)[j % 2]: (0,)} for j, n in enumerate(late)}
-    mixed = follow(graph, MESH, pins)
+    pins = {n.name: {_linear_dims(n)[j % 2]: axes} for j, n in enumerate(late)}
+    mixed = follow(graph, shape, pins)
     mixed.update(dp_plan)
     out["mixed (dp, then tp)"] = _choice(graph, tables, mixed)
     out["autopar best"] = list(run_search(tables, "auto", 60.0).choice)
@@ -218,13 +219,13 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
         # for comparison, the model of stop 25: the same fit and timings, each node's update
         # priced as timed alone (no whole-model update rate), every reshard on the 4 ms fit
         old = copy.copy(cm)
-        old.update_rate, old.near = 0.0, None
+        old.update_rate, old.near, old.share = 0.0, None, 1.0
         old_tables = build_tables(graph, cluster, old, space="mesh", mode="train", optimizer="adam")
         strats = strategies(name, graph, tables, mesh)
         runs = []
         for label, choice in strats.items():
             assignment = {n: tables.configs[i][c] for i, (n, c) in enumerate(zip(tables.nodes, choice))}
-            mod = shard_module(model, graph, assignment, MESH)
+            mod = shard_module(model, graph, assignment, tuple(mesh.shape))
             opt = mod.optimizer(torch.optim.AdamW, lr=LR)  # foreach over the DTensors, as a user of the module gets it
             runs.append((label, mod, opt))
         times = {label: [] for label, _, _ in runs}
@@ -242,6 +243,7 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
             near=(cm.near.latency, cm.near.bandwidth, cm.near.via, cm.near.gather_latency,
                   cm.near.gather_bandwidth) if cm.near else None,
             update_rate=cm.update_rate,
+            share=cm.share,
             rows=[dict(label=label, predicted=tables.total(choice), times=times[label], cpu=cpu[label],
                        before=old_tables.total(choice),
                        split_nodes=sum(tables.configs[i][c].devices > 1 for i, c in enumerate(choice)),
@@ -320,6 +322,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=1, help="repeat the whole measurement (repeatability)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run, not a benchmark)")
     ap.add_argument("--models", default="mlp,gpt")
+    ap.add_argument("--world", type=int, default=WORLD, help="gloo processes (the cpu preset's mesh for them)")
     ap.add_argument("--cache", default=None,
                     help="profile cache (default: a fresh one in a temporary folder, so that compute is "
                          "timed on the machine as it is during the measurement)")
@@ -338,22 +341,22 @@ def main(argv=None) -> int:
     if args.cache is None:  # timings cached on another day, on a machine otherwise loaded, are not this run's
         tmp = tempfile.TemporaryDirectory(prefix="autopar-cvm-")
         args.cache = str(Path(tmp.name) / "profile.sqlite")
-    cluster = autopar.Cluster.preset("cpu", devices=WORLD)
+    cluster = autopar.Cluster.preset("cpu", devices=args.world)
     start = time.perf_counter()
     for name, kw in sizes.items():  # compute profiled once here, one thread, before the ranks start
         model, inputs = autopar.zoo.get(ZOO_NAME.get(name, name), **kw)
         cm = ProfiledModel(cache_path=args.cache, optimizer=OPTIMIZER)
         n = cm.profile(autopar.trace(model, inputs), cluster)
         print(f"{name}: profiled {n} new op signatures", file=sys.stderr)
-    runs = [launch(_rank, WORLD, sizes, repeats, args.warmup, args.cache, threads=1, timeout=1800)
+    runs = [launch(_rank, args.world, sizes, repeats, args.warmup, args.cache, threads=1, timeout=1800)
             for _ in range(max(1, args.runs))]
     elapsed = time.perf_counter() - start
     res = runs[0]
 
-    lines = ["# Profiled cost model vs measured step time (2 gloo CPU processes)", "",
+    lines = [f"# Profiled cost model vs measured step time ({args.world} gloo CPU processes)", "",
              f"Command: `.venv/bin/python -m benchmarks.cost_vs_measured{' ' + ' '.join(argv or sys.argv[1:]) if (argv or sys.argv[1:]) else ''}`  ",
              f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-             f"{WORLD} ranks x 1 thread; step = zero_grad + forward + backward + AdamW; "
+             f"{args.world} ranks x 1 thread; step = zero_grad + forward + backward + AdamW; "
              f"median of {repeats} round-robin rounds after {args.warmup} warm-up, slower rank per round; "
              f"run took {elapsed:.0f} s.", ""]
     allp, allm, allb = [], [], []
@@ -372,6 +375,8 @@ def main(argv=None) -> int:
                              f"bandwidth {c[1] / 1e9:.3f} GB/s{gather} (timed via {c[2]}).  ")
         if per_rank[0]["update_rate"]:
             lines.append(f"Whole-model {OPTIMIZER} update: {1e9 * per_rank[0]['update_rate']:.2f} ns per element.  ")
+        lines.append(f"Ranks computing at once: {per_rank[0]['share']:.3f}x alone (compute_share, times every "
+                     "measured compute and update).  ")
         lines.append("")
         lines += table(name, rows)
         allp += [r["predicted"] for r in rows]
@@ -404,8 +409,9 @@ def main(argv=None) -> int:
               "weight-gradient all-reduces, reshards on edges and graph outputs. `before` is the "
               "model of the previous stop: the same fits and timings, with each node's optimizer "
               "update priced as timed alone (now at least at the rate of the whole model's update, "
-              "whose state streams from memory once it outgrows the cache) and every reshard on "
-              "the 4 ms fit (now between the two fits by its producer's compute). Compute is profiled afresh in each "
+              "whose state streams from memory once it outgrows the cache), every reshard on "
+              "the 4 ms fit (now between the two fits by the compute before it) and compute as "
+              "timed alone (now times how much slower the ranks compute together). Compute is profiled afresh in each "
               "invocation (a temporary cache) unless `--cache` names one."]
     text = "\n".join(lines) + "\n"
     print(text)

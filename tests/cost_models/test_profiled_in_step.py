@@ -160,3 +160,23 @@ def test_the_whole_update_is_timed_on_at_most_the_cap(tmp_path, monkeypatch):
     whole = [s for s in seen if sum(math.prod(x) for x, _ in s) == 3000]
     assert len(whole) == 1 and whole[0] == [((3000,), "float32")]  # a flat piece of the largest
     assert model.update_rate == pytest.approx(1e-9)  # the fake's rate for 3000 elements
+
+
+def test_compute_share_times_measured_compute_updates_and_gaps(tmp_path, monkeypatch):
+    monkeypatch.setattr(ProfiledModel, "_measure_optimizer", lambda self, shapes: fake_update(shapes))
+    monkeypatch.setattr(ProfiledModel, "_measure", lambda self, node, config: Timing(2e-3, 3e-3))
+    graph = _mlp(64)
+    node = next(n for n in graph.nodes if n.op == "linear")
+    whole = Config(tuple(1 for _ in node.dims))
+    model = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"), optimizer="adamw", fit_comm=False)
+    model.profile(graph, CPU2)
+    alone = {t.label: t.seconds for t in model.node_breakdown(node, whole, CPU2).terms}
+    assert model.share == 1.0  # no process group: a device's own speed
+    model.share = 2.0  # two ranks on each core
+    shared = {t.label: t.seconds for t in model.node_breakdown(node, whole, CPU2).terms}
+    for label in ("compute forward (measured)", "compute backward (measured)", "optimizer step (measured)"):
+        assert shared[label] == pytest.approx(2.0 * alone[label])
+    # a 2 ms forward computed at half speed is a 4 ms gap before the reshard: the far fit
+    assert model.near_weight(node, [whole], CPU2)[0] == 1.0
+    model.share = 1.0
+    assert model.near_weight(node, [whole], CPU2)[0] == pytest.approx(1 / 3)
