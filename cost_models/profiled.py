@@ -265,17 +265,31 @@ def compute_share(device: str = "cpu", seconds: float = 0.03, repeats: int = 9, 
     measured every plan of the gpt 1.5-2.1x its profiled prediction. Timed here on
     ``_compute_segment``'s work (``seconds`` of it): rank 0 alone while the others wait in a
     barrier, then every rank at once; the slowest rank's median over rank 0's alone, the same
-    figure on every rank (all-reduced). Every rank must call it. Matmuls by default (three tries
+    figure on every rank (all-reduced). Every rank must call it; on a CPU on one thread, as the
+    profile runs each op (2 ranks of 2 threads on the 2 cores read 1.4-1.9). Matmuls by default (three tries
     of 9: 1.00 on 2 ranks, 1.86-1.99 on 4): the mixed segment's 8 MiB streaming pass read
     1.31-1.37 on 2 ranks, where the steps themselves, mostly matmuls in cache, slowed 1.0-1.05x.
     """
-    import time
-
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return 1.0
+    threads = torch.get_num_threads()
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(1)  # as the profile times each op: one core's worth a device
+    try:
+        return _share(seconds, repeats, device, work)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _share(seconds: float, repeats: int, device: str, work: str) -> float:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
     seg = _compute_segment(seconds, device, work)
     seg()
 
