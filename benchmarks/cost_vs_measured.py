@@ -1,10 +1,10 @@
-"""Predicted (profiled cost model) vs measured training-step times on 2 gloo CPU processes.
+"""Predicted (profiled cost model) vs measured training-step times on 2 (``--world``) gloo CPU processes.
 
-    .venv/bin/python -m benchmarks.cost_vs_measured [--repeats 7] [--quick] [--out PATH]
+    .venv/bin/python -m benchmarks.cost_vs_measured [--repeats 7] [--quick] [--world 2] [--out PATH]
 
 For the zoo's ``mlp`` and ``gpt`` (``--models resmlp,gpt16``: ``make bench-runtime``'s two models
-at its sizes) this picks a set of distinct strategies on a mesh of 2 ranks
-(data parallel, everything replicated, column-parallel and row-parallel linears, Megatron pairs /
+at its sizes) this picks a set of distinct strategies on the ``cpu`` preset's mesh of the ranks
+(2; 2x2 for 4, the pinned splits over both axes) (data parallel, everything replicated, column-parallel and row-parallel linears, Megatron pairs /
 the "expert" plan, autopar's own best under the profiled model, a mixed plan, and a few seeded
 random plans from the search space), and for each:
 
