@@ -285,29 +285,15 @@ def compute_share(device: str = "cpu", seconds: float = 0.03, repeats: int = 9, 
 
 
 def _share(seconds: float, repeats: int, device: str, work: str) -> float:
-    import time
-
     import torch
     import torch.distributed as dist
 
+    median = _timer(device)  # barrier-fenced medians, as the collective fit times
     seg = _compute_segment(seconds, device, work)
-    seg()
-
-    def timed() -> float:
-        t = time.perf_counter()
-        seg()
-        _sync(device)
-        return time.perf_counter() - t
-
-    alone, together = [], []
-    for _ in range(repeats):
-        dist.barrier()
-        if dist.get_rank() == 0:
-            alone.append(timed())
-        dist.barrier()
-        together.append(timed())
-    x = torch.tensor([statistics.median(alone) if alone else 0.0, statistics.median(together)],
-                     dtype=torch.float64, device=device)
+    rank0 = dist.get_rank() == 0
+    alone = median(lambda: seg() if rank0 else None, repeats, 1)  # the others wait in the barrier
+    together = median(seg, repeats, 1)
+    x = torch.tensor([alone if rank0 else 0.0, together], dtype=torch.float64, device=device)
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
     return max(1.0, float(x[1] / x[0]))
 
@@ -522,7 +508,8 @@ class ProfiledModel(AnalyticModel):
 
     def edge_cost(self, src, src_output, dst, dst_input, src_configs, dst_configs, cluster, mode="train"):
         args = (src, src_output, dst, dst_input, src_configs, dst_configs)
-        m = super().edge_cost(*args, self.comm_cluster(cluster), mode)
+        far = self.comm_cluster(cluster)
+        m = super().edge_cost(*args, far, mode)
         if self.near is None or self.near.world != cluster.devices:
             return m
         near = self._with_links(cluster, self.near)
@@ -536,7 +523,7 @@ class ProfiledModel(AnalyticModel):
         # the forward's move (twice with recompute, as the analytic model counts it) and the
         # gradient's move back, each weighted by the node that runs just before it
         base = super().edge_cost  # (super() does not reach into a generator expression)
-        fwd, fwd_short = (base(*args, c, "inference") for c in (self.comm_cluster(cluster), near))
+        fwd, fwd_short = (base(*args, c, "inference") for c in (far, near))
         if node_training(dst).recompute:
             fwd, fwd_short = 2.0 * fwd, 2.0 * fwd_short
         back, back_short = m - fwd, short - fwd_short
