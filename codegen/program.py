@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.utils import _pytree as pytree
 
-from autopar.core.ir import Graph, Node
+from autopar.core.ir import METADATA_READS, Graph, Node
 from autopar.core.tables import Config
 
 from .batchnorm import needs_sync, needs_sync_op
@@ -332,12 +332,19 @@ class _Builder:
         bound = fx.node.map_arg((n.args, n.kwargs), self._constant_unless_tensor)
         flat, spec = pytree.tree_flatten(bound)
         operands = OperandMatcher(node, layout)
+        metadata = set(node.attrs.get(METADATA_READS, ()))
         consts, slots, args, uses = list(flat), [], [], []
         for i, a in enumerate(flat):
             if not isinstance(a, fx.Node):
                 continue
             v = self.env[a]
             key = operand_key(a, self.layouts, self.state_of)
+            if key is not NO_KEY and (key.source, key.output) in metadata:
+                slots.append(i)  # read for its dtype only (``x.type_as(y)``): any layout will do
+                args.append(v.node)
+                uses.append(Use(v.placements, v.placements))
+                consts[i] = None
+                continue
             use = operands.match(key, self.values[a].ndim)
             param = key.source[6:] if key is not NO_KEY and key.source.startswith("param:") else None
             slots.append(i)
