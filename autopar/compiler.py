@@ -61,6 +61,7 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
     if isinstance(example_inputs, int) and not isinstance(example_inputs, bool):
         raise ValueError("autopar.compile(model, example_inputs, cluster=None, devices=None): the device "
                          f"count goes in devices= (got {example_inputs} where the example inputs go)")
+    _require_weights(model)
     if outputs not in ("replicate", "local", "dtensor"):  # checked on one device too, so a script fails early
         raise ValueError(f"outputs must be 'replicate', 'local' or 'dtensor', not {outputs!r}")
     if inputs not in ("global", "local"):
@@ -94,6 +95,21 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
         return single
     chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
     return _build(model, graph, chosen, example_inputs, outputs, inputs, overrides)
+
+
+def _require_weights(model) -> None:
+    """A model built on the meta device (shapes, no values) plans, but cannot train: say so at
+    compile, in one line, rather than at the first call from inside torch."""
+    if not isinstance(model, nn.Module):
+        return
+    from autopar.core.meta import exclusive
+
+    with exclusive():  # a propagation in another thread (a threaded rank) swaps in meta copies
+        meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if meta:
+        raise ValueError(f"{type(model).__name__}.{meta[0]} is on the meta device (a shape, no values): "
+                         f"autopar.plan takes such a model, compile needs its weights; materialize it "
+                         f"first (model.to_empty(device='cpu') and initialize, or load a checkpoint)")
 
 
 def _graph_of_plan(plan, model: nn.Module, args: tuple, kwargs) -> Graph | None:

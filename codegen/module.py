@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from autopar.core.ir import Graph
 from autopar.core.tables import Config
 
+from .batch_check import check_same_batch
 from .local_step import local_stepping
 from .placements import LayoutError
 from .program import Program, build
@@ -50,6 +51,7 @@ class CompiledModule(nn.Module):
         except (TypeError, ValueError):
             self._model_signature = None
         self._input_specs = dict(program.input_specs)
+        self._batch_checked = False
         self._device = torch.device(mesh.device_type, torch.cuda.current_device()) \
             if mesh.device_type == "cuda" else torch.device("cpu")
         self._call = getattr(graph, "call", None)  # how the model is called and what it returns
@@ -84,6 +86,10 @@ class CompiledModule(nn.Module):
 
     def forward(self, *args, **kwargs):
         inputs = self._bind(args, kwargs)
+        if not self._batch_checked and not self.program.input_placements:  # inputs="global"
+            check_same_batch([(n, v) for n, v in zip(self.program.inputs, inputs) if isinstance(v, torch.Tensor)],
+                             self.mesh)
+            self._batch_checked = True  # once: the first call (batch_check.py says what it costs)
         self.reducer.sync_zeroed()
         self.reducer.gather_params()  # ZeRO-3: the sliced parameters whole until the backward ends
         out = self.program.module(*self._state, *inputs)

@@ -7,6 +7,7 @@ autopar is refused with a clear error instead of producing a wrong module.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from autopar.core.errors import PlanMismatchError
@@ -23,14 +24,28 @@ def config_from_json(d: dict) -> Config:
     return Config(tuple(d["splits"]), tuple(tuple(a) for a in d.get("mesh_axes", ())))
 
 
+def write(path, doc: dict) -> None:
+    """Write the plan document whole or not at all: into a temporary file beside ``path``, then
+    renamed over it, so an interrupted write (Ctrl-C, a full disk) never leaves half a plan."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def read(path) -> dict:
     """The raw plan document; PlanMismatchError (one line) if it is not a readable plan file."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise PlanMismatchError(f"no plan file {str(path)!r}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PlanMismatchError(f"{path} is not a plan file (invalid JSON: {e.msg if hasattr(e, 'msg') else e})") from None
+    except json.JSONDecodeError as e:
+        raise PlanMismatchError(f"{path} is not a plan file: {_json_problem(e)}") from None
+    except UnicodeDecodeError as e:
+        raise PlanMismatchError(f"{path} is not a plan file: it is not text ({e.reason} at byte {e.start})") from None
     if not isinstance(doc, dict) or doc.get("format") != "autopar-plan":
         raise PlanMismatchError(f"{path} is not an autopar plan file")
     if doc.get("schema") != SCHEMA:
@@ -38,6 +53,20 @@ def read(path) -> dict:
             f"{path} has plan schema {doc.get('schema')!r}; this autopar reads schema {SCHEMA}: re-plan the model"
         )
     return doc
+
+
+def _json_problem(e: json.JSONDecodeError) -> str:
+    """What is wrong with the JSON, as a whole sentence: a document whose brackets are still open
+    where it fails, at its very end, is a file cut short (a write that was interrupted); anything
+    else gets the place and json's reason."""
+    if not e.doc.strip():
+        return "it is empty; write it again (autopar plan MODEL --json FILE)"
+    doc = e.doc
+    unclosed = doc.count("{") + doc.count("[") > doc.count("}") + doc.count("]")
+    if unclosed and e.pos >= len(doc.rstrip()) - 64:  # the last token is cut, or nothing follows it
+        return (f"it ends after {len(e.doc)} bytes in the middle of the plan, so it was cut short "
+                "(an interrupted write?); write it again (autopar plan MODEL --json FILE)")
+    return f"invalid JSON at line {e.lineno}, column {e.colno} ({e.msg})"
 
 
 def mesh_to_json(m: Mesh) -> dict:
