@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from autopar.core.errors import PlanMismatchError
@@ -56,16 +57,18 @@ def read(path) -> dict:
 
 
 def _json_problem(e: json.JSONDecodeError) -> str:
-    """What is wrong with the JSON, as a whole sentence: a document whose brackets are still open
-    where it fails, at its very end, is a file cut short (a write that was interrupted); anything
-    else gets the place and json's reason."""
-    if not e.doc.strip():
-        return "it is empty; write it again (autopar plan MODEL --json FILE)"
+    """What is wrong with the JSON, as a whole sentence: a document with brackets still open that
+    fails in its last token (or an unterminated string) is a file cut short (an interrupted write);
+    anything else gets the place and json's reason."""
     doc = e.doc
+    if not doc.strip():
+        return "it is empty; write it again (autopar plan MODEL --json FILE)"
     unclosed = doc.count("{") + doc.count("[") > doc.count("}") + doc.count("]")
-    if unclosed and e.pos >= len(doc.rstrip()) - 64:  # the last token is cut, or nothing follows it
-        return (f"it ends after {len(e.doc)} bytes in the middle of the plan, so it was cut short "
-                "(an interrupted write?); write it again (autopar plan MODEL --json FILE)")
+    rest = doc[e.pos:].rstrip()
+    last_token = re.fullmatch(r"[^\s{}\[\],:]*", rest) is not None or e.msg.startswith("Unterminated string")
+    if unclosed and last_token:
+        return (f"invalid JSON that ends after {len(doc)} bytes in the middle of the plan, so the file was cut "
+                "short (an interrupted write?); write it again (autopar plan MODEL --json FILE)")
     return f"invalid JSON at line {e.lineno}, column {e.colno} ({e.msg})"
 
 

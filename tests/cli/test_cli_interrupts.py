@@ -53,7 +53,7 @@ def test_a_plan_file_cut_short_says_so_in_a_whole_sentence(tmp_path, plan_doc, k
     path = tmp_path / "cut.json"
     path.write_text(plan_doc[:int(len(plan_doc) * keep)])
     r = cli("show", str(path))
-    assert one_line_error(r) and "cut short" in r.stderr and "autopar plan" in r.stderr, r.stderr
+    assert one_line_error(r) and "was cut short" in r.stderr and "autopar plan" in r.stderr, r.stderr
 
 
 def test_invalid_json_says_where(tmp_path, plan_doc):
