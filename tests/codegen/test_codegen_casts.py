@@ -139,3 +139,39 @@ def test_a_rule_that_drops_a_tensor_argument_replicates_the_node_and_lists_it():
     ref = reference_run(model, (x,))
     for p in (plan, split):
         run_threaded(_view_as_rank, 2, model, x, p, ref)
+
+
+def _hf(name: str):
+    """A tiny RoBERTa or Gemma from its config: the two families whose compile the casts stopped."""
+    import transformers as T
+
+    from tests.helpers.hf_models import transformers_quiet
+
+    transformers_quiet()
+    torch.manual_seed(0)
+    if name == "roberta":
+        cfg = T.RobertaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=32, max_position_embeddings=SEQ + 4, hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0)
+        model = T.RobertaForMaskedLM(cfg)
+    else:
+        cfg = T.GemmaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                            max_position_embeddings=SEQ + 4)
+        model = T.GemmaForCausalLM(cfg)
+    batch = _batch()
+    return model.train(), {"input_ids": batch["input_ids"], "labels": batch["input_ids"].clone()}
+
+
+def _hf_rank(rank, world, model, kwargs, plan, ref):
+    check_module(rank, autopar.compile(model, kwargs, plan=plan), (), ref, kwargs=kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["roberta", "gemma"])
+def test_roberta_and_gemma_compile_and_train_like_one_device(name):
+    pytest.importorskip("transformers")
+    model, kwargs = _hf(name)
+    plan = autopar.plan(model, kwargs, autopar.Cluster.preset("cpu", devices=2), pipeline=False)
+    run_threaded(_hf_rank, 2, model, kwargs, plan, reference_run(model, (), kwargs=kwargs))
+    assert plan.graph.frontend == "export" and any(METADATA_READS in n.attrs for n in plan.graph.nodes)
