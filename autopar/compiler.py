@@ -291,6 +291,6 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
         mesh = device_mesh(tuple(plan.mesh.shape), model_device_type(model))
         training = program_training(graph, plan.strategy, **(overrides or {}))
         module = compile_module(model, graph, plan.assignment, mesh, outputs=outputs, inputs=local,
-                                training=training)
+                                training=training, check_batch=local == "global")
     module.plan = plan
     return module

@@ -34,7 +34,7 @@ class CompiledModule(nn.Module):
     """This rank's module: the model's children with DTensor parameters, run by ``program``."""
 
     def __init__(self, model: nn.Module, program: Program, mesh: DeviceMesh, graph: Graph, signature,
-                 outputs: str = "replicate", training: ProgramTraining = PLAIN):
+                 outputs: str = "replicate", training: ProgramTraining = PLAIN, check_batch: bool = False):
         super().__init__()
         self._outputs = outputs
         for name, child in model.named_children():
@@ -51,7 +51,7 @@ class CompiledModule(nn.Module):
         except (TypeError, ValueError):
             self._model_signature = None
         self._input_specs = dict(program.input_specs)
-        self._batch_checked = False
+        self._batch_checked = not check_batch  # the user's global batch: the same on every rank?
         self._device = torch.device(mesh.device_type, torch.cuda.current_device()) \
             if mesh.device_type == "cuda" else torch.device("cpu")
         self._call = getattr(graph, "call", None)  # how the model is called and what it returns
@@ -277,9 +277,11 @@ def _tensor(module: nn.Module, name: str) -> torch.Tensor:
 
 def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh,
                    outputs: str = "replicate", inputs: str = "global",
-                   training: ProgramTraining = PLAIN) -> CompiledModule:
+                   training: ProgramTraining = PLAIN, check_batch: bool = False) -> CompiledModule:
     """This rank's module for ``graph`` under ``assignment`` on ``mesh`` (``model`` is copied);
-    ``training``: mixed precision, recomputation and ZeRO (``training.py``)."""
+    ``training``: mixed precision, recomputation and ZeRO (``training.py``). ``check_batch``: at
+    the first call, check that every rank passed the same global batch (``batch_check.py``; what
+    ``autopar.compile`` asks for: the user's batch, not a pipeline stage's activations)."""
     if graph.fx_graph is None:
         raise LayoutError("compile needs graph.fx_graph, the traced GraphModule the IR came from")
     from autopar.core.meta import exclusive
@@ -299,7 +301,7 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
         signature = None
     if signature is not None and any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values()):
         signature = None
-    return CompiledModule(model, program, mesh, graph, signature, outputs, training)
+    return CompiledModule(model, program, mesh, graph, signature, outputs, training, check_batch)
 
 
 def _distribute_state(model: nn.Module, mesh: DeviceMesh, stored) -> None:
