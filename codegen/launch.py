@@ -69,11 +69,13 @@ class Terminated(BaseException):
 
 @dataclass(frozen=True)
 class _Job:
-    fn: Callable
+    # ``(fn, args)`` pickled by value: multiprocessing's pickler (torch's reductions) would pass
+    # every tensor in them as a file descriptor, and the fork server takes at most 253 of them in
+    # one message (SCM_MAX_FD): a sweep of 8 small GPTs failed with "Invalid argument"
+    call: bytes
     world_size: int
     addr: str
     port: int
-    args: tuple
     threads: int
     parent: int  # the launching process: a rank whose parent is gone ends itself
     env: dict  # the launcher's environment at the launch
@@ -144,7 +146,8 @@ def _worker(rank: int, job: _Job, results) -> None:
     torch.set_num_threads(job.threads)  # N processes share the cores: no oversubscription
     dist.init_process_group("gloo", rank=rank, world_size=job.world_size)
     try:
-        out = job.fn(rank, job.world_size, *job.args)
+        fn, args = pickle.loads(job.call)
+        out = fn(rank, job.world_size, *args)
         # pickled here, by value: torch's multiprocessing pickler would send a tensor as a
         # file descriptor that the launcher fetches from this process, which may have exited
         results.put((rank, "ok", pickle.dumps(out)))
@@ -174,7 +177,8 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
         raise ValueError(f"launch: timeout must be a positive number of seconds, not {timeout!r}")
     ctx = _context()
     results = ctx.SimpleQueue()
-    job = _Job(fn, nprocs, addr, free_port(addr), tuple(args), threads, os.getpid(), dict(os.environ))
+    job = _Job(pickle.dumps((fn, tuple(args))), nprocs, addr, free_port(addr), threads, os.getpid(),
+               dict(os.environ))
     procs = [ctx.Process(target=_worker, args=(r, job, results), name=f"autopar-rank-{r}")
              for r in range(nprocs)]
     found = _Outcome()
