@@ -161,6 +161,27 @@ def _worker(rank: int, job: _Job, results) -> None:
         dist.destroy_process_group()
 
 
+# a rank that was about to re-run the launching script's top level exits with this code, silently
+UNGUARDED_EXIT = 87
+UNGUARDED = ("the processes autopar started ran this script's top level again (Python's multiprocessing "
+             "imports the main script in each one): put the code that plans and trains under "
+             "`if __name__ == \"__main__\":`")
+
+
+def exit_if_bootstrapping() -> None:
+    """End this process quietly when it is a new process still importing the launching script.
+
+    Python's multiprocessing (spawn, fork server) imports the main script in every process it
+    starts; a script whose top level calls ``launch`` or ``compile_many`` without the
+    ``if __name__ == "__main__":`` guard would plan again in each, print its report again, and die
+    in multiprocessing's "bootstrapping phase" RuntimeError. The launcher reads the exit code and
+    says what to do in one line (``UNGUARDED``)."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test
+        os._exit(UNGUARDED_EXIT)
+
+
 def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = "127.0.0.1",
            timeout: float | None = None) -> list:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` gloo processes; return results by rank.
@@ -171,6 +192,7 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
     then (a deadlocked collective, a stopped process) are ended and ``LaunchError`` raised. SIGTERM
     to this process, or Ctrl-C, ends the ranks and raises ``Terminated`` / ``KeyboardInterrupt``.
     """
+    exit_if_bootstrapping()
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"launch: nprocs must be a positive int, not {nprocs!r}")
     if timeout is not None and not timeout > 0:
@@ -252,6 +274,8 @@ def _settle(procs, results, found: _Outcome) -> None:
 
 def _cause(procs, found: _Outcome) -> str:
     """One line: the rank whose failure started it and why, then how many others followed."""
+    if any(p.exitcode == UNGUARDED_EXIT for p in procs):
+        return UNGUARDED
     causes = []
     for r, p in enumerate(procs):
         code = p.exitcode

@@ -65,3 +65,27 @@ def test_arguments_holding_hundreds_of_tensors_reach_the_ranks():
 
     tensors = [torch.full((3,), float(i)) for i in range(300)]
     assert launch(total, 2, tensors, timeout=120) == [3.0 * sum(range(300))] * 2
+
+
+@pytest.mark.dist
+def test_a_script_without_the_main_guard_gets_one_line_saying_so(tmp_path):
+    """multiprocessing imports the main script in every rank: unguarded, each rank re-ran the
+    top level, printed it again, and died in the "bootstrapping phase" RuntimeError."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text("from autopar.codegen.launch import launch\nprint(launch(max, 2))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 1
+    assert r.stdout == ""
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("autopar.codegen.launch.LaunchError: ") and 'if __name__ == "__main__":' in last
+    assert "bootstrapping" not in r.stderr and r.stderr.count("Traceback") == 1, r.stderr
+    script.write_text("from autopar.codegen.launch import launch\nif __name__ == '__main__':\n"
+                      "    print(launch(max, 2))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0 and r.stdout == "[2, 2]\n", r.stderr
