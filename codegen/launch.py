@@ -35,6 +35,7 @@ import pickle
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -69,10 +70,12 @@ class Terminated(BaseException):
 
 @dataclass(frozen=True)
 class _Job:
-    # ``(fn, args)`` pickled by value: multiprocessing's pickler (torch's reductions) would pass
-    # every tensor in them as a file descriptor, and the fork server takes at most 253 of them in
-    # one message (SCM_MAX_FD): a sweep of 8 small GPTs failed with "Invalid argument"
-    call: bytes
+    # the file holding ``(fn, args)`` pickled by value, which each rank reads: multiprocessing's
+    # pickler (torch's reductions) would pass every tensor in them as a file descriptor, and the
+    # fork server takes at most 253 in one message (SCM_MAX_FD: a sweep of 8 small GPTs failed
+    # with "Invalid argument"); and a large process object written down the rank's start pipe
+    # breaks that pipe when the rank ends early (a script without its __main__ guard)
+    call: str
     world_size: int
     addr: str
     port: int
@@ -146,7 +149,8 @@ def _worker(rank: int, job: _Job, results) -> None:
     torch.set_num_threads(job.threads)  # N processes share the cores: no oversubscription
     dist.init_process_group("gloo", rank=rank, world_size=job.world_size)
     try:
-        fn, args = pickle.loads(job.call)
+        with open(job.call, "rb") as f:
+            fn, args = pickle.load(f)
         out = fn(rank, job.world_size, *args)
         # pickled here, by value: torch's multiprocessing pickler would send a tensor as a
         # file descriptor that the launcher fetches from this process, which may have exited
@@ -199,15 +203,20 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
         raise ValueError(f"launch: timeout must be a positive number of seconds, not {timeout!r}")
     ctx = _context()
     results = ctx.SimpleQueue()
-    job = _Job(pickle.dumps((fn, tuple(args))), nprocs, addr, free_port(addr), threads, os.getpid(),
-               dict(os.environ))
-    procs = [ctx.Process(target=_worker, args=(r, job, results), name=f"autopar-rank-{r}")
-             for r in range(nprocs)]
-    found = _Outcome()
-    with _ending(procs):
-        for p in procs:
-            p.start()
-        _watch(procs, results, found, None if timeout is None else time.monotonic() + timeout, timeout)
+    fd, path = tempfile.mkstemp(prefix="autopar-launch-", suffix=".pickle")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump((fn, tuple(args)), f)
+        job = _Job(path, nprocs, addr, free_port(addr), threads, os.getpid(), dict(os.environ))
+        procs = [ctx.Process(target=_worker, args=(r, job, results), name=f"autopar-rank-{r}")
+                 for r in range(nprocs)]
+        found = _Outcome()
+        with _ending(procs):
+            for p in procs:
+                p.start()
+            _watch(procs, results, found, None if timeout is None else time.monotonic() + timeout, timeout)
+    finally:
+        os.unlink(path)  # every rank has ended
     return [found.ok.get(r) for r in range(nprocs)]
 
 

@@ -76,7 +76,9 @@ def test_a_script_without_the_main_guard_gets_one_line_saying_so(tmp_path):
     import sys
 
     script = tmp_path / "unguarded.py"
-    script.write_text("from autopar.codegen.launch import launch\nprint(launch(max, 2))\n")
+    # a large argument (1 MiB, as a model is): it once broke the pipe that starts a rank, which
+    # a rank ending early closes, before the ranks' exit codes were read
+    script.write_text("from autopar.codegen.launch import launch\nprint(launch(max, 2, bytes(2 ** 20)))\n")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 1
