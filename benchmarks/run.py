@@ -228,7 +228,7 @@ Predicted costs are in each cost model's units: PaSE's model (`pase-flop`, r = 5
 16 GB/s; reference/pase.md §1) for PaSE's four models, seconds per training step under the analytic
 model for GPT and the MLP. "speedup over DP" = data-parallel cost / autopar cost under the same model;
 PaSE's published DP/optimum ratios (pase.md §8) are predicted ratios too, directly comparable.
-Search times are medians of {repeat} plans on this 2-core shared CPU machine (tracing excluded);
+Search times are medians of {repeat} plans (tracing excluded) on the machine benchmarks/README.md describes;
 PaSE's are from its paper's Table I (Xeon E5 host). PaSE's model has no memory model ("-").
 Whole suite: {len(outcomes)} cases in {wall:.0f} s wall.
 
