@@ -24,7 +24,7 @@ LABELS = [
     (re.compile(r"\b[Ss]ession \d+\b"), "a numbered session"),
     (re.compile(r"\bS\d\d\b"), "a work-log label"),
     (re.compile(r"\bthis (?:\d+-core|shared|loaded)"), "the development machine as 'this'"),
-    (re.compile(r"\.\./shared|shared/[D]ESIGN|\bDESIGN[.]md"), "a file outside the repository"),
+    (re.compile(r"\.\./shared|shared/[D]ESIGN|\bDESIGN[.]md|\breferenc[e]/pase"), "a file outside the repository"),
     (re.compile(r"\bthe issue's\b"), "an issue"),
 ]
 ALLOWED = ("nccl-tests issue #",)  # citations of other projects' trackers
