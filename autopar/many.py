@@ -90,6 +90,9 @@ def compile_many(models, devices, example_inputs, *, steps: int = 20, optimizer:
     per model (``lr``, ``weight_decay``, ``betas``, ...). ``cluster``: what the plan prices
     (default: this machine, ``devices`` CPU processes, with the profiled cost model).
     """
+    from autopar.codegen.launch import exit_if_bootstrapping
+
+    exit_if_bootstrapping()  # a rank re-running an unguarded script: no second plan, no second report
     models = list(models)
     if isinstance(devices, Cluster):
         cluster, devices = devices, devices.devices

@@ -1,7 +1,7 @@
 """The strategy-quality suite: which models autopar plans, on what, and what PaSE published for them.
 
 A case is data only; ``plan_case`` turns it into an ``autopar.Plan``. PaSE's four models are planned
-under PaSE's own cost model and space at its batch sizes (reference/pase.md §7-§8), so autopar's
+under PaSE's own cost model and space at its batch sizes (docs/pase.md §7-§8), so autopar's
 numbers can be read against the published optimum and search times; GPT and the MLP are planned on
 real cluster presets under the analytic model, one GPT too big for data parallelism to fit.
 """
@@ -16,12 +16,12 @@ import autopar
 GiB = 2**30
 PASE_DEVICES = (4, 8, 16, 32, 64)
 
-# reference/pase.md §8: DP cost / optimum under PaSE's model (r = 5000), for the models it lists.
+# docs/pase.md §8: DP cost / optimum under PaSE's model (r = 5000), for the models it lists.
 PASE_RATIO = {
     "alexnet": {4: 3.897, 8: 6.191, 16: 8.716, 32: 11.645, 64: 15.048},
     "rnnlm": {4: 1.374, 8: 1.764, 16: 2.397, 32: 3.586, 64: 5.406},
 }
-# reference/pase.md §10, Table I: PaSE's search time in seconds (Xeon E5 host).
+# docs/pase.md §10, Table I: PaSE's search time in seconds (Xeon E5 host).
 PASE_SEARCH_S = {
     "alexnet": {4: 0.23, 8: 0.25, 16: 0.30, 32: 0.36, 64: 0.48},
     "inception3": {4: 14.4, 8: 20.0, 16: 39.8, 32: 86.0, 64: 196.0},

@@ -1,4 +1,4 @@
-"""Mistakes a user makes get one line that says what to do, never a traceback (issue 17).
+"""Mistakes a user makes get one line that says what to do, never a traceback.
 
 Each case here was a traceback (or a late error) before: a model factory that raises, needs
 arguments or fails on import; ``x.real`` in a model; a forward that returns no scalar loss; int

@@ -1,4 +1,4 @@
-"""``plan.search`` says what is proven: "proven optimal" only from an exact path (issue 12).
+"""``plan.search`` says what is proven: "proven optimal" only from an exact path.
 
 A pipelined plan cuts stages exactly but keeps each stage's splits from the whole-graph optimum,
 so it is a heuristic; a time-limited ILP that stops early has a proven bound, not an optimum; a
