@@ -22,7 +22,7 @@ import threading
 import torch.distributed as dist
 from torch import nn
 
-from autopar.core.cluster import Cluster
+from autopar.core.resolve import resolve_cluster
 from autopar.core.errors import AutoparError, LaunchRequiredError, PlanMismatchError
 from autopar.core.ir import Graph
 from autopar.planning import plan_file
@@ -73,7 +73,7 @@ def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs
         raise ValueError("autopar.compile needs example_inputs: a tuple of the model's forward arguments "
                          "(and/or example_kwargs, a dict of its keyword arguments)")
     devices = _device_count(devices)
-    cluster = _cluster(cluster, devices)
+    cluster = resolve_cluster(cluster, devices)
     overrides = {k: plan_kwargs.pop(k) for k in ("zero", "precision", "recompute") if k in plan_kwargs} \
         if plan is not None else {}  # a given plan: codegen's training options, over its strategy
     if plan is not None and plan_kwargs:
@@ -156,19 +156,6 @@ def torchrun_command(devices: int, argv: list[str] | None = None) -> str:
     argv = list(sys.argv if argv is None else argv)
     script = argv[0] if argv and argv[0] not in ("", "-c", "-m") else "your_script.py"
     return shlex.join(["torchrun", "--nproc-per-node", str(devices), script, *argv[1:]])
-
-
-def _cluster(cluster, devices: int) -> Cluster:
-    if cluster is None:
-        return Cluster.preset("cpu", devices=devices)
-    if isinstance(cluster, str):
-        return Cluster.preset(cluster, devices=devices)
-    if not isinstance(cluster, Cluster):
-        raise ValueError(f"cluster must be an autopar.Cluster or a preset name, not {type(cluster).__name__}")
-    if cluster.devices != devices:
-        raise ValueError(f"cluster {cluster.name or ''} has {cluster.devices} devices but compile was asked for "
-                         f"{devices}: pass cluster.with_devices({devices})")
-    return cluster
 
 
 # -- the plan: searched on rank 0, or read, then checked against this rank's graph -------------
