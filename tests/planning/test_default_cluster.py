@@ -69,7 +69,7 @@ def test_every_entry_point_prices_the_same_cluster_for_two_devices(tmp_path, mon
 
 def test_one_device_compile_prices_the_default_cluster():
     model, inputs = _mlp()
-    module = autopar.compile(model, inputs, devices=1, baselines=False)
+    module = autopar.compile(model, 1, inputs, baselines=False)
     assert module.plan.cluster == autopar.plan(model, inputs, devices=1, baselines=False).cluster
     assert module.plan.cluster["name"] == DEFAULT_PRESET
 
