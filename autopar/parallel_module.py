@@ -90,22 +90,23 @@ class ParallelModule(nn.Module):
             inner, plan = self._build_fn(source, args, kwargs, keep)
             if inner is None:  # one device: the model itself runs
                 inner = source
-            self._check_early_optimizer(plan)
+            self._check_early_optimizer(plan, inner)
             self.__dict__["_plan"] = plan
             self.__dict__["_inner"] = inner
             self.__dict__["_source"] = None
             self._hold(inner)
         return self
 
-    def _check_early_optimizer(self, plan) -> None:
+    def _check_early_optimizer(self, plan, inner: nn.Module) -> None:
         if not self._early_optimizer or self._devices == 1:
             return
-        zero = plan.strategy is not None and plan.strategy.options.zero
+        options = inner.__dict__.get("training")  # a compiled module's: the training options it runs
+        zero = getattr(options, "zero", 0)
         if plan.stages or zero:
             why = "is pipelined (each stage holds its own parameters)" if plan.stages else \
                 f"uses ZeRO-{zero} (the optimizer state is sliced over ranks)"
-            raise ValueError(f"the plan made at the first call {why}, so the optimizer built before it cannot "
-                             "train it: build it after the first call (module.optimizer(...)), or pass "
+            raise ValueError(f"the plan made at the first call {why}, so an optimizer built before that call "
+                             "cannot train it: build it after the first call (module.optimizer(...)), or pass "
                              "example_inputs to autopar.compile to plan ahead")
 
     def forward(self, *args, **kwargs):

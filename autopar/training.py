@@ -115,7 +115,7 @@ def run_worker(rank: int, world: int, spec: str, steps: int, lr: float, plan_doc
 
     try:
         model, inputs, kwargs, _ = load_call(spec)
-        module = compile_model(model, inputs, example_kwargs=kwargs, devices=world, plan=Plan.from_json(plan_doc))
+        module = compile_model(model, world, inputs, example_kwargs=kwargs, plan=Plan.from_json(plan_doc))
         opt = optimizer(module, lr)
         start = 0
         if saving is not None and saving.resume:

@@ -129,3 +129,22 @@ def test_one_kind_of_module_for_any_device_count(mlp):
         return type(module).__name__, module.planned, module.plan.devices
 
     assert run_threaded(two, 2, model, inputs) == [("ParallelModule", True, 2)] * 2
+
+
+def _zero(rank, world, model, inputs, path):
+    early = autopar.compile(model, world, plan=path, zero=1)
+    torch.optim.AdamW(early.parameters())  # built before the plan says ZeRO
+    with pytest.raises(ValueError) as info:
+        early(*inputs)
+    late = autopar.compile(model, world, plan=path, zero=1)
+    late.train_step(*inputs)  # the first call plans; then the plan's own optimizer
+    return str(info.value), type(late.optimizer(torch.optim.AdamW)).__name__
+
+
+def test_an_optimizer_built_before_a_zero_plan_is_refused_in_one_line(mlp, tmp_path):
+    model, inputs, _ = mlp
+    path = tmp_path / "plan.json"
+    autopar.plan(model, inputs, devices=2, baselines=False).save(path)
+    for message, late in run_threaded(_zero, 2, model, inputs, str(path)):
+        assert "ZeRO-1" in message and "\n" not in message
+        assert late == "ShardedOptimizer"
