@@ -148,3 +148,23 @@ def test_an_optimizer_built_before_a_zero_plan_is_refused_in_one_line(mlp, tmp_p
     for message, late in run_threaded(_zero, 2, model, inputs, str(path)):
         assert "ZeRO-1" in message and "\n" not in message
         assert late == "ShardedOptimizer"
+
+
+def _load_then_call(rank, world, model, inputs, folder):
+    module = autopar.compile(model, world)
+    step = autopar.load_checkpoint(folder, module)  # before the first call: into the placeholders
+    return step, loss_of(module(*inputs)).detach()
+
+
+def test_a_checkpoint_loaded_before_the_first_call_is_what_trains(mlp, tmp_path):
+    model, inputs, _ = mlp
+    saved = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in saved.parameters():
+            p.mul_(0.5)
+    autopar.save_checkpoint(tmp_path, saved, step=3)
+    want = loss_of(saved(*inputs)).detach()
+    assert not torch.allclose(want, loss_of(model(*inputs)).detach())
+    for step, loss in run_threaded(_load_then_call, 2, model, inputs, str(tmp_path)):
+        assert step == 3
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
