@@ -90,11 +90,11 @@ class ParallelModule(nn.Module):
             inner, plan = self._build_fn(source, args, kwargs, keep)
             if inner is None:  # one device: the model itself runs
                 inner = source
-            self._check_early_optimizer(plan, inner)
             self.__dict__["_plan"] = plan
             self.__dict__["_inner"] = inner
             self.__dict__["_source"] = None
             self._hold(inner)
+            self._check_early_optimizer(plan, inner)  # built either way: the next call runs
         return self
 
     def _check_early_optimizer(self, plan, inner: nn.Module) -> None:
@@ -106,8 +106,16 @@ class ParallelModule(nn.Module):
             why = "is pipelined (each stage holds its own parameters)" if plan.stages else \
                 f"uses ZeRO-{zero} (the optimizer state is sliced over ranks)"
             raise ValueError(f"the plan made at the first call {why}, so an optimizer built before that call "
-                             "cannot train it: build it after the first call (module.optimizer(...)), or pass "
+                             "cannot train it: build it now (module.optimizer(...)) and call again, or pass "
                              "example_inputs to autopar.compile to plan ahead")
+
+    def __call__(self, *args, **kwargs):
+        # The first call plans before entering nn.Module.__call__: torch.fx patches that while it
+        # traces, and ranks that are threads of one process (a threaded process group) trace in
+        # turn, so one rank's call would otherwise land in another rank's trace.
+        if self._inner is None:
+            self.materialize(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
         if self._inner is None:
