@@ -53,6 +53,13 @@ class Case:
     def devices(self) -> int:
         return self.cluster if isinstance(self.cluster, int) else autopar.Cluster.preset(self.cluster).devices
 
+    def hardware(self) -> autopar.Cluster:
+        """The cluster the case prices: its preset, or for a device count ``autopar.Cluster(devices=p)``
+        (a bare count given to ``autopar.plan`` would be the default cluster, this machine)."""
+        if isinstance(self.cluster, int):
+            return autopar.Cluster(devices=self.cluster)
+        return autopar.Cluster.preset(self.cluster)
+
 
 def _pase_cases() -> list[Case]:
     fast = {("alexnet", 4), ("alexnet", 16), ("rnnlm", 4), ("rnnlm", 16), ("rnnlm", 64)}
@@ -122,11 +129,9 @@ def capacity(case: Case) -> float:
     """Bytes per device the plan must fit in: the case's limit, else the cluster's."""
     if case.memory_capacity is not None:
         return float(case.memory_capacity)
-    from autopar.planning.planner import resolve_cluster
-
-    return float(resolve_cluster(case.cluster).memory_capacity)
+    return float(case.hardware().memory_capacity)
 
 
 def plan_case(case: Case, model_inputs=None, graph=None) -> autopar.Plan:
     model, inputs = model_inputs if model_inputs is not None else build(case)
-    return autopar.plan(model, inputs, case.cluster, graph=graph, **plan_kwargs(case))
+    return autopar.plan(model, inputs, case.hardware(), graph=graph, **plan_kwargs(case))

@@ -62,7 +62,7 @@ def child(name: str, repeat: int) -> dict:
     plan = None
     for _ in range(repeat):
         w, c = time.perf_counter(), time.process_time()
-        plan = autopar.plan(model, inputs, case.cluster, **plan_kwargs(case))
+        plan = autopar.plan(model, inputs, case.hardware(), **plan_kwargs(case))
         walls.append(time.perf_counter() - w)
         cpus.append(time.process_time() - c)
     return {"case": name, "devices": case.devices, "space": case.space, "cost_model": case.cost_model,

@@ -108,7 +108,7 @@ def _no_launch(*args, **kwargs):
 
 
 def _kinds(rank, world, model, inputs):
-    module = autopar.compile(copy.deepcopy(model), inputs, devices=world)
+    module = autopar.compile(copy.deepcopy(model), world, inputs)
     x = inputs[0]
     found = {}
     for what, first in {"3 dims": x[None], "int64": x.long(), "1 dim": x[0]}.items():
