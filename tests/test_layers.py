@@ -1,4 +1,4 @@
-"""The packages' layers, checked on the source: imports go one way (issue 13).
+"""The packages' layers, checked on the source: imports go one way.
 
     core  <-  frontend, fusion, cost_models, search, codegen, pase  <-  report  <-  planning  <-  api/cli
 
