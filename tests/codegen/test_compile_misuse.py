@@ -33,7 +33,7 @@ def _scaled():
 
 
 def _scaled_rank(rank, world, model, inputs, ref):
-    module = autopar.compile(model, inputs)
+    module = autopar.compile(model, world, inputs)
     check_module(rank, module, inputs, ref)
     with pytest.raises(ValueError, match="fixed in the traced graph") as info:  # so is the float
         module(*inputs[:2], 2.0)
@@ -50,16 +50,16 @@ def test_a_model_on_the_meta_device_is_refused_at_compile_in_one_line():
         model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
     x = torch.randn(4, 8)
     autopar.plan(model, (x,), devices=2)  # planning a model without weights is what meta is for
-    for devices in (1, 2):
+    for devices, inputs in [(1, (x,)), (2, (x,)), (2, None)]:  # None: planned at the first call
         with pytest.raises(ValueError, match="meta device") as info:
-            autopar.compile(model, (x,), devices=devices)
+            autopar.compile(model, devices, inputs)
         assert "\n" not in str(info.value) and "to_empty" in str(info.value)
 
 
 def _own_batches(rank, world, model, x):
-    same = autopar.compile(model, (x,))
+    same = autopar.compile(model, world, (x,))
     same(x)  # the same global batch on every rank: no complaint
-    own = autopar.compile(model, (x,))
+    own = autopar.compile(model, world)  # planned at its first call
     with pytest.raises(ValueError, match="inputs='local'") as info:
         own(x + rank)  # the DDP habit: each rank loads its own batch
     assert "\n" not in str(info.value)
