@@ -339,17 +339,12 @@ class _Builder:
                 continue
             v = self.env[a]
             key = operand_key(a, self.layouts, self.state_of)
-            if key is not NO_KEY and (key.source, key.output) in metadata:
-                slots.append(i)  # read for its dtype only (``x.type_as(y)``): any layout will do
-                args.append(v.node)
-                uses.append(Use(v.placements, v.placements))
-                consts[i] = None
-                continue
-            use = operands.match(key, self.values[a].ndim)
+            as_is = key is not NO_KEY and (key.source, key.output) in metadata  # x.type_as(y)'s y: any layout
+            use = Use(v.placements, v.placements) if as_is else operands.match(key, self.values[a].ndim)
             param = key.source[6:] if key is not NO_KEY and key.source.startswith("param:") else None
             slots.append(i)
             param = self.canonical.get(param, param) if param is not None else None
-            args.append(self._reshard(v, use, param=param if param in self.stored else None))
+            args.append(v.node if as_is else self._reshard(v, use, param=param if param in self.stored else None))
             uses.append(use)
             consts[i] = None
         names = []
