@@ -122,15 +122,19 @@ def _output_paths(args) -> None:
 def _cmd_plan(args) -> int:
     _output_paths(args)
     plan = _plan(args)
-    print(plan.report(explain=args.explain))
+    # the files first: a reader that closes the pipe early (``| head``) must not cost them
+    written = []
     if args.json:
         plan.save(args.json)
-        print(f"plan written to {args.json}")
+        written.append(f"plan written to {args.json}")
     for path in filter(None, (args.svg, args.png)):
         from autopar.report.picture import draw
 
         draw(plan, path)
-        print(f"picture written to {path}")
+        written.append(f"picture written to {path}")
+    print(plan.report(explain=args.explain))
+    for line in written:
+        print(line)
     return 0
 
 
@@ -331,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `autopar plan ... | head`: the reader has what it wanted
         _quiet_stdout()
         return 141  # 128 + SIGPIPE, what a shell shows for a tool ended by a closed pipe
+    except KeyboardInterrupt:  # Ctrl-C: the ranks were ended on the way out (codegen/launch.py)
+        print(f"\nautopar: interrupted (Ctrl-C) during `autopar {args.command}`; nothing is left running",
+              file=sys.stderr)
+        return 130  # 128 + SIGINT, what a shell shows for a tool ended by Ctrl-C
     except (AutoparError, ValueError, KeyError) as e:
         print(f"autopar: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

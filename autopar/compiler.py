@@ -98,6 +98,7 @@ def compile(model: nn.Module, devices: int | Cluster | str | None = None, exampl
     if isinstance(example_inputs, (int, str, Cluster)) and not isinstance(example_inputs, bool):
         raise ValueError("autopar.compile(model, devices, example_inputs): the example inputs go third, as a tuple "
                          f"of the forward's arguments (got {example_inputs!r})")
+    _require_weights(model)
     if outputs not in ("replicate", "local", "dtensor"):  # checked on one device too, so a script fails early
         raise ValueError(f"outputs must be 'replicate', 'local' or 'dtensor', not {outputs!r}")
     if inputs not in ("global", "local"):
@@ -155,6 +156,21 @@ class _Builder:
             return None, _local_plan(model, args, graph, self.cluster, self.plan, self.plan_kwargs)
         chosen = _shared_plan(model, args, graph, self.cluster, self.plan, self.plan_kwargs)
         return _build(model, graph, chosen, args, self.outputs, self.inputs, self.overrides, keep), chosen
+
+
+def _require_weights(model) -> None:
+    """A model built on the meta device (shapes, no values) plans, but cannot train: say so at
+    compile, in one line, rather than at the first call from inside torch."""
+    if not isinstance(model, nn.Module):
+        return
+    from autopar.core.meta import exclusive
+
+    with exclusive():  # a propagation in another thread (a threaded rank) swaps in meta copies
+        meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if meta:
+        raise ValueError(f"{type(model).__name__}.{meta[0]} is on the meta device (a shape, no values): "
+                         f"autopar.plan takes such a model, compile needs its weights; materialize it "
+                         f"first (model.to_empty(device='cpu') and initialize, or load a checkpoint)")
 
 
 def _graph_of_plan(plan, model: nn.Module, args: tuple, kwargs) -> Graph | None:
@@ -301,6 +317,6 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
         mesh = device_mesh(tuple(plan.mesh.shape), model_device_type(model))
         training = program_training(graph, plan.strategy, **(overrides or {}))
         module = compile_module(model, graph, plan.assignment, mesh, outputs=outputs, inputs=local,
-                                training=training, keep=keep)
+                                training=training, keep=keep, check_batch=local == "global")
     module.plan = plan
     return module

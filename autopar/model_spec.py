@@ -63,6 +63,11 @@ def load_call(spec: str):
     if not (isinstance(result, tuple) and len(result) in (2, 3)):
         raise ValueError(f"{spec} must return (model, example_inputs) or (model, args, kwargs), "
                          f"got {type(result).__name__}")
+    from torch import nn
+
+    if not isinstance(result[0], nn.Module):  # a function or a built model's output: say so before any use
+        raise ValueError(f"{spec} returned a {type(result[0]).__name__} where the model goes: return "
+                         f"(model, example_inputs) with model a torch.nn.Module (wrap a function in one)")
     if len(result) == 3:
         model, args, kwargs = result
         if not isinstance(kwargs, Mapping):

@@ -49,12 +49,18 @@ def checkpointing(args) -> Checkpointing:
     return Checkpointing(str(folder), every or 0, resume, start)
 
 
-def reference_losses(model, inputs, kwargs, steps: int, lr: float, spec: str) -> list[float]:
-    """The unsplit model's losses on this one process; its own error, in one line, if it does not train."""
+def reference_losses(model, inputs, kwargs, steps: int, lr: float, spec: str, progress=None) -> list[float]:
+    """The unsplit model's losses on this one process; its own error, in one line, if it does not train.
+    On a terminal (``progress``: None, or True/False to force) a bar says what runs: for a big model
+    these steps take minutes before any rank starts."""
+    from autopar.core.progress import Progress
     from autopar.training import single_process_losses
 
+    label = f"reference: {spec} on one process"
     try:
-        return single_process_losses(model, inputs, steps, lr, kwargs)
+        with Progress(steps, label, enabled=progress) as bar:
+            bar.update(0)  # the line shows at once, not after the first step
+            return single_process_losses(model, inputs, steps, lr, kwargs, after_step=lambda k: bar.update())
     except ValueError:
         raise
     except (RuntimeError, TypeError, IndexError) as e:  # torch's own: wrong dtypes, shapes, indices

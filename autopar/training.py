@@ -56,9 +56,11 @@ def train_steps(module: nn.Module, inputs, steps: int = 3, lr: float = 1e-3, kwa
     return losses
 
 
-def single_process_losses(model: nn.Module, inputs, steps: int = 3, lr: float = 1e-3, kwargs=None) -> list[float]:
-    """The same steps on an unsplit copy of ``model`` (the model itself is left untouched)."""
-    return train_steps(copy.deepcopy(model), inputs, steps, lr, kwargs)
+def single_process_losses(model: nn.Module, inputs, steps: int = 3, lr: float = 1e-3, kwargs=None,
+                          after_step=None) -> list[float]:
+    """The same steps on an unsplit copy of ``model`` (the model itself is left untouched);
+    ``after_step(k)`` as in ``train_steps`` (a progress bar)."""
+    return train_steps(copy.deepcopy(model), inputs, steps, lr, kwargs, after_step=after_step)
 
 
 @dataclass

@@ -147,6 +147,7 @@ def _worker(rank: int, job: _Job, results) -> None:
     import torch
 
     torch.set_num_threads(job.threads)  # N processes share the cores: no oversubscription
+    _thread_lock_for_tqdm()
     dist.init_process_group("gloo", rank=rank, world_size=job.world_size)
     try:
         with open(job.call, "rb") as f:
@@ -154,15 +155,27 @@ def _worker(rank: int, job: _Job, results) -> None:
         out = fn(rank, job.world_size, *args)
         # pickled here, by value: torch's multiprocessing pickler would send a tensor as a
         # file descriptor that the launcher fetches from this process, which may have exited
-        results.put((rank, "ok", pickle.dumps(out)))
+        results.send((rank, "ok", pickle.dumps(out)))
         # no rank tears gloo down while another still has a collective in flight (that aborts it)
         dist.barrier()
     except BaseException:
         # the text travels: exception objects themselves may not pickle
-        results.put((rank, "error", traceback.format_exc()))
+        results.send((rank, "error", traceback.format_exc()))
         raise SystemExit(1) from None  # the traceback went to the parent, not to stderr
     finally:
         dist.destroy_process_group()
+
+
+def _thread_lock_for_tqdm() -> None:
+    """torch.fx's Interpreter makes a (disabled) tqdm bar, whose first use creates a
+    multiprocessing lock: a named semaphore that a rank ended by SIGTERM (Ctrl-C, a failing
+    peer) never unlinks, and the resource tracker reports as leaked. A rank's bars are never
+    shared with another process: a thread lock does."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
 
 
 # a rank that was about to re-run the launching script's top level exits with this code, silently
@@ -202,18 +215,24 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
     if timeout is not None and not timeout > 0:
         raise ValueError(f"launch: timeout must be a positive number of seconds, not {timeout!r}")
     ctx = _context()
-    results = ctx.SimpleQueue()
+    # one pipe per rank, not a multiprocessing queue: a queue's locks are named semaphores, which
+    # a run ended by Ctrl-C left for the resource tracker to report as leaked
+    pipes = [ctx.Pipe(duplex=False) for _ in range(nprocs)]
+    results = _Results([r for r, _ in pipes])
     fd, path = tempfile.mkstemp(prefix="autopar-launch-", suffix=".pickle")
     try:
         with os.fdopen(fd, "wb") as f:
             pickle.dump((fn, tuple(args)), f)
         job = _Job(path, nprocs, addr, free_port(addr), threads, os.getpid(), dict(os.environ))
-        procs = [ctx.Process(target=_worker, args=(r, job, results), name=f"autopar-rank-{r}")
-                 for r in range(nprocs)]
+        procs = [ctx.Process(target=_worker, args=(r, job, w), name=f"autopar-rank-{r}")
+                 for r, (_, w) in enumerate(pipes)]
         found = _Outcome()
-        with _ending(procs):
-            for p in procs:
-                p.start()
+        with _ending(procs), results:
+            with _ctrl_c_for_the_launcher_only():
+                for p in procs:
+                    p.start()
+            for _, w in pipes:
+                w.close()  # the ranks hold their own ends
             _watch(procs, results, found, None if timeout is None else time.monotonic() + timeout, timeout)
     finally:
         os.unlink(path)  # every rank has ended
@@ -251,6 +270,23 @@ def _ending(procs):
         finally:
             if main:
                 signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _ctrl_c_for_the_launcher_only():
+    """Start processes with SIGINT ignored. Ctrl-C goes to the terminal's whole foreground group:
+    the fork server (started by the first launch) and every rank would each print a
+    KeyboardInterrupt traceback. A process started with SIGINT ignored keeps it ignored (Python
+    installs its handler only where SIGINT is not ignored), and the fork server hands that on to
+    the ranks it forks; only the launcher gets the KeyboardInterrupt, and ``_ending`` ends them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _watch(procs, results, found: _Outcome, deadline: float | None, timeout: float | None) -> None:
@@ -363,9 +399,31 @@ def _end(procs) -> None:
             p.join()
 
 
-def _drain(results, found: _Outcome) -> None:
-    while not results.empty():
-        rank, status, value = results.get()
+class _Results:
+    """The read ends of the ranks' pipes; each rank sends one (rank, status, value) message."""
+
+    def __init__(self, readers: list) -> None:
+        self.readers = list(readers)
+
+    def messages(self):
+        for conn in list(self.readers):
+            try:
+                while conn.poll():
+                    yield conn.recv()
+            except (EOFError, OSError):  # the rank exited: nothing more comes on this pipe
+                self.readers.remove(conn)
+                conn.close()
+
+    def __enter__(self) -> "_Results":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for conn in self.readers:
+            conn.close()
+
+
+def _drain(results: _Results, found: _Outcome) -> None:
+    for rank, status, value in results.messages():
         if status == "ok":
             found.ok[rank] = pickle.loads(value)
         else:

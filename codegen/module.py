@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from autopar.core.ir import Graph
 from autopar.core.tables import Config
 
+from .batch_check import check_same_batch
 from .local_step import local_stepping
 from .placements import LayoutError
 from .program import Program, build
@@ -33,7 +34,7 @@ class CompiledModule(nn.Module):
     """This rank's module: the model's children with DTensor parameters, run by ``program``."""
 
     def __init__(self, model: nn.Module, program: Program, mesh: DeviceMesh, graph: Graph, signature,
-                 outputs: str = "replicate", training: ProgramTraining = PLAIN):
+                 outputs: str = "replicate", training: ProgramTraining = PLAIN, check_batch: bool = False):
         super().__init__()
         self._outputs = outputs
         for name, child in model.named_children():
@@ -50,6 +51,7 @@ class CompiledModule(nn.Module):
         except (TypeError, ValueError):
             self._model_signature = None
         self._input_specs = dict(program.input_specs)
+        self._batch_checked = not check_batch  # the user's global batch: the same on every rank?
         self._device = torch.device(mesh.device_type, torch.cuda.current_device()) \
             if mesh.device_type == "cuda" else torch.device("cpu")
         self._call = getattr(graph, "call", None)  # how the model is called and what it returns
@@ -84,6 +86,10 @@ class CompiledModule(nn.Module):
 
     def forward(self, *args, **kwargs):
         inputs = self._bind(args, kwargs)
+        if not self._batch_checked and not self.program.input_placements:  # inputs="global"
+            check_same_batch([(n, v) for n, v in zip(self.program.inputs, inputs) if isinstance(v, torch.Tensor)],
+                             self.mesh)
+            self._batch_checked = True  # once: the first call (batch_check.py says what it costs)
         self.reducer.sync_zeroed()
         self.reducer.gather_params()  # ZeRO-3: the sliced parameters whole until the backward ends
         out = self.program.module(*self._state, *inputs)
@@ -271,12 +277,17 @@ def _tensor(module: nn.Module, name: str) -> torch.Tensor:
 
 def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh,
                    outputs: str = "replicate", inputs: str = "global",
-                   training: ProgramTraining = PLAIN, keep: dict[str, nn.Parameter] | None = None) -> CompiledModule:
+                   training: ProgramTraining = PLAIN, keep: dict[str, nn.Parameter] | None = None,
+                   check_batch: bool = False) -> CompiledModule:
     """This rank's module for ``graph`` under ``assignment`` on ``mesh`` (``model`` is copied);
     ``training``: mixed precision, recomputation and ZeRO (``training.py``). ``keep``: parameter
     objects by name that become the module's parameters (their values swapped for the DTensors,
     ``torch.utils.swap_tensors``), so that an optimizer built on them before compiling steps
-    this module's parameters (``autopar.compile`` without example inputs plans at the first call)."""
+    this module's parameters (``autopar.compile`` without example inputs plans at the first call).
+    ``check_batch``: at the first call, check that every rank passed the same global batch
+    (``batch_check.py``; what ``autopar.compile`` asks for: the user's batch, not a pipeline
+    stage's activations).
+    """
     if graph.fx_graph is None:
         raise LayoutError("compile needs graph.fx_graph, the traced GraphModule the IR came from")
     from autopar.core.meta import exclusive
@@ -296,7 +307,7 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
         signature = None
     if signature is not None and any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values()):
         signature = None
-    return CompiledModule(model, program, mesh, graph, signature, outputs, training)
+    return CompiledModule(model, program, mesh, graph, signature, outputs, training, check_batch)
 
 
 def _distribute_state(model: nn.Module, mesh: DeviceMesh, stored, keep: dict[str, nn.Parameter]) -> None:

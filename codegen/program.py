@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.utils import _pytree as pytree
 
-from autopar.core.ir import Graph, Node
+from autopar.core.ir import METADATA_READS, Graph, Node
 from autopar.core.tables import Config
 
 from .batchnorm import needs_sync, needs_sync_op
@@ -332,17 +332,19 @@ class _Builder:
         bound = fx.node.map_arg((n.args, n.kwargs), self._constant_unless_tensor)
         flat, spec = pytree.tree_flatten(bound)
         operands = OperandMatcher(node, layout)
+        metadata = set(node.attrs.get(METADATA_READS, ()))
         consts, slots, args, uses = list(flat), [], [], []
         for i, a in enumerate(flat):
             if not isinstance(a, fx.Node):
                 continue
             v = self.env[a]
             key = operand_key(a, self.layouts, self.state_of)
-            use = operands.match(key, self.values[a].ndim)
+            as_is = key is not NO_KEY and (key.source, key.output) in metadata  # x.type_as(y)'s y: any layout
+            use = Use(v.placements, v.placements) if as_is else operands.match(key, self.values[a].ndim)
             param = key.source[6:] if key is not NO_KEY and key.source.startswith("param:") else None
             slots.append(i)
             param = self.canonical.get(param, param) if param is not None else None
-            args.append(self._reshard(v, use, param=param if param in self.stored else None))
+            args.append(v.node if as_is else self._reshard(v, use, param=param if param in self.stored else None))
             uses.append(use)
             consts[i] = None
         names = []

@@ -26,6 +26,7 @@ def traced_values(graph: Graph, model: nn.Module) -> dict[fx.Node, Any]:
     if all("val" in n.meta for n in nodes if n.op == "placeholder"):
         return {n: n.meta.get("val") for n in nodes}
     state = state_names(graph)
+    constants = gm.meta.get("autopar_constants", {})  # non-tensor inputs: the traced Python values
     args = []
     for n in nodes:
         if n.op != "placeholder":
@@ -36,7 +37,7 @@ def traced_values(graph: Graph, model: nn.Module) -> dict[fx.Node, Any]:
         else:
             spec = graph.inputs.get(n.name)
             args.append(torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device="meta")
-                        if spec is not None else None)
+                        if spec is not None else constants.get(n.name))
     interp = MetaProp(gm)
     with torch.no_grad(), torch.device("meta"):
         interp.run(*args)

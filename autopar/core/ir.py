@@ -102,6 +102,11 @@ class Operand:
         return not (self.is_param or self.is_input)
 
 
+# Node.attrs key: the tensors a node reads for their dtype or device only (``x.type_as(y)``'s
+# ``y``), as ``(source, output)`` pairs: in any layout, never resharded, never an operand.
+METADATA_READS = "metadata_reads"
+
+
 @dataclass
 class Node:
     """One operator with its iteration space.

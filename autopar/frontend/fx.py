@@ -131,6 +131,10 @@ class FxFrontend(Builder):
         flat, out_spec = pytree.tree_flatten_with_path(value)
         outputs, out_leaves = output_leaves([(output_path(p), v) for p, v in flat])
         gm.meta["autopar_frontend"] = "fx"
+        # the Python values the call gave non-tensor parameters (``scale=0.5``): the graph is traced
+        # with them, and a propagation again (codegen's) must feed them, not None
+        gm.meta["autopar_constants"] = {n.name: self.values.get(n) for n in gm.graph.nodes
+                                        if n.op == "placeholder" and not isinstance(self.values.get(n), torch.Tensor)}
         self.nodes = mark_weight_views(self.nodes, outputs)
         graph = Graph(self.nodes, self.inputs, outputs, type(self.model).__name__, gm, frontend="fx")
         leaves = self._input_leaves(gm)

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from autopar.core.errors import PlanMismatchError
@@ -177,7 +176,7 @@ class Plan:
         return doc
 
     def save(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+        plan_file.write(path, self.to_json())
 
     @classmethod
     def from_json(cls, doc: dict) -> "Plan":

@@ -7,6 +7,8 @@ autopar is refused with a clear error instead of producing a wrong module.
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 from autopar.core.errors import PlanMismatchError
@@ -23,14 +25,28 @@ def config_from_json(d: dict) -> Config:
     return Config(tuple(d["splits"]), tuple(tuple(a) for a in d.get("mesh_axes", ())))
 
 
+def write(path, doc: dict) -> None:
+    """Write the plan document whole or not at all: into a temporary file beside ``path``, then
+    renamed over it, so an interrupted write (Ctrl-C, a full disk) never leaves half a plan."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def read(path) -> dict:
     """The raw plan document; PlanMismatchError (one line) if it is not a readable plan file."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise PlanMismatchError(f"no plan file {str(path)!r}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PlanMismatchError(f"{path} is not a plan file (invalid JSON: {e.msg if hasattr(e, 'msg') else e})") from None
+    except json.JSONDecodeError as e:
+        raise PlanMismatchError(f"{path} is not a plan file: {_json_problem(e)}") from None
+    except UnicodeDecodeError as e:
+        raise PlanMismatchError(f"{path} is not a plan file: it is not text ({e.reason} at byte {e.start})") from None
     if not isinstance(doc, dict) or doc.get("format") != "autopar-plan":
         raise PlanMismatchError(f"{path} is not an autopar plan file")
     if doc.get("schema") != SCHEMA:
@@ -38,6 +54,22 @@ def read(path) -> dict:
             f"{path} has plan schema {doc.get('schema')!r}; this autopar reads schema {SCHEMA}: re-plan the model"
         )
     return doc
+
+
+def _json_problem(e: json.JSONDecodeError) -> str:
+    """What is wrong with the JSON, as a whole sentence: a document with brackets still open that
+    fails in its last token (or an unterminated string) is a file cut short (an interrupted write);
+    anything else gets the place and json's reason."""
+    doc = e.doc
+    if not doc.strip():
+        return "it is empty; write it again (autopar plan MODEL --json FILE)"
+    unclosed = doc.count("{") + doc.count("[") > doc.count("}") + doc.count("]")
+    rest = doc[e.pos:].rstrip()
+    last_token = re.fullmatch(r"[^\s{}\[\],:]*", rest) is not None or e.msg.startswith("Unterminated string")
+    if unclosed and last_token:
+        return (f"invalid JSON that ends after {len(doc)} bytes in the middle of the plan, so the file was cut "
+                "short (an interrupted write?); write it again (autopar plan MODEL --json FILE)")
+    return f"invalid JSON at line {e.lineno}, column {e.colno} ({e.msg})"
 
 
 def mesh_to_json(m: Mesh) -> dict:

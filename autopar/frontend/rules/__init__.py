@@ -8,7 +8,9 @@ to a rule and the signature its arguments bind to. ``build_node`` applies one an
 
 from __future__ import annotations
 
-from autopar.core.ir import Dim, Node, Operand, TensorSpec
+from collections import Counter
+
+from autopar.core.ir import METADATA_READS, Dim, Node, Operand, TensorSpec
 from autopar.frontend.rules import (attention, concat, conv, elementwise, embedding, indexing, lstm, loss, matmul,
                                    mha, norm, opaque, pool, recurrent, reduce, shape, softmax)
 from autopar.frontend.rules.base import Call, Result, Tensor
@@ -55,10 +57,31 @@ def apply(call: Call) -> Result:
     try:
         result = rule(call)
         _check(result, call)
-        return result
     except Exception as e:  # a rule bug or an unforeseen argument form must not stop the trace
         call.fixed = {**call.fixed, "reason": f"rule {call.op!r} could not handle this call ({type(e).__name__}: {e})"}
         return opaque.opaque(call)
+    unread = _unaccounted(result, call)
+    if unread:  # codegen could not tell which operand such a tensor is: run the node whole
+        call.fixed = {**call.fixed, "reason": f"rule {call.op!r} does not say how {call.target} reads "
+                                              f"{', '.join(unread)}; replicated"}
+        return opaque.opaque(call)
+    return result
+
+
+def _unaccounted(result: Result, call: Call) -> list[str]:
+    """The call's tensor arguments that are neither an operand of the result nor a metadata read
+    (a rule that reads ``x.view_as(y)``'s ``x`` and drops ``y``): codegen pairs a call's arguments
+    with the node's operands by source, so a dropped tensor has no layout to take."""
+    left = Counter((t.source, t.output) for t, _ in result.reads)
+    metadata = {(t.source, t.output) for t in result.metadata_reads}
+    missing = []
+    for t in call.tensors():
+        key = (t.source, t.output)
+        if left[key] > 0:
+            left[key] -= 1
+        elif key not in metadata:
+            missing.append(t.source or "a result")
+    return missing
 
 
 def _check(result: Result, call: Call) -> None:
@@ -84,12 +107,15 @@ def build_node(name: str, module: str, call: Call) -> Node:
         op = Operand(t.source, t.output, TensorSpec(t.shape, t.dtype, tuple(axes)))
         (params if op.is_param else inputs).append(op)
     outputs = tuple(TensorSpec(t.shape, t.dtype, tuple(a)) for t, a in zip(call.outs, r.out_axes))
+    attrs = dict(r.attrs)
+    if r.metadata_reads:
+        attrs[METADATA_READS] = tuple((t.source, t.output) for t in r.metadata_reads)
     read = r.bytes_read if r.bytes_read is not None else sum(o.spec.nbytes for o in inputs + params)
     written = r.bytes_written if r.bytes_written is not None else sum(o.nbytes for o in outputs)
     return Node(
         name=name, op=r.op, target=call.target, module=module, dims=tuple(r.dims), inputs=tuple(inputs),
         params=tuple(params), outputs=outputs, flops=int(r.flops), bytes_read=int(read), bytes_written=int(written),
-        attrs=dict(r.attrs), unsupported=r.unsupported,
+        attrs=attrs, unsupported=r.unsupported,
     )
 
 

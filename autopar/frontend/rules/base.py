@@ -74,7 +74,9 @@ class Result:
     ``reads`` lists every tensor operand (data and parameters alike, in call order) with its axis
     map; the builder sorts them into ``Node.inputs`` and ``Node.params`` by their source.
     ``bytes_read``/``bytes_written`` default to the sizes of ``reads`` and ``outs``; metadata-only
-    ops (views, permutes, slices) set them to 0 because they move no data.
+    ops (views, permutes, slices) set them to 0 because they move no data. ``metadata_reads``
+    lists tensors the call reads for their dtype or device only (``x.type_as(y)``'s ``y``): no
+    layout, no bytes. Every tensor argument is in one of the two lists, or the node is replicated.
     """
 
     op: str
@@ -86,6 +88,7 @@ class Result:
     bytes_read: int | None = None
     bytes_written: int | None = None
     unsupported: str = ""
+    metadata_reads: list[Tensor] = field(default_factory=list)  # read for dtype/device only
 
 
 def signature(text: str) -> inspect.Signature:

@@ -83,16 +83,24 @@ def permute(call: Call) -> Result:
 
 
 def identity(call: Call) -> Result:
-    x = call.tensors()[0]
+    """Pass-throughs and casts. A cast to another dtype reads and writes every element
+    (elementwise ``to``); ``x.type_as(y)`` and ``x.to(y)`` read ``y`` for its dtype only, so ``y``
+    is a metadata read (any layout will do) and ``x`` the one operand."""
+    tensors = call.tensors()
+    x = tensors[0]
     out = call.outs[0]
     names = generic_names(x.ndim)
     fn = call.fixed.get("fn", call.target.rsplit(".", 1)[-1])
     free = fn in ("alias", "detach", "to", "type_as", "type", "float", "identity")
+    meta = tensors[1:] if fn in CASTS_LIKE else []
     if out.dtype != x.dtype:  # a cast reads and writes every element: elementwise, not identity
         return Result("elementwise", same_dims(names, x.shape), [(x, names_axes(names))], [names_axes(names)], 0,
-                      {"fn": "to", "dtype": out.dtype})
+                      {"fn": "to", "dtype": out.dtype}, metadata_reads=meta)
     return Result("identity", same_dims(names, x.shape), [(x, names_axes(names))], [names_axes(names)], 0,
-                  {"fn": fn}, **({"bytes_read": 0, "bytes_written": 0} if free else {}))
+                  {"fn": fn}, **({"bytes_read": 0, "bytes_written": 0} if free else {}), metadata_reads=meta)
+
+
+CASTS_LIKE = ("type_as", "to")  # ops whose other tensor argument gives the dtype (and device) only
 
 
 def slice_(call: Call) -> Result:
