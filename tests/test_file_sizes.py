@@ -19,7 +19,8 @@ def too_long(root: Path = ROOT, limit: int = LIMIT) -> list[str]:
         for f in sorted((root / folder).rglob("*.py")):
             n = len(f.read_text().splitlines())
             if n > limit:
-                out.append(f"{f.relative_to(root)}: {n} lines (at most {limit}: split it where its ideas part)")
+                out.append(f"{f.relative_to(root)}: {n} lines (at most {limit}: split it where its "
+                           "ideas part)")
     return out
 
 

@@ -252,10 +252,10 @@ def test_the_check_fails_on_an_unknown_package_a_private_import_and_a_bare_one(t
     (tmp_path / "autopar" / "extras").mkdir()
     (tmp_path / "autopar" / "extras" / "__init__.py").write_text("")
     target = tmp_path / "cost_models" / "memory.py"
-    target.write_text(target.read_text() + "\nfrom autopar.cost_models.alpha_beta import _planted  # planted\n")
+    target.write_text(target.read_text() + "\nfrom autopar.cost_models.alpha_beta import _planted\n")
     found = violations(tmp_path)
     assert any("autopar.extras is in no layer" in v for v in found), found
-    assert any("cost_models/memory.py" in v and "autopar.cost_models.alpha_beta._planted" in v for v in found), found
+    assert any("memory.py" in v and "autopar.cost_models.alpha_beta._planted" in v for v in found), found
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_x.py").write_text("from codegen.moves import move\nimport search.dp\n")
     assert bare_imports(tmp_path) == ["tests/test_x.py:1 imports codegen.moves: use autopar.codegen.moves",
