@@ -170,6 +170,17 @@ ATEN_ONLY: dict[str, tuple] = {
 }
 
 
+
+def _family_sites() -> dict[str, tuple]:
+    """The call sites a family's rule module declares itself (its ``SITES``, as ``COMMON``'s)."""
+    from autopar.frontend.rules import MODULES
+
+    return {name: entry for module in MODULES.values() for name, entry in getattr(module, "SITES", {}).items()}
+
+
+COMMON.update(_family_sites())
+
+
 def _site(name: str, entry: tuple, target: str) -> Site:
     op, sig, fixed = entry[:3]
     rename = entry[3] if len(entry) > 3 else {}
