@@ -59,6 +59,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     OpFamily("batch_norm", "norm.batch_norm", ("batch_norm",), "batch_norm",
              repairs=("batchnorm.needs_sync", "batchnorm.needs_sync_op"), fusion=("batch_norm",)),
     OpFamily("softmax", "softmax.softmax", ("softmax", "log_softmax"), "softmax"),
+    OpFamily("topk", "topk.topk", ("topk",), analytic=NOT_RUN),
     OpFamily("sdpa", "attention.sdpa", ("sdpa",), "sdpa", repairs=("op_fixes.causal_rows",),
              fusion=("scaled_dot_product_attention",)),
     OpFamily("elementwise", "elementwise.elementwise", ("elementwise",), "elementwise"),
