@@ -80,7 +80,7 @@ def test_a_rule_that_emits_an_unowned_op_gives_an_opaque_node(monkeypatch):
 
     x, y = Tensor((4, 8), "float32", "input:x"), Tensor((4, 8), "float32")
     monkeypatch.setitem(rules.RULES, "elementwise",
-                        lambda call: Result("topk", [], [(x, ((), ()))], [((), ())]))
+                        lambda call: Result("relu_with_a_typo", [], [(x, ((), ()))], [((), ())]))
     r = rules.apply(Call("elementwise", "torch.relu", {"args": (x,)}, (y,)))
     assert r.op == "opaque" and "owned by no family" in r.unsupported
 
