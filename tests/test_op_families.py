@@ -8,6 +8,8 @@ import ast
 import importlib
 from pathlib import Path
 
+import pytest
+
 from autopar.core.op_families import FAMILIES, FX_KINDS, OpFamily, op_kinds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,3 +169,12 @@ def test_every_op_specific_fusion_rule_belongs_to_one_family():
     named = [call for f in FAMILIES for call in f.fusion]
     assert len(named) == len(set(named))
     assert set(named) == set(FUNCTIONAL), sorted(set(FUNCTIONAL) ^ set(named))
+
+
+def test_a_family_module_may_not_take_a_call_another_site_has(monkeypatch):
+    from autopar.frontend.rules import MODULES, sites
+
+    assert sites.COMMON["topk"][0] == "topk"  # a family module's own SITES reach the tables
+    monkeypatch.setattr(MODULES["topk"], "SITES", {"relu": ("topk", "input, k", {})}, raising=False)
+    with pytest.raises(ValueError, match="rules.topk.SITES: the call 'relu' already has a site"):
+        sites._family_sites()
