@@ -47,19 +47,19 @@ bench-speed: setup
 bench-exact: setup
 	$(PY) -m benchmarks.dp_vs_ilp
 
-# Many models at once (issue 16): fused vs one by one vs vmap on this CPU beside autopar's choice, and
+# Many models at once: fused vs one by one vs vmap on the local CPU beside autopar's choice, and
 # Sharded-LRTF vs the joint CP-SAT schedule on a simulated 8xV100: writes benchmarks/many_models.md
 .PHONY: bench-many
 bench-many: setup
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.many_models
 
-# The four largest published trainings planned on their clusters, and a device-count sweep 8..4096
-# (issue 18): writes benchmarks/scale.md
+# The four largest published trainings planned on their clusters, and a device-count sweep 8..4096:
+# writes benchmarks/scale.md
 .PHONY: bench-scale
 bench-scale: setup
 	$(PY) -m benchmarks.scale
 
-# autopar's module beside DDP, parallelize_module and fully_shard on 2 and 4 gloo processes (issue 15):
+# autopar's module beside DDP, parallelize_module and fully_shard on 2 and 4 gloo processes:
 # writes benchmarks/runtime.md; run it on a quiet machine
 .PHONY: bench-runtime
 bench-runtime: setup

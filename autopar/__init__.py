@@ -1,31 +1,25 @@
 """autopar: automatic parallelization-strategy search for PyTorch models.
 
-The public API is what this module exports: ``trace``, ``plan``, ``compile``, ``Plan``, ``Cluster``,
-the errors and the benchmark ``zoo``. Everything else lives in the subpackages (docs/architecture.md):
+The public API is what this module exports: ``trace``, ``plan``, ``compile`` (an
+``autopar.ParallelModule``), ``compile_many``, ``fuse``, ``Plan``, ``Cluster``, the errors and the
+benchmark ``zoo``; each is the function itself, with its own signature and docstring. Every entry
+point resolves the cluster alike (``autopar.core.resolve``: by default this machine, the ``cpu``
+preset). Everything else lives in the subpackages (docs/architecture.md):
 trace -> ir.Graph -> cost tables -> search -> Plan -> codegen / report.
 """
 
 from autopar import zoo
 from autopar.core.cluster import Cluster
 from autopar.core.errors import AutoparError, InfeasibleError, LaunchRequiredError, PlanMismatchError, TraceError
+from autopar.compiler import compile
+from autopar.fusion.fuse import fuse
 from autopar.frontend.trace import trace
+from autopar.parallel_module import NotPlannedYet, ParallelModule
+from autopar.many import compile_many
 from autopar.planning.plan import Plan
+from autopar.planning.planner import plan
 
 __version__ = "0.1.0"
-
-
-def plan(model, example_inputs=(), cluster=None, **kwargs) -> Plan:
-    """Find the best parallelization strategy (see ``autopar.planning.planner.plan``)."""
-    from autopar.planning.planner import plan as _plan
-
-    return _plan(model, example_inputs, cluster, **kwargs)
-
-
-def compile(model, example_inputs=(), cluster=None, **kwargs):
-    """This rank's sharded module for training ``model`` (see ``autopar.compiler.compile``)."""
-    from autopar.compiler import compile as _compile
-
-    return _compile(model, example_inputs, cluster, **kwargs)
 
 
 def save_checkpoint(path, module, optimizer=None, *, step: int, keep: int = 2):
@@ -44,22 +38,9 @@ def load_checkpoint(path, module, optimizer=None) -> int:
     return load(path, module, optimizer)
 
 
-def fuse(models, example_inputs, **kwargs):
-    """K models of one architecture as one module (see ``autopar.fusion.fuse``)."""
-    from autopar.fusion import fuse as _fuse
-
-    return _fuse(models, example_inputs, **kwargs)
-
-
-def compile_many(models, devices, example_inputs, **kwargs):
-    """Plan, schedule and train many models at once (see ``autopar.many.compile_many``)."""
-    from autopar.many import compile_many as _compile_many
-
-    return _compile_many(models, devices, example_inputs, **kwargs)
-
-
 __all__ = [
-    "AutoparError", "Cluster", "InfeasibleError", "LaunchRequiredError", "Plan", "PlanMismatchError",
+    "AutoparError", "Cluster", "InfeasibleError", "LaunchRequiredError", "NotPlannedYet", "ParallelModule", "Plan",
+    "PlanMismatchError",
     "TraceError", "compile", "compile_many", "fuse", "load_checkpoint", "plan", "save_checkpoint", "trace",
     "zoo",
 ]

@@ -26,13 +26,13 @@ def _cmd_trace(args) -> int:
 
 
 def _cluster(args):
-    from autopar.core.cluster import Cluster
+    """The cluster ``--cluster``/``--devices`` name, by the resolver ``autopar.plan`` and
+    ``autopar.compile`` use (``autopar.core.resolve``): the same default everywhere."""
+    from autopar.core.resolve import resolve_cluster
 
     if args.devices is not None and args.devices < 1:
         raise ValueError(f"--devices must be at least 1, got {args.devices}")
-    if args.cluster:
-        return Cluster.preset(args.cluster, devices=args.devices)
-    return Cluster(devices=args.devices or 8)
+    return resolve_cluster(args.cluster, args.devices)
 
 
 def _plan(args, model_arg=None, **overrides):
@@ -243,10 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                             ("compare", _cmd_compare, "data parallel vs expert vs autopar, side by side")):
         c = sub.add_parser(cmd, help=text, description=text)
         c.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
-        c.add_argument("--devices", type=int, default=None, help="number of devices (default: the cluster's, or 8)")
+        c.add_argument("--devices", type=int, default=None, help="number of devices (default: the cluster's; the default cluster's is this machine's cores)")
         c.add_argument("--cluster", default=None,
                        help=f"cluster preset: {', '.join(known_presets())} (and NxGxGPU patterns such as "
-                       "2x8xH100; default: a flat cluster of --devices devices)")
+                       "2x8xH100; default: cpu, this machine, as autopar.plan and autopar.compile)")
         c.add_argument("--cost-model", default="analytic", choices=list(registry.COST_MODELS),
                        help=registry.choices_help(registry.COST_MODELS))
         c.add_argument("--space", default="mesh", help=registry.choices_help(registry.SPACES))

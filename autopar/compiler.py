@@ -7,25 +7,28 @@ modules that deadlock); the plan travels to the other ranks as its JSON document
 the model itself (codegen needs the fx graph, and tracing is cheap) and checks that its graph has
 the plan's fingerprint, so a rank that was handed a different model fails instead of hanging.
 
-With one device there is nothing to split: ``compile`` returns a copy of the model with the plan
-attached, so the same script runs with and without torchrun.
+With one device there is nothing to split: the module runs a copy of the model, so the same script
+runs with and without torchrun. Without example inputs all of this happens at the module's first
+call, with that call's batch (``parallel_module.py``).
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import shlex
 import sys
 import threading
+from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch import nn
 
 from autopar.core.cluster import Cluster
+from autopar.core.resolve import resolve_cluster
 from autopar.core.errors import AutoparError, LaunchRequiredError, PlanMismatchError
 from autopar.core.ir import Graph
 from autopar.planning import plan_file
+from autopar.parallel_module import ParallelModule
 from autopar.planning.plan import Plan
 
 # torch.fx patches module-level functions while it traces, so two traces at once in one process
@@ -33,67 +36,125 @@ from autopar.planning.plan import Plan
 _TRACE_LOCK = threading.Lock()
 
 
-def compile(model: nn.Module, example_inputs=(), cluster=None, *, example_kwargs=None, devices: int | None = None,
-            plan=None, outputs: str = "replicate", inputs: str = "global", **plan_kwargs) -> nn.Module:
-    """This rank's module for training ``model`` on ``devices`` devices.
+# The planning options ``compile`` forwards to ``autopar.plan`` (their defaults are plan's own).
+PLAN_DEFAULTS = dict(cost_model="analytic", search="auto", optimizer="adam", memory_capacity=None, time_limit=60.0,
+                     baselines=True, pipeline="auto", hierarchical="auto", follow="auto", pin=None, model_name="",
+                     explain=False)
+# The training options: planning options, or, with a given plan, what codegen runs in place of its strategy.
+TRAINING_DEFAULTS = dict(zero="auto", precision=None, recompute="auto")
 
-    Same arguments, in the same order, as ``autopar.plan``: ``example_inputs`` is a tuple of the
-    forward's positional arguments and ``example_kwargs`` a dict of its keyword ones (or pass one
-    dict as ``example_inputs``), the global batch, identical on every rank; the module is then
-    called the same way (``module(input_ids=..., labels=...)``) and returns what the model returns; ``cluster`` is what the
-    search prices (default: this machine, the ``cpu`` preset); ``devices`` defaults to the process
-    group's size (1 without one). ``plan``: None (search, on rank 0), an ``autopar.Plan``, or
-    the path of a saved plan, used as it is. ``outputs``: "replicate" (whole tensors, the same on
-    every rank), "local" (this rank's shards, as the plan leaves them) or "dtensor" (those shards
-    as DTensors). ``inputs``: "global" (every rank passes the whole batch; the module keeps its
-    slice) or "local" (each rank passes only its slice over the data-parallel mesh axes, as with
-    DDP: ``module.data_parallel`` is the (replicas, rank) for a ``DistributedSampler``,
-    ``module.local_batch(*whole)`` cuts it from a whole batch). Other keywords go to ``autopar.plan``;
-    ``zero`` (0-3), ``precision`` ("fp32", "bf16") and ``recompute`` (bool) with a given plan set
-    the training options codegen runs in place of the plan's ``strategy`` (``codegen/training.py``).
 
-    The module keeps the model's parameter names (each parameter a DTensor: ``p.full_tensor()``
-    is its whole value); ``module.plan`` is its plan and ``module.code`` the program this rank
-    runs. Every compiled module trains the same way: ``loss = module.train_step(*inputs)`` (forward
-    and backward), then ``optimizer.step()``; a single-stage plan also trains with an ordinary
-    ``loss = module(*inputs); loss.backward()``.
+def compile(model: nn.Module, devices: int | Cluster | str | None = None, example_inputs=None, *,
+            example_kwargs: dict | None = None, cluster: Cluster | str | None = None, plan=None,
+            outputs: str = "replicate", inputs: str = "global",
+            cost_model="analytic", search: str = "auto", optimizer: str | None = "adam",
+            memory_capacity: float | None = None, time_limit: float = 60.0, baselines: bool = True,
+            pipeline: bool | str = "auto", hierarchical: bool | str = "auto", follow: bool | str = "auto",
+            pin: str | None = None, model_name: str = "", explain: bool = False,
+            zero: int | str = "auto", precision: str | None = None, recompute: bool | str = "auto",
+            ) -> ParallelModule:
+    """This rank's module for training ``model`` on ``devices`` devices: an ``autopar.ParallelModule``.
+
+    ``devices``: a device count, an ``autopar.Cluster`` (what the search prices, and its count)
+    or a preset name; default the process group's size (1 without one). More than one device runs
+    one process per device (torchrun); the count must be the process group's. ``cluster``: what
+    the search prices when ``devices`` is a count (``autopar.core.resolve``; default this machine,
+    the ``cpu`` preset).
+
+    ``example_inputs``: None (plan at the first call, with its batch, as ``torch.compile`` does),
+    or a tuple of the forward's positional arguments (``example_kwargs`` a dict of its keyword
+    ones, or pass one dict as ``example_inputs``) to plan now. They are the global batch, the
+    same on every rank. The older form ``compile(model, example_inputs, ...)`` (a tuple, dict or
+    tensor in the second place) still means example inputs. Under a process group, rank 0 plans
+    and every rank runs its plan (``_shared_plan``), at the first call too.
+
+    ``plan``: None (search, on rank 0), an ``autopar.Plan``, or the path of a saved plan, used as it
+    is. ``outputs``: "replicate" (whole tensors, the same on every rank), "local" (this rank's
+    shards, as the plan leaves them) or "dtensor" (those shards as DTensors). ``inputs``: "global"
+    (every rank passes the whole batch; the module keeps its slice) or "local" (each rank passes
+    only its slice over the data-parallel mesh axes, as with DDP: ``module.data_parallel`` is the
+    (replicas, rank) for a ``DistributedSampler``, ``module.local_batch(*whole)`` cuts it from a
+    whole batch); "local" plans on the global batch, so it needs ``example_inputs`` (the whole batch).
+
+    ``cost_model`` ... ``explain``: ``autopar.plan``'s options (same names, same defaults).
+    ``zero`` (0-3), ``precision`` ("fp32", "bf16") and ``recompute`` (bool): training options the
+    search decides ("auto"/None) or is told; with a given plan, what codegen runs in place of
+    the plan's ``strategy`` (``codegen/training.py``).
+
+    The module keeps the model's parameter names (with several devices each parameter a
+    DTensor: ``p.full_tensor()`` is its whole value); ``module.plan`` is its plan (after the first
+    call when planned then) and ``module.code`` the program this rank runs. Every module trains the
+    same way: ``loss = module.train_step(*inputs)`` (forward and backward), then
+    ``optimizer.step()``; a single-stage plan also trains with an ordinary ``loss =
+    module(*inputs); loss.backward()``. An optimizer may be built on ``module.parameters()`` before
+    the first call (``autopar/parallel_module.py``).
     """
-    if isinstance(example_inputs, int) and not isinstance(example_inputs, bool):
-        raise ValueError("autopar.compile(model, example_inputs, cluster=None, devices=None): the device "
-                         f"count goes in devices= (got {example_inputs} where the example inputs go)")
+    if not (devices is None or isinstance(devices, (int, Cluster, str))) and example_inputs is None:
+        devices, example_inputs = None, devices  # compile(model, example_inputs, ...)
+    if isinstance(devices, (Cluster, str)):
+        if cluster is not None:
+            raise ValueError("autopar.compile(model, devices, ...): devices is already a cluster; drop cluster=")
+        devices, cluster = (devices.devices if isinstance(devices, Cluster) else None), devices
+    if isinstance(example_inputs, (int, str, Cluster)) and not isinstance(example_inputs, bool):
+        raise ValueError("autopar.compile(model, devices, example_inputs): the example inputs go third, as a tuple "
+                         f"of the forward's arguments (got {example_inputs!r})")
     if outputs not in ("replicate", "local", "dtensor"):  # checked on one device too, so a script fails early
         raise ValueError(f"outputs must be 'replicate', 'local' or 'dtensor', not {outputs!r}")
     if inputs not in ("global", "local"):
         raise ValueError(f"inputs must be 'global' (every rank the whole batch) or 'local' (its slice), not {inputs!r}")
     if isinstance(example_inputs, dict) and example_kwargs is None:
         example_inputs, example_kwargs = (), example_inputs
-    if not isinstance(example_inputs, (tuple, list)):
+    if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
-    if not example_inputs and not example_kwargs:
-        raise ValueError("autopar.compile needs example_inputs: a tuple of the model's forward arguments "
-                         "(and/or example_kwargs, a dict of its keyword arguments)")
+    ahead = bool(example_inputs) or bool(example_kwargs)
     devices = _device_count(devices)
-    cluster = _cluster(cluster, devices)
-    overrides = {k: plan_kwargs.pop(k) for k in ("zero", "precision", "recompute") if k in plan_kwargs} \
-        if plan is not None else {}  # a given plan: codegen's training options, over its strategy
-    if plan is not None and plan_kwargs:
-        raise ValueError(f"a given plan is used as it is: drop the planning options {sorted(plan_kwargs)}")
-    from autopar.frontend.trace import trace
+    cluster = resolve_cluster(cluster, devices)
+    given = dict(cost_model=cost_model, search=search, optimizer=optimizer, memory_capacity=memory_capacity,
+                 time_limit=time_limit, baselines=baselines, pipeline=pipeline, hierarchical=hierarchical,
+                 follow=follow, pin=pin, model_name=model_name, explain=explain)
+    training = dict(zero=zero, precision=precision, recompute=recompute)
+    changed = sorted(k for k, v in given.items() if v != PLAN_DEFAULTS[k])
+    if plan is not None and changed:
+        raise ValueError(f"a given plan is used as it is: drop the planning options {changed}")
+    overrides = {k: v for k, v in training.items() if v != TRAINING_DEFAULTS[k]}
+    if plan is not None:  # a given plan: codegen's training options, over its strategy
+        builder = _Builder(devices, cluster, plan, {}, overrides, outputs, inputs)
+    else:
+        builder = _Builder(devices, cluster, None, {**given, **training}, {}, outputs, inputs)
+    if not ahead and inputs == "local" and devices > 1:
+        raise ValueError('inputs="local" plans on the global batch, which no rank\'s slice shows: pass the whole '
+                         'batch as example_inputs to autopar.compile (or use inputs="global")')
+    what = type(model).__name__
+    if ahead:
+        return ParallelModule(model, builder, devices, what, (tuple(example_inputs or ()), example_kwargs))
+    return ParallelModule(model, builder, devices, what)
 
-    graph = _graph_of_plan(plan, model, tuple(example_inputs), example_kwargs)
-    if graph is None:
-        with _TRACE_LOCK:
-            rank0 = not dist.is_initialized() or dist.get_rank() == 0
-            graph = trace(model, tuple(example_inputs), example_kwargs, progress=None if rank0 else False)
-    if devices == 1:  # nothing to split (and no mesh to build), process group or not
-        chosen = _local_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
-        single = copy.deepcopy(model)
-        single.plan = chosen
-        single.train_step = _single_train_step(single)
-        single.optimizer = _single_optimizer(single)
-        return single
-    chosen = _shared_plan(model, example_inputs, graph, cluster, plan, plan_kwargs)
-    return _build(model, graph, chosen, example_inputs, outputs, inputs, overrides)
+
+@dataclass
+class _Builder:
+    """What ``compile`` was told, to plan and build once the call is known (now, or at the first call)."""
+
+    devices: int
+    cluster: Cluster
+    plan: object  # None, an autopar.Plan or a plan file's path
+    plan_kwargs: dict
+    overrides: dict
+    outputs: str
+    inputs: str
+
+    def __call__(self, model: nn.Module, args: tuple, kwargs: dict | None, keep=None):
+        """(the module that runs, or None for the model itself on one device; the plan)."""
+        from autopar.frontend.trace import trace
+
+        graph = _graph_of_plan(self.plan, model, args, kwargs)
+        if graph is None:
+            with _TRACE_LOCK:
+                rank0 = not dist.is_initialized() or dist.get_rank() == 0
+                graph = trace(model, args, kwargs, progress=None if rank0 else False)
+        if self.devices == 1:  # nothing to split (and no mesh to build), process group or not
+            return None, _local_plan(model, args, graph, self.cluster, self.plan, self.plan_kwargs)
+        chosen = _shared_plan(model, args, graph, self.cluster, self.plan, self.plan_kwargs)
+        return _build(model, graph, chosen, args, self.outputs, self.inputs, self.overrides, keep), chosen
 
 
 def _graph_of_plan(plan, model: nn.Module, args: tuple, kwargs) -> Graph | None:
@@ -107,28 +168,6 @@ def _graph_of_plan(plan, model: nn.Module, args: tuple, kwargs) -> Graph | None:
         return None
     call = example_call(model, args, kwargs)
     return graph if is_trace_of(graph, model, call.args, call.kwargs) else None
-
-
-def _single_optimizer(module: nn.Module):
-    """``module.optimizer(cls, **kwargs)`` on one device: ``cls(module.parameters(), **kwargs)``,
-    so that a script written for the compiled module runs unchanged on one process."""
-    import torch
-
-    def optimizer(cls=torch.optim.AdamW, **kwargs):
-        return cls(module.parameters(), **kwargs)
-
-    return optimizer
-
-
-def _single_train_step(module: nn.Module):
-    def train_step(*args, **kwargs):
-        from autopar.codegen.module import training_loss
-
-        loss = training_loss(module(*args, **kwargs))
-        loss.backward()
-        return loss.detach()
-
-    return train_step
 
 
 # -- devices and the process group ------------------------------------------------------------
@@ -156,19 +195,6 @@ def torchrun_command(devices: int, argv: list[str] | None = None) -> str:
     argv = list(sys.argv if argv is None else argv)
     script = argv[0] if argv and argv[0] not in ("", "-c", "-m") else "your_script.py"
     return shlex.join(["torchrun", "--nproc-per-node", str(devices), script, *argv[1:]])
-
-
-def _cluster(cluster, devices: int) -> Cluster:
-    if cluster is None:
-        return Cluster.preset("cpu", devices=devices)
-    if isinstance(cluster, str):
-        return Cluster.preset(cluster, devices=devices)
-    if not isinstance(cluster, Cluster):
-        raise ValueError(f"cluster must be an autopar.Cluster or a preset name, not {type(cluster).__name__}")
-    if cluster.devices != devices:
-        raise ValueError(f"cluster {cluster.name or ''} has {cluster.devices} devices but compile was asked for "
-                         f"{devices}: pass cluster.with_devices({devices})")
-    return cluster
 
 
 # -- the plan: searched on rank 0, or read, then checked against this rank's graph -------------
@@ -255,7 +281,7 @@ def _rebuild(kind: str, message: str) -> Exception:
 # -- codegen -------------------------------------------------------------------------------------
 
 def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str = "global",
-           overrides: dict | None = None) -> nn.Module:
+           overrides: dict | None = None, keep: dict | None = None) -> nn.Module:
     if plan.stages:
         from autopar.codegen import pipeline
 
@@ -275,6 +301,6 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
         mesh = device_mesh(tuple(plan.mesh.shape), model_device_type(model))
         training = program_training(graph, plan.strategy, **(overrides or {}))
         module = compile_module(model, graph, plan.assignment, mesh, outputs=outputs, inputs=local,
-                                training=training)
+                                training=training, keep=keep)
     module.plan = plan
     return module

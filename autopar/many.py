@@ -18,6 +18,7 @@ from typing import Callable
 import torch.nn as nn
 
 from autopar.core.cluster import Cluster
+from autopar.core.resolve import resolve_cluster
 from autopar.many_run import OPTIMIZERS, make_optimizer
 from autopar.planning.many import ManyPlan, plan_many
 
@@ -88,17 +89,20 @@ def compile_many(models, devices, example_inputs, *, steps: int = 20, optimizer:
     ``optimizer``: "adamw", "adam", "sgd" (fusable), or any ``callable(params, **hparams)``
     returning a torch optimizer (those models are not fused). ``hparams``: one dict for all or one
     per model (``lr``, ``weight_decay``, ``betas``, ...). ``cluster``: what the plan prices
-    (default: this machine, ``devices`` CPU processes, with the profiled cost model).
+    (``autopar.core.resolve``; default: this machine, the ``cpu`` preset with ``devices`` processes,
+    priced by the profiled cost model).
     """
+    from autopar.codegen.launch import exit_if_bootstrapping
+
+    exit_if_bootstrapping()  # a rank re-running an unguarded script: no second plan, no second report
     models = list(models)
     if isinstance(devices, Cluster):
+        if cluster is not None:
+            raise ValueError("compile_many: devices is already a Cluster; drop cluster=")
         cluster, devices = devices, devices.devices
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"devices must be a positive int or an autopar.Cluster, not {devices!r}")
-    if cluster is None:
-        cluster = Cluster.preset("cpu", devices=devices)
-    elif isinstance(cluster, str):
-        cluster = Cluster.preset(cluster, devices=devices)
+    cluster = resolve_cluster(cluster, devices)
     if cost_model is None:
         cost_model = "profiled" if cluster.name.startswith("cpu") else "analytic"
     if isinstance(optimizer, str) and optimizer not in OPTIMIZERS:

@@ -66,12 +66,12 @@ def reference_losses(model, inputs, kwargs, steps: int, lr: float, spec: str) ->
 def search(args, model, inputs, kwargs):
     """The plan the ranks will use: ``--plan`` read, or searched here for --nproc devices."""
     import autopar
-    from autopar.core.cluster import Cluster
+    from autopar.core.resolve import resolve_cluster
     from autopar.planning.plan import Plan
 
     if args.plan:
         return Plan.load(args.plan)
-    cluster = Cluster.preset(args.cluster, devices=args.nproc)
+    cluster = resolve_cluster(args.cluster, args.nproc)
     graph = autopar.trace(model, inputs, kwargs)
     return autopar.plan(model, inputs, cluster, graph=graph, example_kwargs=kwargs, cost_model=args.cost_model)
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from autopar.codegen.module import CompiledModule, training_loss
+from autopar.parallel_module import ParallelModule
 
 # Adam's eps: with the default 1e-8, a gradient that is zero in exact arithmetic (rounding noise
 # of 1e-9 in one run, 0 in the other) takes a full lr-sized step of either sign; 1e-6 keeps such
@@ -27,7 +28,7 @@ def optimizer(module: nn.Module, lr: float) -> torch.optim.Optimizer:
     """AdamW as the module's plan trains with it: a compiled module's own (under ZeRO it steps only
     this rank's slices; a plain AdamW would find no gradient on the parameters, or, under ZeRO-3,
     no parameters)."""
-    if isinstance(module, CompiledModule):
+    if isinstance(module, (CompiledModule, ParallelModule)):
         return module.optimizer(torch.optim.AdamW, lr=lr, eps=ADAM_EPS)
     return torch.optim.AdamW(module.parameters(), lr=lr, eps=ADAM_EPS)
 
@@ -114,7 +115,7 @@ def run_worker(rank: int, world: int, spec: str, steps: int, lr: float, plan_doc
 
     try:
         model, inputs, kwargs, _ = load_call(spec)
-        module = compile_model(model, inputs, example_kwargs=kwargs, devices=world, plan=Plan.from_json(plan_doc))
+        module = compile_model(model, world, inputs, example_kwargs=kwargs, plan=Plan.from_json(plan_doc))
         opt = optimizer(module, lr)
         start = 0
         if saving is not None and saving.resume:

@@ -1,7 +1,7 @@
 """The strategy-quality suite: which models autopar plans, on what, and what PaSE published for them.
 
 A case is data only; ``plan_case`` turns it into an ``autopar.Plan``. PaSE's four models are planned
-under PaSE's own cost model and space at its batch sizes (reference/pase.md §7-§8), so autopar's
+under PaSE's own cost model and space at its batch sizes (docs/pase.md §7-§8), so autopar's
 numbers can be read against the published optimum and search times; GPT and the MLP are planned on
 real cluster presets under the analytic model, one GPT too big for data parallelism to fit.
 """
@@ -16,12 +16,12 @@ import autopar
 GiB = 2**30
 PASE_DEVICES = (4, 8, 16, 32, 64)
 
-# reference/pase.md §8: DP cost / optimum under PaSE's model (r = 5000), for the models it lists.
+# docs/pase.md §8: DP cost / optimum under PaSE's model (r = 5000), for the models it lists.
 PASE_RATIO = {
     "alexnet": {4: 3.897, 8: 6.191, 16: 8.716, 32: 11.645, 64: 15.048},
     "rnnlm": {4: 1.374, 8: 1.764, 16: 2.397, 32: 3.586, 64: 5.406},
 }
-# reference/pase.md §10, Table I: PaSE's search time in seconds (Xeon E5 host).
+# docs/pase.md §10, Table I: PaSE's search time in seconds (Xeon E5 host).
 PASE_SEARCH_S = {
     "alexnet": {4: 0.23, 8: 0.25, 16: 0.30, 32: 0.36, 64: 0.48},
     "inception3": {4: 14.4, 8: 20.0, 16: 39.8, 32: 86.0, 64: 196.0},
@@ -52,6 +52,13 @@ class Case:
     @property
     def devices(self) -> int:
         return self.cluster if isinstance(self.cluster, int) else autopar.Cluster.preset(self.cluster).devices
+
+    def hardware(self) -> autopar.Cluster:
+        """The cluster the case prices: its preset, or for a device count ``autopar.Cluster(devices=p)``
+        (a bare count given to ``autopar.plan`` would be the default cluster, this machine)."""
+        if isinstance(self.cluster, int):
+            return autopar.Cluster(devices=self.cluster)
+        return autopar.Cluster.preset(self.cluster)
 
 
 def _pase_cases() -> list[Case]:
@@ -122,11 +129,9 @@ def capacity(case: Case) -> float:
     """Bytes per device the plan must fit in: the case's limit, else the cluster's."""
     if case.memory_capacity is not None:
         return float(case.memory_capacity)
-    from autopar.planning.planner import resolve_cluster
-
-    return float(resolve_cluster(case.cluster).memory_capacity)
+    return float(case.hardware().memory_capacity)
 
 
 def plan_case(case: Case, model_inputs=None, graph=None) -> autopar.Plan:
     model, inputs = model_inputs if model_inputs is not None else build(case)
-    return autopar.plan(model, inputs, case.cluster, graph=graph, **plan_kwargs(case))
+    return autopar.plan(model, inputs, case.hardware(), graph=graph, **plan_kwargs(case))

@@ -8,7 +8,7 @@ at its sizes) this picks a set of distinct strategies on the ``cpu`` preset's me
 the "expert" plan, autopar's own best under the profiled model, a mixed plan, and a few seeded
 random plans from the search space), and for each:
 
-* predicts the step time with ``ProfiledModel`` (compute measured on this machine with one thread,
+* predicts the step time with ``ProfiledModel`` (compute measured on the local machine with one thread,
   afresh in each invocation unless ``--cache`` names a cache: a cache filled on another day, with
   the host loaded otherwise, put the gpt's data-parallel compute at 69.6 ms where a fresh profile
   gave 78.2 and the step measured 80.5 in one process,
@@ -216,7 +216,7 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
         cm = ProfiledModel(cache_path=cache, optimizer=OPTIMIZER)
         cm.profile(graph, cluster, progress=False)  # the parent filled the cache: all hits
         tables = build_tables(graph, cluster, cm, space="mesh", mode="train", optimizer="adam")
-        # for comparison, the model of stop 25: the same fit and timings, each node's update
+        # for comparison, the earlier model: the same fit and timings, each node's update
         # priced as timed alone (no whole-model update rate), every reshard on the 4 ms fit
         old = copy.copy(cm)
         old.update_rate, old.near, old.share = 0.0, None, 1.0

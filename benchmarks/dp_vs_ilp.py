@@ -1,4 +1,4 @@
-"""The exact DP against the ILP on PaSE's four graphs at p = 4..64 (issue 12's acceptance run).
+"""The exact DP against the ILP on PaSE's four graphs at p = 4..64.
 
     .venv/bin/python -m benchmarks.dp_vs_ilp [--only inception3-p16 ...] [--time-limit 600]
                                             [--max-variables 6000000] [--no-write]

@@ -1,4 +1,4 @@
-"""What one gloo collective costs a training step on this machine, timed three ways.
+"""What one gloo collective costs a training step on the local machine, timed three ways.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.gloo_collectives [--procs 2 4] [--sizes-kib 4 128 1024]
 

@@ -10,7 +10,7 @@ global batch 64, built on ``device="meta"`` (no weights), called as people call 
 the ``8x8xH100`` preset (64 GPUs in 8 nodes) with its defaults: analytic model, mesh space, exact
 DP, baselines (data parallel, expert), pipeline search on (several nodes). Figures: medians over
 the runs of wall and CPU time of trace and plan, and the process's peak resident set size
-(``ru_maxrss``: interpreter, torch, transformers and the model included). Target (issue 14):
+(``ru_maxrss``: interpreter, torch, transformers and the model included). Target:
 trace + plan under 30 s and 2 GB. The figures and what dominates are in ``benchmarks/plan_llama.md``.
 """
 

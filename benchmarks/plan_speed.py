@@ -13,7 +13,7 @@ Cases: PaSE's four models under PaSE's cost model and space (``benchmarks/cases.
 AlexNet and InceptionV3, ``pase:1`` for RNNLM and the Transformer, PaSE's batch sizes) at
 ``autopar.Cluster(devices=p)``; and ``gpt48-8x8xh100``: GPT with 48 layers, width 2048, 16 heads,
 sequence 1024, vocabulary 32000, batch 64, on the ``8x8xH100`` preset (64 GPUs in 8 nodes),
-default space, analytic model, pipeline search on, baselines on. Targets (issue 4): every case
+default space, analytic model, pipeline search on, baselines on. Targets: every case
 under 10 s and 2 GB. The results go to ``benchmarks/plan_speed.md``.
 """
 
@@ -62,7 +62,7 @@ def child(name: str, repeat: int) -> dict:
     plan = None
     for _ in range(repeat):
         w, c = time.perf_counter(), time.process_time()
-        plan = autopar.plan(model, inputs, case.cluster, **plan_kwargs(case))
+        plan = autopar.plan(model, inputs, case.hardware(), **plan_kwargs(case))
         walls.append(time.perf_counter() - w)
         cpus.append(time.process_time() - c)
     return {"case": name, "devices": case.devices, "space": case.space, "cost_model": case.cost_model,
@@ -109,15 +109,15 @@ def write(rows: list[dict], repeat: int, wall: float, path: Path = RESULTS) -> N
 Each case ran in a fresh process: import, build the model on the meta device, then `autopar.plan`
 {repeat} times; the figures are medians of those {repeat} whole calls (tracing, tables, search, baselines,
 pipeline stages where on). The first call also pays one-time costs (lazy imports, torch.fx warm-up),
-shown beside the median. CPU is the process's CPU time, the steadier figure on this 2-core machine
-shared with other jobs (wall clock there depends on the load). Peak RSS is the process's peak
+shown beside the median. CPU is the process's CPU time, the steadier figure on the shared
+benchmark machine (benchmarks/README.md; wall clock there depends on the load). Peak RSS is the process's peak
 resident set (`ru_maxrss`): interpreter, torch and model included; "RSS before plan" is the
-same figure before the first plan call. Targets (issue 4): under 10 s and under 2 GB per case.
-PaSE's tool (its paper, this kind of machine): about 100 s and 2.7 GB for InceptionV3 at p=64,
+same figure before the first plan call. Targets: under 10 s and under 2 GB per case.
+PaSE's tool (its paper's figures): about 100 s and 2.7 GB for InceptionV3 at p=64,
 188 s and 9.7 GB for the Transformer at p=16, over 17 GB (did not finish) for it at p=32.
 `gpt48-8x8xh100`: GPT, 48 layers, width 2048, 16 heads, sequence 1024, vocabulary 32000, batch 64,
 on the 8x8xH100 preset (64 GPUs, 8 nodes), analytic model, default space, pipeline search on.
-Before the search and table speed-ups of issue 4 (commit 33a9473) the GPT case took about 18 s wall
+Before the search and table speed-ups (commit 33a9473) the GPT case took about 18 s wall
 (one run, same machine); PaSE's models were already well inside the targets. The speed-ups brought
 it to 7.0 s; pricing reshards under DTensor's nested shard order exactly (what the generated module
 really issues, commit 4e21c1b and its first bulk form) brought it back to about 15 s: on a 6-axis

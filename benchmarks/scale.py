@@ -9,10 +9,10 @@ plan, median of ``repeat`` runs in one fresh process) and the process's peak res
 autopar's degrees and options beside the paper's; the predicted utilisation of the paper's plan
 beside the reported one (hardware FLOPs where the paper counts the recomputation, MFU for PaLM);
 autopar's predicted MFU and its speed-up over the paper's plan under the same cost model.
-Targets (issue 18): each under 60 s and 4 GB; autopar no slower than the paper's plan and
+Targets: each under 60 s and 4 GB; autopar no slower than the paper's plan and
 fitting; the paper's plan predicted within 1.5x of its reported utilisation.
 
-Part 2, the sweep: the issue's GPT (width 12288, 96 heads, sequence 2048, 8 layers, vocabulary
+Part 2, the sweep: a GPT-3-wide GPT (width 12288, 96 heads, sequence 2048, 8 layers, vocabulary
 51200, batch 512) on DGX A100 nodes of 8 (``dgxa100``), 8 ... 4096 devices, with the
 hierarchical search forced at every count (and the automatic choice noted: the flat exact DP up
 to 64 devices). Reported per count: planning time (median of ``repeat``, tracing excluded: it
@@ -94,7 +94,7 @@ def child_sweep(devices: int, repeat: int) -> dict:
     plan = None
     for _ in range(repeat):
         start = time.perf_counter()
-        plan = autopar.plan(model, inputs, cluster, graph=graph, hierarchical=True, model_name="gpt-issue18")
+        plan = autopar.plan(model, inputs, cluster, graph=graph, hierarchical=True, model_name="gpt-scale")
         walls.append(time.perf_counter() - start)
     rss_hier = _rss_bytes()  # the hierarchical search's peak, before the flat DP beside it
     flat, fp, flat_error = [], None, ""
@@ -104,7 +104,7 @@ def child_sweep(devices: int, repeat: int) -> dict:
         for _ in range(repeat):
             start = time.perf_counter()
             try:  # as the automatic path runs it (fp32 unless asked; no microbatches): it may not fit
-                fp = autopar.plan(model, inputs, cluster, graph=graph, model_name="gpt-issue18")
+                fp = autopar.plan(model, inputs, cluster, graph=graph, model_name="gpt-scale")
             except InfeasibleError as e:
                 flat_error = "does not fit: " + str(e).split(" on ")[0].split(": ", 1)[-1]
                 break
@@ -134,9 +134,9 @@ def gib(b: float) -> str:
 
 
 def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
-    lines = ["# Planning the largest published trainings (issue 18)", "",
-             f"`make bench-scale` (benchmarks/scale.py), {time.strftime('%Y-%m-%d')}, this machine (2 shared "
-             f"cores, OMP_NUM_THREADS=1); times are medians of {repeat} runs in one fresh process per case.", "",
+    lines = ["# Planning the largest published trainings", "",
+             f"`make bench-scale` (benchmarks/scale.py), {time.strftime('%Y-%m-%d')}, the benchmark machine "
+             f"(benchmarks/README.md), OMP_NUM_THREADS=1; times are medians of {repeat} runs in one fresh process per case.", "",
              "## The four published trainings, `autopar plan zoo:NAME --published`", "",
              "| model | cluster | time (trace + plan) | peak RSS | autopar: degrees, options, microbatch | step | MFU | "
              "paper: degrees, options | paper's plan priced | reported | predicted for it | ratio | autopar speed-up | fits |",
@@ -162,7 +162,7 @@ def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
         f"paper's plan within 1.5x of its reported utilisation: "
         f"{sum(1 / 1.5 <= r['predicted'] / r['published_figure'] <= 1.5 for r in ok)}/{len(published)}"]) + ".",
         "", "Search status of autopar's plans: " + "; ".join(f"{r['case']}: {r['autopar']['status']}" for r in ok), ""]
-    lines += ["## Sweep: the issue's GPT (width 12288, 8 layers, batch 512) on DGX A100 nodes, hierarchical search", "",
+    lines += ["## Sweep: a GPT-3-wide GPT (width 12288, 8 layers, batch 512) on DGX A100 nodes, hierarchical search", "",
               "| devices | automatic path | planning time | peak RSS | degrees | options | microbatch | step | MFU | "
               "flat exact DP (default options: fp32, no microbatches): time, peak RSS, step |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -172,7 +172,7 @@ def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
             continue
         flat = (f"{r['flat_wall']:.2f} s, {r['flat_rss'] / 1e9:.2f} GB, {r['flat_cost']:.3g} s"
                 if r.get("flat_wall") is not None else r["flat_error"] if r.get("flat_error") else
-                "- (issue 18: 105 s and 9.9 GB at 128, over 5 min at 256)" if r["devices"] == 128 else "-")
+                "- (105 s and 9.9 GB at 128, over 5 min at 256)" if r["devices"] == 128 else "-")
         lines.append(f"| {r['devices']} | {r['auto_path']} | {r['wall']:.2f} s | {r['rss_peak'] / 1e9:.2f} GB | "
                      f"{r['degrees']} | {r['options']} | {r['microbatch']} | {r['cost']:.3g} s | {r['mfu']:.1%} | "
                      f"{flat} |")

@@ -4,7 +4,7 @@ own tables when its cost model is importable). Timings only: no test asserts a w
     .venv/bin/python -m benchmarks.search_speed_synthetic [--repeat 3] [--quick]
 
 Graphs:
-* ``transformer-like``: PaSE's Transformer topology (reference/pase.md §7.4: 204 nodes, 256
+* ``transformer-like``: PaSE's Transformer topology (docs/pase.md §7.4: 204 nodes, 256
   edges, 6 encoder + 6 decoder layers, every decoder reading the last encoder norm) with config
   counts about twice those of PaSE's p=64 space (up to 1100), random tables shared per role, as
   a cost model gives identical layers identical tables.

@@ -35,6 +35,7 @@ import pickle
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -69,11 +70,15 @@ class Terminated(BaseException):
 
 @dataclass(frozen=True)
 class _Job:
-    fn: Callable
+    # the file holding ``(fn, args)`` pickled by value, which each rank reads: multiprocessing's
+    # pickler (torch's reductions) would pass every tensor in them as a file descriptor, and the
+    # fork server takes at most 253 in one message (SCM_MAX_FD: a sweep of 8 small GPTs failed
+    # with "Invalid argument"); and a large process object written down the rank's start pipe
+    # breaks that pipe when the rank ends early (a script without its __main__ guard)
+    call: str
     world_size: int
     addr: str
     port: int
-    args: tuple
     threads: int
     parent: int  # the launching process: a rank whose parent is gone ends itself
     env: dict  # the launcher's environment at the launch
@@ -144,7 +149,9 @@ def _worker(rank: int, job: _Job, results) -> None:
     torch.set_num_threads(job.threads)  # N processes share the cores: no oversubscription
     dist.init_process_group("gloo", rank=rank, world_size=job.world_size)
     try:
-        out = job.fn(rank, job.world_size, *job.args)
+        with open(job.call, "rb") as f:
+            fn, args = pickle.load(f)
+        out = fn(rank, job.world_size, *args)
         # pickled here, by value: torch's multiprocessing pickler would send a tensor as a
         # file descriptor that the launcher fetches from this process, which may have exited
         results.put((rank, "ok", pickle.dumps(out)))
@@ -158,6 +165,27 @@ def _worker(rank: int, job: _Job, results) -> None:
         dist.destroy_process_group()
 
 
+# a rank that was about to re-run the launching script's top level exits with this code, silently
+UNGUARDED_EXIT = 87
+UNGUARDED = ("the processes autopar started ran this script's top level again (Python's multiprocessing "
+             "imports the main script in each one): put the code that plans and trains under "
+             "`if __name__ == \"__main__\":`")
+
+
+def exit_if_bootstrapping() -> None:
+    """End this process quietly when it is a new process still importing the launching script.
+
+    Python's multiprocessing (spawn, fork server) imports the main script in every process it
+    starts; a script whose top level calls ``launch`` or ``compile_many`` without the
+    ``if __name__ == "__main__":`` guard would plan again in each, print its report again, and die
+    in multiprocessing's "bootstrapping phase" RuntimeError. The launcher reads the exit code and
+    says what to do in one line (``UNGUARDED``)."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test
+        os._exit(UNGUARDED_EXIT)
+
+
 def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = "127.0.0.1",
            timeout: float | None = None) -> list:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` gloo processes; return results by rank.
@@ -168,20 +196,27 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
     then (a deadlocked collective, a stopped process) are ended and ``LaunchError`` raised. SIGTERM
     to this process, or Ctrl-C, ends the ranks and raises ``Terminated`` / ``KeyboardInterrupt``.
     """
+    exit_if_bootstrapping()
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"launch: nprocs must be a positive int, not {nprocs!r}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"launch: timeout must be a positive number of seconds, not {timeout!r}")
     ctx = _context()
     results = ctx.SimpleQueue()
-    job = _Job(fn, nprocs, addr, free_port(addr), tuple(args), threads, os.getpid(), dict(os.environ))
-    procs = [ctx.Process(target=_worker, args=(r, job, results), name=f"autopar-rank-{r}")
-             for r in range(nprocs)]
-    found = _Outcome()
-    with _ending(procs):
-        for p in procs:
-            p.start()
-        _watch(procs, results, found, None if timeout is None else time.monotonic() + timeout, timeout)
+    fd, path = tempfile.mkstemp(prefix="autopar-launch-", suffix=".pickle")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump((fn, tuple(args)), f)
+        job = _Job(path, nprocs, addr, free_port(addr), threads, os.getpid(), dict(os.environ))
+        procs = [ctx.Process(target=_worker, args=(r, job, results), name=f"autopar-rank-{r}")
+                 for r in range(nprocs)]
+        found = _Outcome()
+        with _ending(procs):
+            for p in procs:
+                p.start()
+            _watch(procs, results, found, None if timeout is None else time.monotonic() + timeout, timeout)
+    finally:
+        os.unlink(path)  # every rank has ended
     return [found.ok.get(r) for r in range(nprocs)]
 
 
@@ -248,6 +283,8 @@ def _settle(procs, results, found: _Outcome) -> None:
 
 def _cause(procs, found: _Outcome) -> str:
     """One line: the rank whose failure started it and why, then how many others followed."""
+    if any(p.exitcode == UNGUARDED_EXIT for p in procs):
+        return UNGUARDED
     causes = []
     for r, p in enumerate(procs):
         code = p.exitcode

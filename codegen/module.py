@@ -271,9 +271,12 @@ def _tensor(module: nn.Module, name: str) -> torch.Tensor:
 
 def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh,
                    outputs: str = "replicate", inputs: str = "global",
-                   training: ProgramTraining = PLAIN) -> CompiledModule:
+                   training: ProgramTraining = PLAIN, keep: dict[str, nn.Parameter] | None = None) -> CompiledModule:
     """This rank's module for ``graph`` under ``assignment`` on ``mesh`` (``model`` is copied);
-    ``training``: mixed precision, recomputation and ZeRO (``training.py``)."""
+    ``training``: mixed precision, recomputation and ZeRO (``training.py``). ``keep``: parameter
+    objects by name that become the module's parameters (their values swapped for the DTensors,
+    ``torch.utils.swap_tensors``), so that an optimizer built on them before compiling steps
+    this module's parameters (``autopar.compile`` without example inputs plans at the first call)."""
     if graph.fx_graph is None:
         raise LayoutError("compile needs graph.fx_graph, the traced GraphModule the IR came from")
     from autopar.core.meta import exclusive
@@ -285,7 +288,7 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
 
         model = model.to(local_device("nccl") if device_type() == "cuda" else torch.device("cuda"))
     program = build(graph, assignment, mesh, model, outputs, inputs, training)  # on the plain copy: it reads shapes
-    _distribute_state(model, mesh, program.stored)
+    _distribute_state(model, mesh, program.stored, keep or {})
     try:
         signature = inspect.signature(model.forward) if graph.fx_graph.meta.get("autopar_frontend") != "export" \
             else None
@@ -296,8 +299,9 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
     return CompiledModule(model, program, mesh, graph, signature, outputs, training)
 
 
-def _distribute_state(model: nn.Module, mesh: DeviceMesh, stored) -> None:
-    """Every parameter and buffer as a DTensor; a tied one (one tensor, several names) once."""
+def _distribute_state(model: nn.Module, mesh: DeviceMesh, stored, keep: dict[str, nn.Parameter]) -> None:
+    """Every parameter and buffer as a DTensor; a tied one (one tensor, several names) once; a
+    parameter named in ``keep`` keeps that object (its value becomes the DTensor)."""
     replicate = tuple(Replicate() for _ in range(mesh.ndim))
     for named, make in ((model.named_parameters, _parameter), (model.named_buffers, _buffer)):
         aliases: dict[int, list[str]] = {}
@@ -308,6 +312,10 @@ def _distribute_state(model: nn.Module, mesh: DeviceMesh, stored) -> None:
         for key, names in aliases.items():
             placements = next((stored[n] for n in names if n in stored), replicate)
             new = make(tensors[key], mesh, placements)
+            old = next((keep[n] for n in names if n in keep), None) if make is _parameter else None
+            if old is not None:
+                torch.utils.swap_tensors(old, new)
+                new = old
             for name in names:
                 path, _, leaf = name.rpartition(".")
                 owner = model.get_submodule(path) if path else model

@@ -3,7 +3,7 @@
 ``DTensor.redistribute`` is the reference for every move, but on a CPU process group its
 Python path (wrapping the local tensor, planning the transform, unwrapping) costs 0.3-0.8 ms per
 call, more than the collective moves for the activations of a small model: 20 reshards a step
-made autopar's tensor-parallel MLP 1.2x slower than ``parallelize_module``'s (issue 15). The
+made autopar's tensor-parallel MLP 1.2x slower than ``parallelize_module``'s. The
 common moves, where exactly one mesh axis changes and the shards are even, are the c10d calls
 DTensor would make: a local slice (replicate -> shard), an all-reduce (partial -> replicate), a
 reduce-scatter (partial -> shard), an all-gather (shard -> replicate), and for shard -> shard the

@@ -121,7 +121,7 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     grows with the compute before the collective (the ranks drift apart over it): a 1 MiB
     all-reduce's mean was ~2 ms after gaps of 0.5-2 ms and 3.5-4.8 ms after 4-16 ms, and the
     segments between a step's blocking collectives are a few milliseconds long, so ``gap``
-    defaults to ``GAP_S`` (4 ms; 1 ms until stop 25, which priced the split plans of
+    defaults to ``GAP_S`` (4 ms; a 1 ms gap priced the split plans of
     ``benchmarks/cost_vs_measured.py`` 1.15-1.3x low).
     ``gap=0``: the median of ``repeats`` bare collectives. The line is fitted on relative error
     (``fit_line``).

@@ -1,6 +1,11 @@
-"""Train a small CNN (convolutions, batch norm, pooling) with the strategy autopar finds, on local CPU processes.
+"""Train a CNN (convolutions, batch norm, pooling) with the strategy autopar finds, on local CPU processes.
 
     torchrun --standalone --nproc-per-node 2 examples/train_cnn.py [--steps 3] [--plan plan.json]
+
+With 256 channels and a batch of 4 its weights outweigh its activations, and on two CPU processes
+(the ``cpu`` preset) autopar splits the convolutions' channels, Megatron-style: the first
+convolution of each block splits its output channels, the second its input channels and sums
+the partial results, so no weight gradient is all-reduced (data parallelism is priced 2x slower).
 
 Every rank builds the same model (seeded), ``autopar.compile`` plans on rank 0 and hands every
 rank its sharded module, and the loop below is an ordinary PyTorch training loop (``module.train_step`` is forward +
@@ -30,8 +35,8 @@ def main() -> int:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
 
-    model, (images, labels) = autopar.zoo.get("cnn", batch=8, channels=16, image=16, blocks=2, classes=10)
-    module = autopar.compile(model, (images, labels), plan=args.plan)
+    model, (images, labels) = autopar.zoo.get("cnn", batch=4, channels=256, image=8, blocks=2, classes=10)
+    module = autopar.compile(model, (images, labels), cluster="cpu", plan=args.plan)
     if rank == 0:
         print(module.plan.report())
         print()

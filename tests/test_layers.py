@@ -1,4 +1,4 @@
-"""The packages' layers, checked on the source: imports go one way (issue 13).
+"""The packages' layers, checked on the source: imports go one way.
 
     core  <-  frontend, fusion, cost_models, search, codegen, pase  <-  report  <-  planning  <-  api/cli
 
@@ -29,7 +29,8 @@ SOURCES = {"autopar": ROOT / "autopar", "autopar.cost_models": ROOT / "cost_mode
            "autopar.search": ROOT / "search", "autopar.codegen": ROOT / "codegen"}
 LAYERS = ("core", "zoo", "frontend", "fusion", "cost_models", "search", "codegen", "pase", "report", "planning")
 # the top-level modules of the API and command line (``autopar`` itself, ``autopar.cli``, ...)
-API = ("__main__", "cli", "compiler", "many", "many_run", "model_spec", "run_setup", "sweep", "training")
+API = ("__main__", "cli", "compiler", "many", "many_run", "model_spec", "parallel_module", "run_setup", "sweep",
+       "training")
 BARE = ("codegen", "search", "cost_models")  # packages installed under autopar, never importable alone
 ALLOWED = {
     "core": set(),
@@ -147,6 +148,8 @@ def violations(root: Path = ROOT) -> list[str]:
                 bad.append(f"{path.relative_to(root)}:{line} imports {target}: use autopar.{target}")
                 continue
             dst = layer(target)
+            if dst == "unknown":  # said once, where the module itself is listed
+                continue
             if dst == src or target == "autopar":
                 if target == "autopar" and src != "api":
                     bad.append(f"{path.relative_to(root)}:{line} imports the autopar package itself")

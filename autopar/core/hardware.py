@@ -102,7 +102,7 @@ DEVICES: dict[str, Device] = {
     # 11 GB; fp16 non-tensor 26.9 TFLOP/s. PaSE's cluster: PCIe 3.0 x16 + EDR InfiniBand.
     "2080ti": Device("RTX-2080Ti", {"float32": 13.4 * TFLOP, "float16": 26.9 * TFLOP},
                      616 * GB, 11 * GB, PCIE3_X16, PCIE_LATENCY, IB_EDR, IB_LATENCY),
-    # --- machines of published trainings (issue 18), achievable figures ---------------------------
+    # --- machines of published trainings, achievable figures ---------------------------
     # NVIDIA DGX-2H (Megatron-LM, Shoeybi et al. 2019, section 5: "32 DGX-2H servers (a total of 512
     # Tesla V100 SXM3 32GB GPUs) ... 300 GB/sec bandwidth between GPUs inside a server via NVSwitch
     # and 100 GB/sec of interconnect bandwidth between servers using 8 InfiniBand adapters per

@@ -2,7 +2,7 @@
 
 PaSE does not cost autopar's ir.Graph directly: it costs a coarser graph in which ReLUs are folded
 into their producers, a reshape is two nodes, an LSTM is one node, and graph inputs (data, weights,
-positional encodings) are not nodes (reference/pase.md §4, §5, §7). ``PaseGraph`` is that graph;
+positional encodings) are not nodes (docs/pase.md §4, §5, §7). ``PaseGraph`` is that graph;
 ``PaseBuilder`` creates its nodes op by op with PaSE's domains, so the view pass
 (``pase_view.py``) and hand-built reference graphs (tests) share one definition of every op.
 

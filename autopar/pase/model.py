@@ -1,4 +1,4 @@
-"""PaSE's cost model (reference/pase.md §1-5, §8, §9) as ``CostTables`` in FLOP-equivalent units.
+"""PaSE's cost model (docs/pase.md §1-5, §8, §9) as ``CostTables`` in FLOP-equivalent units.
 
 The objective is F(G, phi) = sum of layer costs L_v(phi_v) + sum over the (collapsed) edges of
 EDGE_uv(phi_u, phi_v). Everything here is a pure function of a ``PaseGraph`` and explicit

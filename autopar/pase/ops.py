@@ -1,4 +1,4 @@
-"""PaSE's layer costs L(c) (reference/pase.md §2 and §4), vectorised over configurations.
+"""PaSE's layer costs L(c) (docs/pase.md §2 and §4), vectorised over configurations.
 
 Every function takes a node and ``c``, a float64 array of shape (n_configs, len(D)), and returns
 the n_configs layer costs in PaSE's FLOP-equivalent units; ``r`` converts words to FLOP. Extents

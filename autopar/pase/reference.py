@@ -1,4 +1,4 @@
-"""PaSE's four benchmark graphs built by hand from reference/pase.md §7, not from a trace.
+"""PaSE's four benchmark graphs built by hand from docs/pase.md §7, not from a trace.
 
 They are the independent side of a cross-check: ``pase_view(trace(zoo model))`` must equal these
 node for node (op, domain, tensor maps, w, edges). Sizes are parameters so tests can shrink them.

@@ -1,4 +1,4 @@
-"""The PaSE canonical view: a traced ``ir.Graph`` -> PaSE's coarser graph (reference/pase.md §7.5).
+"""The PaSE canonical view: a traced ``ir.Graph`` -> PaSE's coarser graph (docs/pase.md §7.5).
 
 This is a pass of the PaSE cost model, not of the tracer: it forgets what PaSE never modelled so
 that PaSE's totals can be reproduced from a plain PyTorch model.

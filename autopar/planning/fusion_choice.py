@@ -1,6 +1,6 @@
 """Fuse or not: K models of one architecture priced one by one, fused, and fused in groups of k.
 
-Measured on this CPU (issue 16), fusion is not always a win: fused small MLPs ran 1.6x faster,
+Measured on a 2-core CPU, fusion is not always a win: fused small MLPs ran 1.6x faster,
 fused small CNNs 1.3x, fused GPTs 0.93x (bigger operands fall out of cache, and there is no idle
 hardware for a fused kernel to fill). So the choice is the cost model's: each candidate group
 size k is traced as the fused module it would be (``autopar.fusion.fuse``), priced on one device

@@ -42,7 +42,7 @@ from autopar.planning.step_price import (Candidate, Priced, Totals, data_groups,
                                          reference_bound, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
 
-FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py, issue 18)
+FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
 DETAIL = ("exact over degrees per level x microbatches x ZeRO x recomputation, tensor-group layouts by the "
           "exact DP, pipeline cuts at block boundaries; gap against the compute bound of any plan")
 

@@ -17,6 +17,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
 from autopar.core.fingerprint import fingerprint
 from autopar.core.ir import Graph
+from autopar.core.resolve import resolve_cluster  # noqa: F401  (also imported from here)
 from autopar.core.tables import CostTables, Solution
 from autopar.planning import baselines as base_plans
 from autopar.planning import breakdown, registry
@@ -26,29 +27,6 @@ from autopar.planning.plan import Plan, SearchInfo, Stage
 # What a pipelined plan is (planning/stages.py): not an optimum over stages x splits.
 PIPELINE_HEURISTIC = ("stage cuts exact for the given per-stage plans; each stage's splits are the "
                       "whole graph's optimum at the microbatch size, not re-optimized per stage")
-
-
-def resolve_cluster(cluster, devices: int | None = None) -> Cluster:
-    """An ``autopar.Cluster`` from what a user passes: None (this machine), a preset name, a
-    device count (a generic cluster of that many devices) or a Cluster."""
-    if cluster is None:
-        import torch.distributed as dist
-
-        if devices is None and dist.is_available() and dist.is_initialized():
-            devices = dist.get_world_size()
-        return Cluster.preset("cpu", devices=devices)
-    if isinstance(cluster, Cluster):
-        out = cluster
-    elif isinstance(cluster, str):
-        out = Cluster.preset(cluster, devices=devices)
-    elif isinstance(cluster, int) and not isinstance(cluster, bool):
-        out = Cluster(devices=cluster)
-    else:
-        raise ValueError(f"cluster must be an autopar.Cluster, a preset name or a device count, not {cluster!r}")
-    if devices is not None and out.devices != devices:
-        raise ValueError(f"cluster {out.name or ''} has {out.devices} devices, not devices={devices}: "
-                         f"pass one of them, or cluster.with_devices({devices})")
-    return out
 
 
 def parse_space(space: str) -> tuple[str, int]:
@@ -108,9 +86,10 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``.
 
     ``example_inputs``/``example_kwargs``: the call, as ``autopar.trace`` takes it (positional inputs,
-    keyword inputs, or one dict of keyword inputs). ``cluster``: None (this machine: the ``cpu`` preset, ``devices`` of them, by default the
-    process group's size or this machine's cores), a preset name (``"8xA100"``), a device count
-    or an ``autopar.Cluster``. ``memory_capacity`` (bytes per device) overrides the cluster's.
+    keyword inputs, or one dict of keyword inputs). ``cluster``: None (the default, this machine: the ``cpu`` preset,
+    ``devices`` of them, by default the process group's size or this machine's cores), a preset
+    name (``"8xA100"``), a device count (the default cluster with that many devices) or an
+    ``autopar.Cluster`` (``autopar.core.resolve``). ``memory_capacity`` (bytes per device) overrides the cluster's.
     ``cost_model``, ``search``, ``space``: see ``autopar.planning.registry`` (``cost_model`` may also
     be a mesh cost model object, e.g. a ``ProfiledModel`` with its own options). PaSE's model
     (``pase_rate`` = its TFLOP/s and GB/s) prices PaSE's view of the graph in its own space;

@@ -1,4 +1,4 @@
-"""AlexNet as PaSE benchmarks it (reference/pase.md §7.1): no LRN, no dropout, FC8 of 1024 outputs.
+"""AlexNet as PaSE benchmarks it (docs/pase.md §7.1): no LRN, no dropout, FC8 of 1024 outputs.
 
 ReLUs follow conv1-5 and FC6-7 (PaSE folds them into those layers as one pointwise op each).
 The ``image`` and ``fc`` sizes can shrink the model for tests; PaSE's sizes are the defaults.

@@ -1,4 +1,4 @@
-"""Inception-v3 as PaSE benchmarks it (reference/pase.md §7.3): no aux head, no dropout.
+"""Inception-v3 as PaSE benchmarks it (docs/pase.md §7.3): no aux head, no dropout.
 
 Written like torchvision's (BasicConv2d = conv without bias + batch norm + ReLU; branches are
 computed in torchvision's order), with a plain ``mean`` over H, W as the global pool, so that the

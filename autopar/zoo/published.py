@@ -21,7 +21,7 @@ measured utilisation, so ``autopar plan zoo:NAME --published`` can price it besi
 * ``mt_nlg_530b`` -- Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG
   530B", sections 2-3: 105 layers, hidden 20480, 128 heads, sequence 2048, global batch 1920;
   tensor 8 x pipeline 35 x data 12 = 3360 A100 (420 DGX A100), ZeRO stage 1 data parallelism,
-  microbatch 1, recomputation, bf16; 113 TFLOP/s per GPU at 420 nodes = 36.2% of peak (the issue's
+  microbatch 1, recomputation, bf16; 113 TFLOP/s per GPU at 420 nodes = 36.2% of peak (its
   table), same FLOP formula. Vocabulary: GPT-2's 50,257 padded to 51,200 as in Megatron-LM.
 * ``palm_540b`` -- Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways", Table 1
   and sections 4 and 5: 118 layers, d_model 18432, 48 heads of 256, d_ff 73728 (SwiGLU),

@@ -1,6 +1,6 @@
 """A residual MLP: blocks of ``x + fc2(relu(fc1(x)))``, the Megatron MLP pattern without attention.
 
-The runtime benchmark's first model (issue 15): every block is one tensor-parallel pair
+The runtime benchmark's first model: every block is one tensor-parallel pair
 (column-parallel fc1, row-parallel fc2), so data, tensor and sharded-data parallelism all apply.
 """
 

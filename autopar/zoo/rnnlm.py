@@ -1,4 +1,4 @@
-"""PaSE's RNN language model (reference/pase.md §7.2): embedding, a 2-layer LSTM, a vocabulary FC.
+"""PaSE's RNN language model (docs/pase.md §7.2): embedding, a 2-layer LSTM, a vocabulary FC.
 
 PaSE's sizes (vocabulary 100000, 2048 units, sequence 256) are the defaults; the output FC alone
 is 205M parameters, so plan it on ``device="meta"``.

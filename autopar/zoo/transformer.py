@@ -1,4 +1,4 @@
-"""PaSE's "small" Transformer (reference/pase.md §7.4): 6 encoder and 6 decoder layers.
+"""PaSE's "small" Transformer (docs/pase.md §7.4): 6 encoder and 6 decoder layers.
 
 Written with einsums the way PaSE's graph has them: Q, K and V come from ONE einsum over a stacked
 (3, heads, width, d_k) weight followed by ``unbind``; cross-attention stacks (x, enc, enc) first;

@@ -1,4 +1,4 @@
-"""``autopar run``: the memory check before starting, and --checkpoint / --resume (issue 17).
+"""``autopar run``: the memory check before starting, and --checkpoint / --resume.
 
 The memory case runs in this process with the machine's available memory monkeypatched below the
 plan's prediction; the launch is replaced so that nothing starts. The resume case runs the command
@@ -92,7 +92,7 @@ def _run(*args):
 
 def _megatron_plan(path) -> str:
     """The GPT's expert plan (Megatron: its MLP and attention tensor-parallel), saved: autopar's
-    own plan for so small a model on this CPU replicates it, and the checkpoint must carry
+    own plan for so small a model on the cpu preset replicates it, and the checkpoint must carry
     sharded parameters."""
     import autopar
     from autopar.model_spec import load

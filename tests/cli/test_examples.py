@@ -20,8 +20,11 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 CASES = {
     "train_gpt.py": ("gpt", dict(layers=2, width=64, heads=4, seq=32, batch=8, vocab=256)),
-    "train_cnn.py": ("cnn", dict(batch=8, channels=16, image=16, blocks=2, classes=10)),
+    "train_cnn.py": ("cnn", dict(batch=4, channels=256, image=8, blocks=2, classes=10)),
 }
+# each example's plan as its docstring describes it: (module, split) rows of the printed report
+SPLITS = {"train_gpt.py": [],
+          "train_cnn.py": [("blocks.0.conv1", "c_out/2"), ("blocks.0.conv2", "c_in/2")]}
 
 
 @pytest.mark.parametrize("script", sorted(CASES))
@@ -31,6 +34,9 @@ def test_example_trains_on_two_processes_like_one(script):
                         "--steps", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "predicted step time" in r.stdout and "equal" in r.stdout
+    for node, split in SPLITS[script]:
+        assert re.search(rf"^{re.escape(node)}\s+\S+\s+{re.escape(split)}\s", r.stdout, flags=re.M), \
+            f"{script}'s plan does not split {node} as {split}:\n{r.stdout[:3000]}"
     sharded = [float(m) for m in re.findall(r"^\s*\d+\s+(-?\d+\.\d+)\s+-?\d+\.\d+\s+\S+$", r.stdout, flags=re.M)]
     name, sizes = CASES[script]
     model, inputs = autopar.zoo.get(name, **sizes)

@@ -1,5 +1,5 @@
 """Fuzzing the command line (hypothesis): whatever the arguments or the plan file, a rejected input
-is exit code 2 and exactly one line on stderr, never a traceback (issue 17).
+is exit code 2 and exactly one line on stderr, never a traceback.
 
 The CLI runs in this process (tests/helpers/cli_utils.py); ``autopar run`` stops where it would start its
 processes (the launch is replaced), so every example costs a parse, a trace or a small search.

@@ -1,4 +1,4 @@
-"""Mistakes a user makes get one line that says what to do, never a traceback (issue 17).
+"""Mistakes a user makes get one line that says what to do, never a traceback.
 
 Each case here was a traceback (or a late error) before: a model factory that raises, needs
 arguments or fails on import; ``x.real`` in a model; a forward that returns no scalar loss; int
@@ -108,7 +108,7 @@ def _no_launch(*args, **kwargs):
 
 
 def _kinds(rank, world, model, inputs):
-    module = autopar.compile(copy.deepcopy(model), inputs, devices=world)
+    module = autopar.compile(copy.deepcopy(model), world, inputs)
     x = inputs[0]
     found = {}
     for what, first in {"3 dims": x[None], "int64": x.long(), "1 dim": x[0]}.items():

@@ -1,4 +1,4 @@
-"""``autopar sweep`` and examples/sweep_gpt.py (issue 16): bad input ends in one line and exit
+"""``autopar sweep`` and examples/sweep_gpt.py: bad input ends in one line and exit
 code 2; the example trains its 8 GPTs on 2 processes and every final loss equals training alone."""
 
 from __future__ import annotations
@@ -54,3 +54,17 @@ def test_sweep_example_matches_each_model_alone():
     assert len(rows) == 8
     assert all(float(a) == pytest.approx(float(b), rel=1e-5) for a, b in rows)
     assert "joint CP-SAT (autopar)" in r.stdout and "equal" in r.stdout
+
+
+@pytest.mark.slow
+def test_the_readme_sweep_command_trains_its_eight_models_like_each_alone():
+    """The README's command: 8 GPTs whose tensors, sent to the ranks as file descriptors, were more
+    than a fork server takes in one message ("autopar: error: Invalid argument")."""
+    command = "autopar sweep zoo:gpt:layers=2,seq=32,vocab=128 --vary width=32,64"
+    assert command in (ROOT / "README.md").read_text()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "autopar", *command.split()[1:], "--steps", "2"], capture_output=True,
+                       text=True, timeout=900, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = re.findall(r"^width=\d+ lr=\S+\s+(\d+\.\d+)\s+(\d+\.\d+)\s+\S+$", r.stdout, flags=re.M)
+    assert len(rows) == 8 and all(float(a) == pytest.approx(float(b), rel=1e-5) for a, b in rows)

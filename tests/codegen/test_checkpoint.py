@@ -1,5 +1,5 @@
 """Checkpoints (``autopar.save_checkpoint`` / ``load_checkpoint``, torch.distributed.checkpoint):
-nothing is lost on a restart (issue 17).
+nothing is lost on a restart.
 
 On 2 and 4 gloo processes, for a tensor-parallel plan (the planner's Megatron-style expert plan)
 and a pipelined one (2 stages, 1 or 2 devices each): 3 steps, save, then in new processes a fresh

@@ -1,4 +1,4 @@
-"""The collectives a sharded module issues are the ones its plan predicts (issue 5, item 4).
+"""The collectives a sharded module issues are the ones its plan predicts.
 
 For each plan, ``cost_models.collectives.predicted_collectives`` lists what the analytic cost model
 prices (edge reshards forward and backward, weight-gradient syncs, partial graph outputs), and

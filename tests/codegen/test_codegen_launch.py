@@ -51,3 +51,43 @@ def test_each_launch_sees_the_launchers_environment_of_that_moment(monkeypatch):
     assert first == ["first"] * 2
     assert second == ["second"] * 2
     assert third == [None] * 2
+
+
+def total(rank, world, tensors):
+    return float(sum(t.sum() for t in tensors))
+
+
+@pytest.mark.dist
+def test_arguments_holding_hundreds_of_tensors_reach_the_ranks():
+    """A fork server takes at most 253 file descriptors per message, and multiprocessing's pickler
+    sends each tensor as one: ``autopar sweep``'s 8 GPTs ended in "Invalid argument"."""
+    import torch
+
+    tensors = [torch.full((3,), float(i)) for i in range(300)]
+    assert launch(total, 2, tensors, timeout=120) == [3.0 * sum(range(300))] * 2
+
+
+@pytest.mark.dist
+def test_a_script_without_the_main_guard_gets_one_line_saying_so(tmp_path):
+    """multiprocessing imports the main script in every rank: unguarded, each rank re-ran the
+    top level, printed it again, and died in the "bootstrapping phase" RuntimeError."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    # a large argument (1 MiB, as a model is): it once broke the pipe that starts a rank, which
+    # a rank ending early closes, before the ranks' exit codes were read
+    script.write_text("from autopar.codegen.launch import launch\nprint(launch(max, 2, bytes(2 ** 20)))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 1
+    assert r.stdout == ""
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("autopar.codegen.launch.LaunchError: ") and 'if __name__ == "__main__":' in last
+    assert "bootstrapping" not in r.stderr and r.stderr.count("Traceback") == 1, r.stderr
+    script.write_text("from autopar.codegen.launch import launch\nif __name__ == '__main__':\n"
+                      "    print(launch(max, 2))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0 and r.stdout == "[2, 2]\n", r.stderr

@@ -17,7 +17,7 @@ from tests.helpers.numerics import check_rank, reference_run
 @pytest.fixture(scope="module")
 def planned():
     model, inputs = autopar.zoo.get("gpt", layers=1, batch=4, seq=8, width=16, heads=2, vocab=32)
-    plan = autopar.plan(model, inputs, 4, pipeline=False)
+    plan = autopar.plan(model, inputs, autopar.Cluster(devices=4), pipeline=False)
     return model, inputs, plan, reference_run(model, inputs)
 
 

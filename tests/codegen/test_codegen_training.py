@@ -1,4 +1,4 @@
-"""Training options in codegen (issue 18): recomputation per block, ZeRO-1/2, bf16 mixed precision,
+"""Training options in codegen: recomputation per block, ZeRO-1/2, bf16 mixed precision,
 each on 2 and 4 gloo processes against one device (ZeRO-3: test_codegen_zero3.py).
 
 One launch per process count runs every case; the

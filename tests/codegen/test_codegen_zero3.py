@@ -1,4 +1,4 @@
-"""ZeRO-3 in codegen (issue 18): parameters stored sliced over the ZeRO axes between steps, on 2
+"""ZeRO-3 in codegen: parameters stored sliced over the ZeRO axes between steps, on 2
 and 4 gloo processes against one device.
 
 Per plan (data parallelism; on 4 devices also data x Megatron tensor parallelism, ZeRO over the

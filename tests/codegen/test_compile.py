@@ -79,14 +79,14 @@ def test_an_error_while_planning_on_rank0_reaches_every_rank_instead_of_hanging(
 def test_devices_without_a_process_group_name_the_torchrun_command():
     model, inputs = _gpt()
     with pytest.raises(autopar.LaunchRequiredError) as info:
-        autopar.compile(model, inputs, devices=4)
+        autopar.compile(model, 4, inputs)
     assert "torchrun --nproc-per-node 4" in str(info.value)
     assert torchrun_command(2, ["train.py", "--steps", "3"]) == "torchrun --nproc-per-node 2 train.py --steps 3"
 
 
 def test_one_device_without_a_process_group_is_the_model_with_its_plan():
     model, inputs = _gpt()
-    module = autopar.compile(model, inputs, devices=1)
+    module = autopar.compile(model, 1, inputs)
     assert module.plan.devices == 1
     torch.testing.assert_close(module(*inputs), model(*inputs))
     assert [n for n, _ in module.named_parameters()] == [n for n, _ in model.named_parameters()]
@@ -96,18 +96,18 @@ def test_bad_arguments_are_one_line_errors(gpt):
     model, inputs, _ = gpt
     for kwargs, kind in (({"devices": 0}, ValueError), ({"devices": "two"}, ValueError)):
         with pytest.raises(kind):
-            autopar.compile(model, inputs, devices=kwargs["devices"])
-    with pytest.raises(ValueError, match="example_inputs"):
-        autopar.compile(model, devices=1)
+            autopar.compile(model, kwargs["devices"], inputs)
+    with pytest.raises(ValueError, match="example inputs go third"):
+        autopar.compile(model, 1, 5)
     with pytest.raises(ValueError, match="drop the planning options"):
-        autopar.compile(model, inputs, devices=1, plan="x.json", search="dp")
+        autopar.compile(model, 1, inputs, plan="x.json", search="dp")
     with pytest.raises(ValueError, match="outputs must be"):  # on one device too (it was accepted)
-        autopar.compile(model, inputs, devices=1, outputs="dtensors")
+        autopar.compile(model, 1, inputs, outputs="dtensors")
 
 
 def _world_mismatch(rank, world, model, inputs):
     with pytest.raises(ValueError, match="process group of 2"):
-        autopar.compile(model, inputs, devices=4)
+        autopar.compile(model, 4, inputs)
 
 
 def test_devices_must_match_the_process_group(gpt):
@@ -221,4 +221,4 @@ def test_a_pase_plan_file_is_refused_not_run_replicated(tmp_path):
     pase = autopar.plan(model, inputs, autopar.Cluster(devices=2), cost_model="pase", space="pase:1")
     pase.save(tmp_path / "pase.json")
     with pytest.raises(ValueError, match="cost_model='pase'"):
-        autopar.compile(model, inputs, devices=1, plan=str(tmp_path / "pase.json"))
+        autopar.compile(model, 1, inputs, plan=str(tmp_path / "pase.json"))

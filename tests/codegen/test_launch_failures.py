@@ -1,5 +1,5 @@
 """``codegen.launch`` when a rank fails: one line naming the rank and the cause, within the
-timeout, and no rank process left behind (issue 17).
+timeout, and no rank process left behind.
 
 Before: a stopped rank (SIGSTOP) hung the run forever, also with a timeout (torch's join
 terminates the other ranks, then joins the stopped one without a limit); a killed rank gave a

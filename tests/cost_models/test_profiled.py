@@ -113,12 +113,12 @@ def _fit_worker(rank, world, init, out):
         model = ProfiledModel(cache_path=f"{out}.sqlite")
         cl = model.comm_cluster(autopar.Cluster.preset("cpu", devices=world))
         assert fit.gather_latency > 0 and fit.gather_bandwidth > 0  # the all-gather has its own line
-        mm = fit_collectives(sizes=(2 ** 10, 2 ** 16), repeats=3, work="matmul")  # the gaps of stop 23
+        mm = fit_collectives(sizes=(2 ** 10, 2 ** 16), repeats=3, work="matmul")  # matmul gaps
         assert min(mm.latency, mm.bandwidth, mm.gather_latency, mm.gather_bandwidth) > 0
         with pytest.raises(ValueError, match="work must be"):
             fit_collectives(work="sleep")
         # the fit through DTensor last: with another fit after it, a rank aborted in about 1 run of
-        # 10 ("terminate called without an active exception"; not understood yet, see stop 24's note)
+        # 10 ("terminate called without an active exception"; not understood yet)
         dt = fit_collectives(sizes=(2 ** 10, 2 ** 16), repeats=3, via="dtensor")  # through DTensor's redistribute
         assert dt.via == "dtensor" and min(dt.latency, dt.bandwidth, dt.gather_latency, dt.gather_bandwidth) > 0
         assert cl.kind_factors == model.comm.kind_factors() and cl.kind_factors[0][0] == "all-gather"

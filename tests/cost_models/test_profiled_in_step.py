@@ -1,7 +1,7 @@
 """The profiled model prices what a step meets, not what an op timed alone meets: the whole
 model's optimizer update streaming from memory, and the shorter wait before a reshard that
 follows a short node. The device is replaced by fakes whose behaviour is known, so the checks
-are exact and do not depend on this machine's timings."""
+are exact and do not depend on the timings of the host."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hugging Face models compile and train like one device (issue 14).
+"""Hugging Face models compile and train like one device.
 
 GPT-2 (its default config: a key/value cache in its output), BERT, Llama (grouped-query
 attention, rotary embeddings, RMSNorm), ViT (class token), ResNet (batch norm) and ConvNeXt

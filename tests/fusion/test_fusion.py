@@ -1,4 +1,4 @@
-"""Fused training equals one-by-one training (issue 16): K models fused by ``autopar.fuse``,
+"""Fused training equals one-by-one training: K models fused by ``autopar.fuse``,
 stepped by ``FusedAdamW`` with a learning rate per model, against each model trained alone by
 torch.optim.AdamW, in float64. Every model's loss at every step and every parameter and buffer
 after three steps must agree to rtol 1e-5.

@@ -1,4 +1,4 @@
-"""Training many models by one schedule on 2 gloo processes (issue 16): every model's loss at
+"""Training many models by one schedule on 2 gloo processes: every model's loss at
 every step equals the same model trained alone in one process, whether it was fused with its
 siblings, trained data-parallel on a process subgroup, or moved between processes."""
 
@@ -58,7 +58,7 @@ def _hand_schedule(plan) -> Schedule:
     return Schedule(slots, 2, "by hand")
 
 
-@pytest.mark.slow  # each of these starts 2 gloo processes: ~6 s of start-up on this machine
+@pytest.mark.slow  # each of these starts 2 gloo processes: ~6 s of start-up on 2 cores
 def test_moves_and_subgroups_keep_every_model_equal_to_its_solo_run():
     """Two fused MLPs (one job) and a GPT, on the hand schedule: fused training over a subgroup,
     and state moving both ways between the two processes in the same instant."""

@@ -1,4 +1,4 @@
-"""PaSE's cost model against the totals PaSE's tool printed (reference/pase.md §8).
+"""PaSE's cost model against the totals PaSE's tool printed (docs/pase.md §8).
 
 Every figure below is copied from pase.md §8 (r = 5000): the optimum, the strategy PaSE printed and
 the cost of pure data parallelism. The graphs come from two independent places: built by hand

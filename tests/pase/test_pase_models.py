@@ -1,4 +1,4 @@
-"""PaSE's four zoo models and the PaSE canonical view (reference/pase.md §7).
+"""PaSE's four zoo models and the PaSE canonical view (docs/pase.md §7).
 
 The expected node/edge counts, op kinds and per-node domains are copied from pase.md §7, not
 computed: the hand-built graphs (``pase_reference``) and ``pase_view(trace(model))`` must both

@@ -1,4 +1,4 @@
-"""PaSE's space on a model it has no nodes for (issue 17: the README's own gpt crashed with a bare
+"""PaSE's space on a model it has no nodes for (the gpt crashed with a bare
 PaseViewError): one line that says what the space models, what this model has and what to use."""
 
 import pytest

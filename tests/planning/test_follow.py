@@ -71,15 +71,15 @@ def test_dp_on_the_reduced_tables_is_the_optimum_of_the_reduced_space(small):
 
 def test_the_plan_says_which_space_it_searched(small):
     model, x, graph, _ = small
-    full = autopar.plan(model, (x,), 2, graph=graph, follow=False, baselines=False)
-    auto = autopar.plan(model, (x,), 2, graph=graph, baselines=False)
-    red = autopar.plan(model, (x,), 2, graph=graph, follow=True, baselines=False)
+    full = autopar.plan(model, (x,), autopar.Cluster(devices=2), graph=graph, follow=False, baselines=False)
+    auto = autopar.plan(model, (x,), autopar.Cluster(devices=2), graph=graph, baselines=False)
+    red = autopar.plan(model, (x,), autopar.Cluster(devices=2), graph=graph, follow=True, baselines=False)
     assert DETAIL not in full.search.detail and auto.assignment == full.assignment  # small: full space
     assert red.search.status == "optimal" and DETAIL in red.search.detail
     assert DETAIL in red.search.describe()
     assert red.cost >= full.cost * (1 - 1e-12)
     with pytest.raises(ValueError, match="follow"):
-        autopar.plan(model, (x,), 2, graph=graph, follow="yes")
+        autopar.plan(model, (x,), autopar.Cluster(devices=2), graph=graph, follow="yes")
 
 
 def test_a_pipelined_plan_says_its_stages_were_searched_in_the_reduced_space():

@@ -1,4 +1,4 @@
-"""Planning many models (issue 16): fusion follows the cost model's prices and the memory limit,
+"""Planning many models: fusion follows the cost model's prices and the memory limit,
 shards follow the memory model, and a whole plan's schedules are valid and ordered as claimed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A plan file is checked fully on load (issue 17): a tampered or mismatched file is refused in one
+"""A plan file is checked fully on load: a tampered or mismatched file is refused in one
 line naming the first problem, before anything is built or any process is started."""
 
 import json

@@ -60,7 +60,7 @@ def test_dp_and_ilp_agree_and_beat_data_parallel(mlp):
 
 def test_dp_optimum_equals_brute_force_on_a_reduced_space(mlp):
     model, inputs = mlp
-    plan = autopar.plan(model, inputs, 4, baselines=False)
+    plan = autopar.plan(model, inputs, autopar.Cluster(devices=4), baselines=False)
     t = plan.tables
     keep = [list(range(min(3, len(c)))) for c in t.configs]  # small enough for brute force
     sub = restrict(t, keep)
@@ -133,7 +133,7 @@ def test_report_folds_repeated_blocks_and_lists_baselines():
 ])
 def test_bad_arguments_are_value_errors(mlp, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        autopar.plan(*mlp, 4, **kwargs)
+        autopar.plan(*mlp, autopar.Cluster(devices=4), **kwargs)
 
 
 @pytest.fixture(scope="module")

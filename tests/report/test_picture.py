@@ -1,4 +1,4 @@
-"""The picture of a plan reads like its report (issue 17): nodes named on the x axis, the y axis in
+"""The picture of a plan reads like its report: nodes named on the x axis, the y axis in
 the unit of the title's step time, and bars that add up to that step time."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Reports say what they mean (issue 17): a plan that splits nothing says so and why, speed-ups
+"""Reports say what they mean: a plan that splits nothing says so and why, speed-ups
 are words ("1.13x faster", "1.12x slower", "as fast"), the memory shown is the one planned for,
 plans over it are marked "does not fit" and never compared as if they ran, and diverged losses
 are not "equal"."""

@@ -1,4 +1,4 @@
-"""Scheduling many jobs (issue 16): every schedule is valid and no better than the lower bound;
+"""Scheduling many jobs: every schedule is valid and no better than the lower bound;
 the joint CP-SAT schedule is the optimum on small cases (against brute force) and never worse
 than Sharded-LRTF; the validity check itself catches a double-booked device."""
 

@@ -233,7 +233,7 @@ def test_unconstrained_optimum_that_fits_is_returned_directly():
     assert (sol.choice, sol.cost, sol.gap, sol.search) == ([0], 0.0, 0.0, "dp")
 
 
-# --- PaSE's published optima (reference/pase.md §8), through its cost model's tables ----------
+# --- PaSE's published optima (docs/pase.md §8), through its cost model's tables ----------
 
 @pytest.mark.parametrize("model,batch,kappa,p,total", [
     ("alexnet", 128, 4, 4, 148215719552), ("alexnet", 128, 4, 64, 41120456048),

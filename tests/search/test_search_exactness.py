@@ -1,6 +1,6 @@
 """The DP's optimum equals the ILP's on structure that repeats: identical parallel branches.
 
-Found on PaSE's InceptionV3 at 16 devices (issue 12): the DP returned a plan 0.57% above the ILP's
+Found on PaSE's InceptionV3 at 16 devices: the DP returned a plan 0.57% above the ILP's
 and called it proven optimal. Two identical branches (conv -> norm) into one concat send the concat
 the same message (same table id, same variable): the DP kept the factors alive around a variable
 in a *set*, so the second message was dropped and the concat's cost of one branch went unpriced.

@@ -1,4 +1,4 @@
-"""``plan.search`` says what is proven: "proven optimal" only from an exact path (issue 12).
+"""``plan.search`` says what is proven: "proven optimal" only from an exact path.
 
 A pipelined plan cuts stages exactly but keeps each stage's splits from the whole-graph optimum,
 so it is a heuristic; a time-limited ILP that stops early has a proven bound, not an optimum; a
@@ -38,7 +38,7 @@ def test_a_single_stage_plan_beside_pipeline_options_says_where_its_proof_holds(
 
 def test_an_exact_plan_is_proven_optimal_and_baselines_are_fixed():
     model, inputs = autopar.zoo.get("mlp", device="meta")
-    plan = autopar.plan(model, inputs, 4, pipeline=False)
+    plan = autopar.plan(model, inputs, autopar.Cluster(devices=4), pipeline=False)
     assert plan.search.status == "optimal" and plan.search.gap == 0.0
     assert plan.report().splitlines()[1].endswith("proven optimal under the cost model")
     dp = plan.baselines["data_parallel"].search
