@@ -108,9 +108,9 @@ def compile_many(models, devices, example_inputs, *, steps: int = 20, optimizer:
     if isinstance(optimizer, str) and optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)} or a callable, not {optimizer!r}")
     hp = _hparams(hparams, len(models))
-    from autopar.planning.many import _per_model_inputs
+    from autopar.planning.many import per_model_inputs
 
-    inputs = _per_model_inputs(models, example_inputs)
+    inputs = per_model_inputs(models, example_inputs)
     plan = _plan_once(models, inputs, cluster, steps=steps, units=units, cost_model=cost_model,
                       optimizer=optimizer if isinstance(optimizer, str) else None, fuse=fuse,
                       parallel=parallel or ("ddp" if cluster.name.startswith("cpu") else "autopar"),

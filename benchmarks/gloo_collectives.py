@@ -9,7 +9,7 @@ all-gather, reduce-scatter; sizes are each rank's input):
 * ``tight mean``: their mean (a step pays every call, the slow ones too);
 * ``in step``: 40 calls, each after 0.1-3 ms of matmul (the same seeded sequence on every rank,
   1.1 ms on average), minus the matmuls alone, per call; median of 7 such runs. This is what
-  ``cost_models.profiled.fit_collectives`` times (with 1 ms gaps) and where the ``cpu`` preset's
+  ``cost_models.collective_fit.fit_collectives`` times (with 1 ms gaps) and where the ``cpu`` preset's
   link latency comes from (``autopar/core/cluster.py``).
 
 Prints a markdown table; writes nothing.
@@ -28,10 +28,10 @@ import time
 def worker(rank: int, world: int, sizes_kib: list[int]) -> list[tuple]:
     import torch
     import torch.distributed as dist
-    from autopar.cost_models.profiled import _timer
+    from autopar.cost_models.collective_fit import barrier_median
 
     torch.set_num_threads(1)
-    median = _timer("cpu")
+    median = barrier_median("cpu")
     x, w = torch.randn(128, 256), torch.randn(256, 256)
     t = time.perf_counter()
     for _ in range(50):

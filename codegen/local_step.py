@@ -20,7 +20,7 @@ import contextlib
 import torch
 from torch.distributed.tensor import DTensor
 
-from .runtime import _as_grad
+from .runtime import as_grad
 
 # torch optimizers whose update is element-wise (each element of a parameter from the same element
 # of its gradient and state, and scalar hyper-parameters)
@@ -100,5 +100,5 @@ def _like(p: DTensor, v):
     """A state value the step made: a DTensor laid out as ``p`` where it is shaped as ``p``'s
     local tensor (moments, buffers), as it is otherwise (a scalar step count)."""
     if isinstance(v, torch.Tensor) and not isinstance(v, DTensor) and v.shape == p._local_tensor.shape and v.dim():
-        return _as_grad(p, v)  # the reducer's wrapping of a local tensor as laid out as ``p``
+        return as_grad(p, v)  # the reducer's wrapping of a local tensor as laid out as ``p``
     return v

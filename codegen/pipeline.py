@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 
-from .stage_split import (StageGraph, _build, _HoldsTensor, check_stages, split_stages,  # noqa: F401
+from .stage_split import (HoldsTensor, StageGraph, build_stage_modules, check_stages, split_stages,  # noqa: F401
                           stage_ir, stage_modules)
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -158,7 +158,7 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     if any(n.op == "placeholder" and n.target.startswith("*") for n in gm.graph.nodes):
         raise ValueError("pipelining needs a model with named inputs (no *args)")
     parts = split_stages(gm, stages, example_inputs)
-    modules = _build(model, parts)
+    modules = build_stage_modules(model, parts)
     if device is None:
         device = _default_device(group)
     device = torch.device(device)
@@ -220,7 +220,7 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
 
 def _loss_meta(gm: fx.GraphModule, example_inputs: tuple) -> torch.Tensor:
     """The model's output on meta tensors: the shape and dtype of the loss to broadcast."""
-    out = _HoldsTensor(gm).run(*example_inputs)
+    out = HoldsTensor(gm).run(*example_inputs)
     if not isinstance(out, torch.Tensor):
         raise ValueError(f"a pipelined model must return its loss as one tensor, not {type(out).__name__}")
     return out

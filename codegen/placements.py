@@ -14,7 +14,7 @@ from autopar.core.tables import Config
 
 Placements = tuple[Placement, ...]
 WHOLE_DIMS = {"lstm": frozenset({"h", "dir"})}  # op -> dims whose cut runs the node whole
-ADDITIVE_OPS = frozenset({"linear", "matmul", "einsum", "conv", "conv1d", "conv2d", "conv3d"})
+ADDITIVE_OPS = frozenset({"linear", "matmul", "einsum", "conv1d", "conv2d", "conv3d"})
 
 
 @dataclass(frozen=True)

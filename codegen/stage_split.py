@@ -84,7 +84,7 @@ def _holds_tensor(value: Any) -> bool:
     return False
 
 
-class _HoldsTensor(MetaProp):
+class HoldsTensor(MetaProp):
     """Runs the graph on meta tensors and records, per node, whether its value holds a tensor."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
@@ -109,7 +109,7 @@ def split_stages(gm: fx.GraphModule, stages: list[list[str]], example_inputs: Se
     ``stages`` come from ``check_stages``; ``example_inputs`` are only run on meta tensors, to
     tell tensors from shape arithmetic.
     """
-    probe = _HoldsTensor(gm)
+    probe = HoldsTensor(gm)
     probe.run(*example_inputs)
     last = len(stages) - 1
     fx_nodes = list(gm.graph.nodes)
@@ -257,10 +257,10 @@ def stage_modules(model: nn.Module, gm: fx.GraphModule, stages: list[list[str]],
     ``gm`` is the fx graph traced from ``model`` (its targets are looked up in ``model``).
     Raises ``ValueError`` when a parameter would be in two stages.
     """
-    return _build(model, split_stages(gm, stages, example_inputs))
+    return build_stage_modules(model, split_stages(gm, stages, example_inputs))
 
 
-def _build(model: nn.Module, parts: list[StageGraph]) -> list[fx.GraphModule]:
+def build_stage_modules(model: nn.Module, parts: list[StageGraph]) -> list[fx.GraphModule]:
     root = copy.deepcopy(model)
     modules = [fx.GraphModule(root, p.graph, class_name=f"Stage{k}") for k, p in enumerate(parts)]
     _check_disjoint(modules)

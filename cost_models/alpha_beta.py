@@ -13,15 +13,15 @@ from autopar.core.cluster import COLLECTIVE_KINDS
 KINDS = COLLECTIVE_KINDS  # the kinds priced here (the cluster's list, which kind_factors names)
 
 # (bandwidth multiplier as a function of p, latency steps as a function of p)
-_BW = {"all-reduce": lambda p: 2 * (p - 1) / p, "all-gather": lambda p: (p - 1) / p,
-       "reduce-scatter": lambda p: (p - 1) / p, "all-to-all": lambda p: (p - 1) / p,
-       "broadcast": lambda p: 1.0 + 0 * p, "send/recv": lambda p: 1.0 + 0 * p}
-_LAT = {"all-reduce": lambda p: 2 * (p - 1), "all-gather": lambda p: p - 1,
-        "reduce-scatter": lambda p: p - 1, "all-to-all": lambda p: p - 1,
-        "broadcast": lambda p: p - 1, "send/recv": lambda p: 1 + 0 * p}
-_FORMULA = {"all-reduce": "2(p-1)/p*N/bw + 2(p-1)*a", "all-gather": "(p-1)/p*N/bw + (p-1)*a",
-            "reduce-scatter": "(p-1)/p*N/bw + (p-1)*a", "all-to-all": "(p-1)/p*N/bw + (p-1)*a",
-            "broadcast": "N/bw + (p-1)*a", "send/recv": "N/bw + a"}
+BANDWIDTH_TERM = {"all-reduce": lambda p: 2 * (p - 1) / p, "all-gather": lambda p: (p - 1) / p,
+                  "reduce-scatter": lambda p: (p - 1) / p, "all-to-all": lambda p: (p - 1) / p,
+                  "broadcast": lambda p: 1.0 + 0 * p, "send/recv": lambda p: 1.0 + 0 * p}
+LATENCY_TERM = {"all-reduce": lambda p: 2 * (p - 1), "all-gather": lambda p: p - 1,
+                "reduce-scatter": lambda p: p - 1, "all-to-all": lambda p: p - 1,
+                "broadcast": lambda p: p - 1, "send/recv": lambda p: 1 + 0 * p}
+FORMULA = {"all-reduce": "2(p-1)/p*N/bw + 2(p-1)*a", "all-gather": "(p-1)/p*N/bw + (p-1)*a",
+           "reduce-scatter": "(p-1)/p*N/bw + (p-1)*a", "all-to-all": "(p-1)/p*N/bw + (p-1)*a",
+           "broadcast": "N/bw + (p-1)*a", "send/recv": "N/bw + a"}
 
 
 def collective_time(kind: str, nbytes, p, bandwidth, latency, fixed=0.0):
@@ -30,10 +30,10 @@ def collective_time(kind: str, nbytes, p, bandwidth, latency, fixed=0.0):
     if not any(isinstance(x, np.ndarray) for x in (nbytes, p, bandwidth, latency, fixed)):
         if p <= 1:
             return 0.0
-        return float(_BW[kind](p) * nbytes / bandwidth + _LAT[kind](p) * latency + fixed)
+        return float(BANDWIDTH_TERM[kind](p) * nbytes / bandwidth + LATENCY_TERM[kind](p) * latency + fixed)
     p = np.asarray(p, dtype=float)
     safe = np.maximum(p, 1.0)
-    t = _BW[kind](safe) * np.asarray(nbytes, dtype=float) / bandwidth + _LAT[kind](safe) * latency + fixed
+    t = BANDWIDTH_TERM[kind](safe) * np.asarray(nbytes, dtype=float) / bandwidth + LATENCY_TERM[kind](safe) * latency + fixed
     return np.where(p > 1, t, 0.0)
 
 

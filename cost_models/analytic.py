@@ -46,6 +46,7 @@ from autopar.cost_models.weight_view_sync import lift_weight_view, weight_view_s
 
 from autopar.core.buckets import BUCKET_BYTES
 from autopar.core.cluster import Cluster
+from autopar.core.cost_model import TERM_KINDS, NodeCost, Term  # noqa: F401 (re-exported)
 from autopar.core.ir import FLOAT_DTYPES, Node
 from autopar.core.layout import (
     Layout,
@@ -78,34 +79,6 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
     return mode
-
-
-TERM_KINDS = ("compute", "sync", "stats", "optimizer", "infeasible")
-
-
-
-@dataclass(frozen=True)
-class Term:
-    """One addend of a node's cost: what it is, its seconds and the arithmetic behind them.
-
-    ``kind`` is what readers branch on (a pipeline takes "sync" out of the per-microbatch time;
-    the report splits "compute" from communication); ``label`` is only for people."""
-
-    label: str
-    seconds: float
-    formula: str = ""
-    kind: str = "compute"
-
-
-@dataclass
-class NodeCost:
-    node: str
-    config: Config
-    terms: list[Term] = field(default_factory=list)
-
-    @property
-    def seconds(self) -> float:
-        return sum(t.seconds for t in self.terms)
 
 
 # Ops that only change a tensor's view (no copy): a traced node with no declared bytes moves none.

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from autopar.cost_models.alpha_beta import _BW, _FORMULA, _LAT, KINDS, as_run, collective_time  # noqa: F401
+from autopar.cost_models.alpha_beta import (BANDWIDTH_TERM, FORMULA, KINDS, LATENCY_TERM, as_run,  # noqa: F401
+                                            collective_time)
 from autopar.cost_models.reshard_table import reshard_table
 
 from autopar.core.cluster import Cluster
@@ -47,7 +48,7 @@ class Collective:
         link = "inter-node" if self.crosses_nodes else "intra-node"
         run = f", run by gloo as {kind} of N = {n} B" if self.run_as else ""
         return (f"{self.kind} over mesh axes {list(self.axes)} (p={p}, {link}{run}): "
-                f"{_FORMULA[kind]}{' + c' if self.fixed else ''} = {body} = {self.seconds:.4g} s")
+                f"{FORMULA[kind]}{' + c' if self.fixed else ''} = {body} = {self.seconds:.4g} s")
 
 
 def group_of(axes, mesh: Mesh) -> tuple[int, bool]:
@@ -62,7 +63,7 @@ def group_of(axes, mesh: Mesh) -> tuple[int, bool]:
 
 def collective(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -> Collective:
     """Price ``kind`` over the group of mesh ``axes`` with ``nbytes`` per device."""
-    if kind not in _BW:
+    if kind not in BANDWIDTH_TERM:
         raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
     axes = tuple(sorted(axes))
     p, cross = group_of(axes, mesh)

@@ -242,7 +242,7 @@ def structure(s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh) -> ReshardSt
 
 def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     """Per base-6 phase key: seconds = local * slope + intercept (``comm.reshard_steps``' phases)."""
-    from autopar.cost_models.alpha_beta import _BW, _LAT, as_run
+    from autopar.cost_models.alpha_beta import BANDWIDTH_TERM, LATENCY_TERM, as_run
 
     n = len(mesh.shape)
     level = np.asarray(mesh.level or (0,) * n) > 0
@@ -265,8 +265,8 @@ def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.nd
         k = scale * (p if kind == P_AG else 1.0)
         run, k = as_run(name, k, p, cluster.backend)  # what the backend runs (gloo: see as_run)
         bw, lat = cluster.kind_link(run, bw, lat)
-        slope += np.where(p > 1, _BW[run](np.maximum(p, 1)) * k / bw, 0.0)
-        intercept += np.where(p > 1, _LAT[run](np.maximum(p, 1)) * lat + cluster.call_latency, 0.0)
+        slope += np.where(p > 1, BANDWIDTH_TERM[run](np.maximum(p, 1)) * k / bw, 0.0)
+        intercept += np.where(p > 1, LATENCY_TERM[run](np.maximum(p, 1)) * lat + cluster.call_latency, 0.0)
         if kind == P_RS:
             scale = scale / p
     return slope, intercept

@@ -1,11 +1,8 @@
 """Graph + cluster + config space + any cost model -> ``autopar.core.tables.CostTables``.
 
-A cost model is any object with
-
-* ``node_cost(node, configs, cluster, mode) -> array[len(configs)]``,
-* ``edge_cost(src, src_output, dst, dst_input, src_configs, dst_configs, cluster, mode)
-  -> array[len(src_configs), len(dst_configs)]``,
-* optionally ``output_cost(node, output, configs, cluster, mode)`` (graph outputs), ``units``.
+A cost model is any ``autopar.core.cost_model.CostModel``: ``node_cost``, ``edge_cost`` and
+``output_cost`` fill the tables (``node_breakdown`` explains them to the report), ``units`` names
+their unit.
 
 A node's costs and configs are a pure function of its *signature* (everything but its name and
 module), so the repeated layers of a deep model share one computed vector and one edge matrix:
@@ -20,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from autopar.core.cluster import Cluster
+from autopar.core.cost_model import CostModel
 from autopar.core.ir import Graph, Node, Operand
 from autopar.core.tables import CostTables
 from autopar.cost_models.analytic import AnalyticModel, check_mode
@@ -48,7 +46,7 @@ def make_model(model: Any) -> Any:
     return model
 
 
-def build_tables(graph: Graph, cluster: Cluster, model: Any = "analytic", space: Space = "mesh",
+def build_tables(graph: Graph, cluster: Cluster, model: CostModel | str = "analytic", space: Space = "mesh",
                  mode: str = "train", optimizer: str | None = "adam") -> CostTables:
     """Cost tables of ``graph`` on ``cluster``: node costs, edge costs (parallel edges summed),
     per-device memory per config, the cluster's memory capacity, units of the model."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 
-from .schedule import Job, Schedule, _check, _fitting, assign_devices, lower_bound
+from .schedule import Job, Schedule, check_jobs, fitting_options, assign_devices, lower_bound
 
 TICKS = 20_000  # resolution: the lower bound is this many ticks
 
@@ -28,17 +28,17 @@ def joint(jobs: list[Job], devices: int, time_limit: float = 10.0, hint: Schedul
     from ortools.sat.python import cp_model  # loaded on first use
 
     start_clock = time.perf_counter()
-    _check(jobs, devices)
+    check_jobs(jobs, devices)
     lb = max(lower_bound(jobs, devices))
     tick = max(lb, 1e-12) / TICKS
     dur = {(j, o): max(1, math.ceil(opt.seconds / tick - 1e-9)) if opt.seconds > 0 else 0
            for j, job in enumerate(jobs) for o, opt in enumerate(job.options)}
-    horizon = sum(max(dur[(j, o)] for o in _fitting(job, devices)) * job.units for j, job in enumerate(jobs))
+    horizon = sum(max(dur[(j, o)] for o in fitting_options(job, devices)) * job.units for j, job in enumerate(jobs))
     m = cp_model.CpModel()
     makespan = m.new_int_var(0, horizon, "makespan")
     choose, starts, intervals, demands = {}, {}, [], []
     for j, job in enumerate(jobs):
-        fit = _fitting(job, devices)
+        fit = fitting_options(job, devices)
         for o in fit:
             choose[(j, o)] = m.new_bool_var(f"x{j}_{o}")
         m.add_exactly_one(choose[(j, o)] for o in fit)
@@ -57,9 +57,9 @@ def joint(jobs: list[Job], devices: int, time_limit: float = 10.0, hint: Schedul
             m.add(makespan >= prev_end).only_enforce_if(choose[(j, o)])
     m.add_cumulative(intervals, demands, devices)
     # the lower bound on the tick grid (rounded lengths): a schedule that meets it is proven optimal
-    work = sum(min(job.options[o].devices * dur[(j, o)] * job.units for o in _fitting(job, devices))
+    work = sum(min(job.options[o].devices * dur[(j, o)] * job.units for o in fitting_options(job, devices))
                for j, job in enumerate(jobs))
-    chain = max(min(dur[(j, o)] * job.units for o in _fitting(job, devices)) for j, job in enumerate(jobs))
+    chain = max(min(dur[(j, o)] * job.units for o in fitting_options(job, devices)) for j, job in enumerate(jobs))
     m.add(makespan >= max(math.ceil(work / devices), chain))
     m.minimize(makespan)
     if hint is not None:

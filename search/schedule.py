@@ -95,21 +95,21 @@ class Schedule:
 def lower_bound(jobs: list[Job], devices: int) -> tuple[float, float]:
     """(work bound, chain bound): no schedule beats either. Work: the least device-seconds of
     every job (its cheapest option) over all devices; chain: the longest job's shortest run."""
-    _check(jobs, devices)
-    work = sum(min(j.area(o) for o in _fitting(j, devices)) for j in jobs) / devices
-    chain = max((min(j.length(o) for o in _fitting(j, devices)) for j in jobs), default=0.0)
+    check_jobs(jobs, devices)
+    work = sum(min(j.area(o) for o in fitting_options(j, devices)) for j in jobs) / devices
+    chain = max((min(j.length(o) for o in fitting_options(j, devices)) for j in jobs), default=0.0)
     return work, chain
 
 
-def _fitting(job: Job, devices: int) -> list[int]:
+def fitting_options(job: Job, devices: int) -> list[int]:
     return [i for i, o in enumerate(job.options) if o.devices <= devices]
 
 
-def _check(jobs: list[Job], devices: int) -> None:
+def check_jobs(jobs: list[Job], devices: int) -> None:
     if devices < 1:
         raise ValueError(f"devices must be >= 1, not {devices}")
     for j in jobs:
-        if not _fitting(j, devices):
+        if not fitting_options(j, devices):
             raise ValueError(f"job {j.name!r} has no option on at most {devices} devices")
 
 
@@ -176,7 +176,7 @@ def lrtf(jobs: list[Job], devices: int, options: list[int] | None = None) -> Sch
     import time
 
     start_clock = time.perf_counter()
-    _check(jobs, devices)
+    check_jobs(jobs, devices)
     options = options if options is not None else [one_device_option(j) for j in jobs]
     remaining = [jobs[j].length(options[j]) for j in range(len(jobs))]
     next_unit = [0] * len(jobs)
@@ -226,10 +226,10 @@ def brute(jobs: list[Job], devices: int, max_orders: int = 200_000) -> Schedule:
     at the earliest of {0, the end of a placed unit} where it fits: some optimal schedule is
     found this way (shift every unit of an optimal schedule left as far as it goes; each then
     starts at 0 or where an earlier-starting unit ends)."""
-    _check(jobs, devices)
+    check_jobs(jobs, devices)
     tasks = [(j, u) for j, job in enumerate(jobs) for u in range(job.units)]
     best: tuple[float, list] = (math.inf, [])
-    choices = [_fitting(j, devices) for j in jobs]
+    choices = [fitting_options(j, devices) for j in jobs]
     orders = 0
     for combo in itertools.product(*choices):
         for order in itertools.permutations(tasks):

@@ -5,7 +5,8 @@ EDGE_uv(phi_u, phi_v). Everything here is a pure function of a ``PaseGraph`` and
 parameters: the word-to-FLOP rate ``r``, the cutoff ``kappa`` and the device count ``p`` (PaSE keeps
 all three as global state; autopar does not).
 
-Entry points: ``rate(F, B)``, ``configurations(node, p, kappa)``, ``pase_tables(graph, p, kappa)``,
+Entry points: ``rate(F, B)``, ``configurations(node, p, kappa)``, ``PaseModel(r)`` (the costs, as an
+``autopar.core.cost_model.CostModel``), ``pase_tables(graph, p, kappa)``,
 ``evaluate(graph, strategy)``, ``data_parallel(graph, p, kappa)`` and ``tables_for(ir_graph, p,
 profile)`` (view + tables). PaSE graphs come from ``pase_view`` (traced models) or
 ``pase_reference`` (PaSE's four graphs built by hand from the spec).
@@ -14,10 +15,12 @@ profile)`` (view + tables). PaSE graphs come from ``pase_view`` (traced models) 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
 
+from autopar.core.cost_model import NodeCost, Term
 from autopar.core.tables import Config, CostTables
 
 from autopar.pase.graph import PaseBuilder, PaseGraph, PaseNode, PaseTensor  # noqa: F401 (re-export)
@@ -64,30 +67,62 @@ def configurations(node: PaseNode, p: int, kappa: int) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(len(rows), len(choices))
 
 
-def _edge_matrix(graph: PaseGraph, e, cu: np.ndarray, cv: np.ndarray, r: float) -> np.ndarray:
-    """EDGE over all config pairs, computed once per distinct pair of tensor configs."""
-    u, v = graph.nodes[e.src], graph.nodes[e.dst]
-    s = tensor_config(u.out_maps[e.src_output], cu)
-    t = tensor_config(v.in_maps[e.dst_input], cv)
-    su, si = np.unique(s, axis=0, return_inverse=True)
-    tu, ti = np.unique(t, axis=0, return_inverse=True)
-    small = edge_cost(e.shape, su, tu, r)
-    return small[np.ix_(si.reshape(-1), ti.reshape(-1))]
+@dataclass
+class PaseModel:
+    """PaSE's cost model as an ``autopar.core.cost_model.CostModel`` over PaSE's graph: a node's
+    layer cost L_v (§4) and an edge's EDGE_uv (§5) in FLOP-equivalents at word rate ``r``. The
+    cluster is not read (PaSE prices every device alike, at ``r``); ``mode`` neither (PaSE's
+    layer costs are a training step's)."""
+
+    r: float = DEFAULT_R
+    name: str = "pase"
+    units: str = "pase-flop"
+
+    def node_cost(self, node: PaseNode, configs: list[Config], cluster=None,
+                  mode: str = "train") -> np.ndarray:
+        return layer_cost(node, _rows(node, configs), self.r)
+
+    def edge_cost(self, src: PaseNode, src_output: int, dst: PaseNode, dst_input: int,
+                  src_configs: list[Config], dst_configs: list[Config], cluster=None,
+                  mode: str = "train") -> np.ndarray:
+        """EDGE over all config pairs, computed once per distinct pair of tensor configs."""
+        s = tensor_config(src.out_maps[src_output], _rows(src, src_configs))
+        t = tensor_config(dst.in_maps[dst_input], _rows(dst, dst_configs))
+        su, si = np.unique(s, axis=0, return_inverse=True)
+        tu, ti = np.unique(t, axis=0, return_inverse=True)
+        small = edge_cost(dst.inputs[dst_input].shape, su, tu, self.r)
+        return small[np.ix_(si.reshape(-1), ti.reshape(-1))]
+
+    def output_cost(self, node: PaseNode, output: int, configs: list[Config], cluster=None,
+                    mode: str = "train") -> np.ndarray:
+        return np.zeros(len(configs))  # PaSE's objective has no term for the graph's outputs
+
+    def node_breakdown(self, node: PaseNode, config: Config, cluster=None, mode: str = "train",
+                       text: bool = True) -> NodeCost:
+        cost = float(self.node_cost(node, [config])[0])
+        formula = f"L_v of {node.op} at splits {config.splits}, r = {self.r:g}" if text else ""
+        return NodeCost(f"{node.id}:{node.op}", config, [Term("PaSE layer cost", cost, formula)])
+
+
+def _rows(node: PaseNode, configs: list[Config]) -> np.ndarray:
+    rows = np.array([c.splits for c in configs], dtype=np.int64)
+    return rows.reshape(len(configs), len(node.config_domain))
 
 
 def pase_tables(graph: PaseGraph, p: int, kappa: int, r: float = DEFAULT_R) -> CostTables:
     """PaSE's search space and costs as ``CostTables`` (units "pase-flop", no mesh axes)."""
-    cfgs = [configurations(n, p, kappa) for n in graph.nodes]
-    node_cost = [layer_cost(n, c, r) for n, c in zip(graph.nodes, cfgs)]
+    model = PaseModel(r)
+    configs = [[Config(splits=tuple(int(x) for x in row)) for row in configurations(n, p, kappa)]
+               for n in graph.nodes]
+    node_cost = [model.node_cost(n, c) for n, c in zip(graph.nodes, configs)]
     edges = {}
     for (u, v), e in graph.edges.items():
         if not u < v:
             raise ValueError(f"edge {u}->{v} goes backwards: nodes are not in topological order")
-        edges[(u, v)] = _edge_matrix(graph, e, cfgs[u], cfgs[v], r)
-    return CostTables(
-        nodes=[f"{n.id}:{n.op}" for n in graph.nodes],
-        configs=[[Config(splits=tuple(int(x) for x in row)) for row in c] for c in cfgs],
-        node_cost=node_cost, edge_cost=edges, units="pase-flop")
+        edges[(u, v)] = model.edge_cost(graph.nodes[u], e.src_output, graph.nodes[v], e.dst_input,
+                                        configs[u], configs[v])
+    return CostTables(nodes=[f"{n.id}:{n.op}" for n in graph.nodes], configs=configs, node_cost=node_cost,
+                      edge_cost=edges, units=model.units)
 
 
 def evaluate(graph: PaseGraph, strategy: Mapping[int, tuple[int, ...]], r: float = DEFAULT_R,

@@ -241,7 +241,7 @@ def plan_many(models, example_inputs, cluster: Cluster, *, steps: int = 100, uni
         raise ValueError(f"parallel must be 'autopar' or 'ddp', not {parallel!r}")
     if steps < 1 or units < 1:
         raise ValueError(f"steps and units must be >= 1, not {steps} and {units}")
-    inputs = _per_model_inputs(models, example_inputs)
+    inputs = per_model_inputs(models, example_inputs)
     names = names or [f"model{i}" for i in range(len(models))]
     units = _units(steps, units)
     fusion_cost_model = fusion_cost_model or cost_model
@@ -279,7 +279,7 @@ def plan_many(models, example_inputs, cluster: Cluster, *, steps: int = 100, uni
                     base, best, baselines, mp)
 
 
-def _per_model_inputs(models, example_inputs) -> list[tuple]:
+def per_model_inputs(models, example_inputs) -> list[tuple]:
     if isinstance(example_inputs, list) and len(example_inputs) == len(models) and \
             all(isinstance(x, (tuple, list)) for x in example_inputs):
         return [tuple(x) for x in example_inputs]

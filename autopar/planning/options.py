@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from autopar.core.batch import batch_dims
 from autopar.core.blocks import apply_training, repeated_blocks
+from autopar.core.cost_model import CostModel
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
 from autopar.core.strategy import Strategy, TrainingOptions
@@ -42,7 +43,7 @@ def option_sets(precision: str | None, zero, recompute) -> list[TrainingOptions]
 class FlatOptions:
     graph: Graph
     cluster: object
-    model: object
+    model: CostModel
     mode: str
     optimizer: str | None
     capacity: float | None

@@ -206,7 +206,7 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
 
 def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math.inf) -> Plan | None:
     """The best pipelined plan, or None when no stage split fits or none is cheaper than ``bound``."""
-    from autopar.planning.stages import _batch_size, best_pipeline, stage_assignment
+    from autopar.planning.stages import batch_size_of, best_pipeline, stage_assignment
 
     graph, cluster, model = ctx["graph"], ctx["cluster"], ctx["model"]
     found = best_pipeline(graph, cluster, ctx["mode"], ctx["optimizer"], capacity,
@@ -228,7 +228,7 @@ def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math
                 stages=stages, microbatches=sol.microbatches, schedule=sol.schedule,
                 unsupported=ctx["unsupported"], baselines=ctx["base"],
                 stage_rows=breakdown.stage_rows(option, sol, model, sub, ctx["mode"]),
-                stage_mesh=tuple(sub.mesh().shape), batch=_batch_size(graph), graph=graph, tables=None)
+                stage_mesh=tuple(sub.mesh().shape), batch=batch_size_of(graph), graph=graph, tables=None)
 
 
 def _pipeline_detail(follow) -> str:

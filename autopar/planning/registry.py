@@ -1,10 +1,10 @@
 """Cost models and searches, each defined once: ``autopar.plan``, the CLI's choices and its
 ``--help`` all read these tables, so adding one is one entry here.
 
-A mesh cost model prices the traced graph on the device mesh (``make`` builds it for a graph and
-cluster); PaSE's model prices PaSE's own view of the graph in its own space, so it plans through
-its own function. A search maps cost tables to a ``Solution``; which cost model filled the tables
-it never knows.
+A mesh cost model (an ``autopar.core.cost_model.CostModel``) prices the traced graph on the device
+mesh (``make`` builds it for a graph and cluster); PaSE's model (the same contract) prices PaSE's
+own view of the graph in its own space, so it plans through its own function. A search maps cost
+tables to a ``Solution``; which cost model filled the tables it never knows.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from autopar.core.cost_model import CostModel
 from autopar.core.tables import CostTables, Solution
 
 
@@ -92,16 +93,16 @@ SPACES = {"mesh": "splits realizable on the device mesh (default)",
 
 
 def cost_model(name) -> CostModelEntry:
-    """The entry of a cost model by name, or one for a mesh cost model object already made (an
-    ``AnalyticModel`` or ``ProfiledModel`` configured by the caller: ``autopar.compile`` fits a
-    profiled model's links on every rank of the group, then plans with it on rank 0)."""
+    """The entry of a cost model by name, or one for a mesh cost model object already made: any
+    ``autopar.core.cost_model.CostModel`` (an ``AnalyticModel`` or ``ProfiledModel`` configured by
+    the caller: ``autopar.compile`` fits a profiled model's links on every rank of the group, then
+    plans with it on rank 0; or a model of the caller's own)."""
     if not isinstance(name, str):
-        from autopar.cost_models.analytic import AnalyticModel
-
-        if not isinstance(name, AnalyticModel):  # a ValueError, as for every bad argument of plan()
+        if not isinstance(name, CostModel):  # a ValueError, as for every bad argument of plan()
             raise ValueError(  # noqa: TRY004
-                f"cost_model must be a name ({', '.join(COST_MODELS)}) or a cost model object "
-                f"(autopar.cost_models.profiled.ProfiledModel, ...), not {type(name).__name__}")
+                f"cost_model must be a name ({', '.join(COST_MODELS)}) or a cost model object with "
+                f"name, units, node_cost, edge_cost, output_cost and node_breakdown "
+                f"(autopar.core.cost_model.CostModel), not {type(name).__name__}")
         return CostModelEntry(name.name, "given", "mesh", lambda graph, cluster, mode, optimizer: _given(
             name, graph, cluster, mode))
     if name not in COST_MODELS:

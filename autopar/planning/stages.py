@@ -36,7 +36,7 @@ class PipelineOption:
     stage_axes: int  # how many outer mesh axes the stages take
 
 
-def _batch_size(graph: Graph) -> int | None:
+def batch_size_of(graph: Graph) -> int | None:
     for spec in graph.inputs.values():
         if spec.shape:
             return spec.shape[0]
@@ -57,7 +57,7 @@ def stage_counts(cluster: Cluster) -> list[tuple[int, int]]:
 
 def option_specs(graph: Graph, cluster: Cluster, max_stages: int = 16) -> list[tuple[int, int, int]]:
     """(stage count, outer mesh axes it takes, microbatch count) of every option, in pricing order."""
-    batch = _batch_size(graph)
+    batch = batch_size_of(graph)
     out = []
     for stages, axes in stage_counts(cluster):
         if stages > max_stages or stages > len(graph.nodes):

@@ -13,7 +13,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
-from codegen.moves import move
+from autopar.codegen.moves import move
 from tests.helpers.dist_utils import run_threaded
 
 ONE_AXIS = [Replicate(), Partial(), Shard(0), Shard(1), Shard(2)]
@@ -113,7 +113,7 @@ def _walk(rank, world, whole, calls):
 
 
 def test_a_move_on_both_axes_walks_them_with_one_all_reduce_for_a_sum_over_both(monkeypatch):
-    from codegen import moves
+    from autopar.codegen import moves
 
     class NoDTensor:
         @staticmethod

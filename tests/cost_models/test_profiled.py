@@ -8,7 +8,8 @@ import math
 
 import pytest
 import torch
-from autopar.cost_models.profiled import ProfiledModel, Progress, _compute_segment, fit_collectives
+from autopar.cost_models.collective_fit import compute_segment, fit_collectives
+from autopar.cost_models.profiled import ProfiledModel, Progress
 from autopar.cost_models.tables import build_tables
 
 import autopar
@@ -99,7 +100,7 @@ def test_no_process_group_keeps_cluster_links(tmp_path):
 
 def test_compute_segment_names_the_work_it_knows():
     with pytest.raises(ValueError, match="'mixed' or 'matmul'"):
-        _compute_segment(1e-3, "cpu", "sleep")
+        compute_segment(1e-3, "cpu", "sleep")
 
 
 def _fit_worker(rank, world, init, out):
@@ -188,7 +189,7 @@ def test_profile_measures_optimizer_updates_up_front(tmp_path):
 
 
 def test_fit_line_recovers_alpha_beta_on_relative_error():
-    from autopar.cost_models.profiled import fit_line
+    from autopar.cost_models.collective_fit import fit_line
 
     sizes = [2 ** 12, 2 ** 16, 2 ** 20, 2 ** 22]
     c0, c1 = fit_line(sizes, [1e-4 + 2e-10 * n for n in sizes])

@@ -1,54 +1,26 @@
 """One small rule per op kind: each turns a traced call into an ir.Node with its iteration space.
 
-``RULES`` maps the op name (the vocabulary of ``Node.op``) to its rule; ``autopar.frontend.rules.sites``
-maps what a model calls (a module type, a ``torch``/``F`` function, a Tensor method, an aten op)
-to a rule and the signature its arguments bind to. ``build_node`` applies one and assembles the
+``RULES`` maps each op family's name (``autopar.core.op_families``) to its rule;
+``autopar.frontend.rules.sites`` maps what a model calls (a module type, a ``torch``/``F``
+function, a Tensor method, an aten op) to a rule and the signature its arguments bind to. ``build_node`` applies one and assembles the
 ``ir.Node``; a rule that cannot handle a call becomes an explicit opaque node, never a crash.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 
 from autopar.core.ir import METADATA_READS, Dim, Node, Operand, TensorSpec
-from autopar.frontend.rules import (attention, concat, conv, elementwise, embedding, indexing, lstm, loss, matmul,
-                                   mha, norm, opaque, pool, recurrent, reduce, shape, softmax)
+from autopar.core.op_families import FAMILIES, op_kinds
+from autopar.frontend.rules import opaque
 from autopar.frontend.rules.base import Call, Result, Tensor
 
-RULES = {
-    "linear": matmul.linear,
-    "matmul": matmul.matmul,
-    "einsum": matmul.einsum,
-    "conv": conv.conv,
-    "embedding": embedding.embedding,
-    "layer_norm": norm.layer_norm,
-    "batch_norm": norm.batch_norm,
-    "softmax": softmax.softmax,
-    "sdpa": attention.sdpa,
-    "elementwise": elementwise.elementwise,
-    "dropout": elementwise.dropout,
-    "reduce": reduce.reduce,
-    "scan": reduce.scan,
-    "index": indexing.index,
-    "gather": indexing.gather,
-    "index_select": indexing.index_select,
-    "pad": indexing.pad,
-    "positional": indexing.positional,
-    "view": shape.view,
-    "permute": shape.permute,
-    "identity": shape.identity,
-    "slice": shape.slice_,
-    "cat": concat.cat,
-    "split": concat.split,
-    "stack": concat.stack,
-    "pool": pool.pool,
-    "lstm": lstm.lstm,
-    "gru": recurrent.gru,
-    "rnn": recurrent.rnn,
-    "mha": mha.mha,
-    "cross_entropy": loss.cross_entropy,
-    "opaque": opaque.opaque,
-}
+# each family's rule module and its rule, by the family's name (autopar.core.op_families names them)
+_PARTS = {f.name: f.rule.rsplit(".", 1) for f in FAMILIES}  # family -> (module, function)
+MODULES = {m: importlib.import_module(f"{__name__}.{m}") for m, _ in _PARTS.values()}
+RULES = {name: getattr(MODULES[m], fn) for name, (m, fn) in _PARTS.items()}
+EMITTED = frozenset(op_kinds())  # the Node.op kinds some family owns: all a rule may emit
 
 
 def apply(call: Call) -> Result:
@@ -86,6 +58,8 @@ def _unaccounted(result: Result, call: Call) -> list[str]:
 
 def _check(result: Result, call: Call) -> None:
     """A rule's axis maps must name its own dims and match the tensors' ranks."""
+    if result.op not in EMITTED:
+        raise ValueError(f"op {result.op!r} is owned by no family (autopar.core.op_families)")
     names = {d.name for d in result.dims}
     if len(names) != len(result.dims):
         raise ValueError(f"duplicate dim names {[d.name for d in result.dims]}")
@@ -119,4 +93,4 @@ def build_node(name: str, module: str, call: Call) -> Node:
     )
 
 
-__all__ = ["RULES", "Call", "Dim", "Result", "Tensor", "apply", "build_node"]
+__all__ = ["EMITTED", "MODULES", "RULES", "Call", "Dim", "Result", "Tensor", "apply", "build_node"]

@@ -170,6 +170,24 @@ ATEN_ONLY: dict[str, tuple] = {
 }
 
 
+
+def _family_sites() -> dict[str, tuple]:
+    """The call sites a family's rule module declares itself (its ``SITES``, as ``COMMON``'s); a
+    name the tables here or another module already give is an error, not a silent override."""
+    from autopar.frontend.rules import MODULES
+
+    out: dict[str, tuple] = {}
+    for module in MODULES.values():
+        for name, entry in getattr(module, "SITES", {}).items():
+            if name in COMMON or name in out:
+                raise ValueError(f"{module.__name__}.SITES: the call {name!r} already has a site")
+            out[name] = entry
+    return out
+
+
+COMMON.update(_family_sites())
+
+
 def _site(name: str, entry: tuple, target: str) -> Site:
     op, sig, fixed = entry[:3]
     rename = entry[3] if len(entry) > 3 else {}
