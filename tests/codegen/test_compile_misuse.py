@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import autopar
-from codegen.batch_check import differing_inputs
+from autopar.codegen.batch_check import differing_inputs
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.numerics import check_module, reference_run
 
