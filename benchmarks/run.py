@@ -1,11 +1,14 @@
 """Run the strategy-quality suite, compare it with the stored baseline, write results.md and speedup.png.
 
-    python -m benchmarks.run                       # full suite; exit 1 if a case got worse than baseline.json
+    python -m benchmarks.run                       # full suite; exit 1 if a case moved from baseline.json
     python -m benchmarks.run --fast                # only the cases the regression test re-plans
     python -m benchmarks.run --update --reason ".."  # rewrite baseline.json (why it may move goes in the file)
 
-A predicted cost may only go up, or a fitting plan stop fitting, through ``--update`` with a reason:
-that is how an intentional cost-model change is told apart from a regression.
+A predicted cost may only move (up or down: a plan that looks cheaper is as suspect as one that
+looks dearer), or a fitting plan stop fitting, through ``--update`` with a reason: that is how an
+intentional cost-model change is told apart from a regression. Each plan's cost is also re-priced
+from its chosen configs in the tables it was made from: a search that reports less than its own
+assignment costs fails whatever the baseline says.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ BASELINE = HERE / "baseline.json"
 RESULTS = HERE / "results.md"
 PLOT = HERE / "speedup.png"
 TOLERANCE = 1e-3  # a cost may drift by 0.1% (float summation order, solver tolerances) before it is a regression
+REPRICE_RTOL = 1e-9  # a plan's cost against its own assignment in its own tables: float summation only
 
 
 @dataclasses.dataclass
@@ -45,6 +49,7 @@ class Outcome:
     search_seconds: float | None = None  # median over repeats of plan.search.seconds
     plan_seconds: float | None = None  # median wall time of the whole autopar.plan call (tracing excluded)
     stages: int = 1
+    repriced: float | None = None  # the chosen configs summed in the plan's tables (None: no tables kept)
     error: str | None = None
 
     @property
@@ -87,7 +92,18 @@ def run_case(case: Case, repeat: int = 3, traced: dict | None = None) -> Outcome
         dp_memory_per_device=float(dp.memory_per_device) if dp else None, capacity=cap,
         fits=bool(p.memory_per_device <= cap), dp_fits=bool(dp.memory_per_device <= cap) if dp else None,
         search_seconds=statistics.median(q.search.seconds for q in plans), plan_seconds=statistics.median(walls),
-        stages=len(getattr(p, "stages", None) or []) or 1)
+        stages=len(getattr(p, "stages", None) or []) or 1, repriced=reprice(p))
+
+
+def reprice(plan) -> float | None:
+    """What ``plan``'s assignment costs in the tables it was made from: node and edge entries of the
+    chosen configs summed afresh, not the search's own total (None for plans that keep no tables:
+    pipelined and hierarchical ones)."""
+    t = getattr(plan, "tables", None)
+    if t is None:
+        return None
+    choice = [t.configs[i].index(plan.assignment[name]) for i, name in enumerate(t.nodes)]
+    return float(t.total(choice))
 
 
 def run_suite(cases: list[Case], repeat: int = 3, log=print) -> dict[str, Outcome]:
@@ -116,8 +132,9 @@ def load_baseline(path: Path = BASELINE) -> dict:
 def compare(baseline: dict, outcomes: dict[str, Outcome], suite: list[Case] = SUITE) -> list[str]:
     """Regressions of ``outcomes`` against ``baseline`` (the JSON document), one line per problem naming the case.
 
-    A problem: a baseline case gone from the suite; a cost worse by more than ``TOLERANCE``; a plan that
-    fitted and no longer does; a case that planned and now fails. Cases not in ``outcomes`` are not judged.
+    A problem: a baseline case gone from the suite; a cost worse or better by more than ``TOLERANCE``; a
+    cost that is not what the plan's configs price at; a plan that fitted and no longer does; a case that
+    planned and now fails. Cases not in ``outcomes`` are not judged.
     """
     problems = []
     names = {c.name for c in suite}
@@ -134,6 +151,13 @@ def compare(baseline: dict, outcomes: dict[str, Outcome], suite: list[Case] = SU
         if new.cost > old["cost"] * (1 + TOLERANCE):
             problems.append(f"{name}: predicted cost worse than baseline: {old['cost']:.6g} -> {new.cost:.6g} "
                             f"({_rel(old['cost'], new.cost)}; tolerance {TOLERANCE:.1%})")
+        elif new.cost < old["cost"] * (1 - TOLERANCE):
+            problems.append(f"{name}: predicted cost better than baseline: {old['cost']:.6g} -> {new.cost:.6g} "
+                            f"({_rel(old['cost'], new.cost)}; tolerance {TOLERANCE:.1%}); if the plan really "
+                            f"is cheaper, move the baseline with --update --reason")
+        if new.repriced is not None and abs(new.cost - new.repriced) > REPRICE_RTOL * abs(new.repriced):
+            problems.append(f"{name}: the plan reports cost {new.cost:.9g} but its chosen configs price at "
+                            f"{new.repriced:.9g} in its own tables")
         if old.get("fits") and not new.fits:
             problems.append(f"{name}: plan no longer fits: it needed {old['memory_per_device'] / 2**30:.3g} "
                             f"GiB/device, now {new.memory_per_device / 2**30:.3g} GiB of {new.capacity / 2**30:.3g}")

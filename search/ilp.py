@@ -31,10 +31,12 @@ MAX_VARIABLES = 500_000
 
 
 def ilp(tables: CostTables, time_limit: float = 60.0,
-        max_variables: int = MAX_VARIABLES) -> Solution:
-    """Solve to proven optimality or until ``time_limit`` seconds; the gap says which."""
+        max_variables: int = MAX_VARIABLES, solution_limit: int | None = None) -> Solution:
+    """Solve to proven optimality or until ``time_limit`` seconds, or until HiGHS has found
+    ``solution_limit`` improving plans (a limit that stops at the same plan on every run, unlike
+    a time); the gap says how far from proven the plan is."""
     start = time.perf_counter()
-    choice, lower, optimal = _solve(tables, time_limit, max_variables, hint=None)
+    choice, lower, optimal = _solve(tables, time_limit, max_variables, None, solution_limit)
     cost = tables.total(choice)
     gap = 0.0 if optimal else relative_gap(cost, lower)
     return Solution(choice=choice, cost=cost, memory=tables.total_memory(choice), search="ilp",
@@ -52,7 +54,7 @@ def ilp_bounds(tables: CostTables, time_limit: float = 60.0, hint: list[int] | N
 
 
 def _solve(tables: CostTables, time_limit: float, max_variables: int,
-           hint: list[int] | None) -> tuple[list[int], float, bool]:
+           hint: list[int] | None, solution_limit: int | None = None) -> tuple[list[int], float, bool]:
     from ortools.math_opt.python import mathopt  # loaded on first use: 0.4 s of imports
 
     p = problem_of(tables)
@@ -99,6 +101,7 @@ def _solve(tables: CostTables, time_limit: float, max_variables: int,
     model.minimize(mathopt.fast_sum(terms))
 
     params = mathopt.SolveParameters(time_limit=datetime.timedelta(seconds=time_limit),
+                                     solution_limit=solution_limit,
                                      relative_gap_tolerance=0.0, absolute_gap_tolerance=0.0)
     # Tight tolerances: the rounded choice must keep the memory row (checked again below).
     params.highs.double_options["mip_feasibility_tolerance"] = 1e-9

@@ -34,6 +34,7 @@ from autopar.core.call import CallSpec, InputLeaf, output_path
 from autopar.core.ir import Graph
 from autopar.core.weight_views import mark_weight_views
 from autopar.frontend.build import Builder, Dropped, bind, concrete, output_leaves, tensor
+from autopar.frontend.cycles import collect_after_export
 from autopar.frontend.failures import DATA_DEPENDENT, Failure, user_frame
 from autopar.frontend.inputs import ExampleCall
 from autopar.frontend.rules.base import Tensor
@@ -55,7 +56,10 @@ class ExportFrontend(Builder):
         self.out_notes: list[str] = []
 
     def graph(self) -> Graph:
-        ep, dynamic = self._export()
+        try:
+            ep, dynamic = self._export()
+        finally:
+            collect_after_export(self.model)  # torch's tracer holds the model in a cycle (frontend/cycles.py)
         sig = ep.graph_signature
         state = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
         gm = ep.graph_module

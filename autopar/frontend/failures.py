@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from autopar.frontend.cycles import release_frames
+
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FRONTEND_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -30,6 +32,11 @@ class Failure(Exception):
     module: str = ""
     where: str = ""  # "file.py:12 (`code`)"
     stage: str = "trace"  # "trace" (building the graph) or "shapes" (running it on meta tensors)
+
+    def __post_init__(self) -> None:
+        # what the failed trace held (tracer, model, frames in torch's own cycles) goes with the
+        # failure, not at the next full garbage collection; ``where`` was read from them already
+        release_frames(self.cause)
 
     @property
     def reason(self) -> str:

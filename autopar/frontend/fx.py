@@ -23,6 +23,7 @@ from autopar.core.ir import Graph
 from autopar.core.meta import MetaProp, to_meta
 from autopar.core.weight_views import mark_weight_views
 from autopar.frontend.build import Builder, bind, output_leaves, tensor
+from autopar.frontend.cycles import Proxy, release_tracer, weak_owner
 from autopar.frontend.failures import Failure, stack_line, user_frame
 from autopar.frontend.inputs import ExampleCall, bound_arguments
 from autopar.frontend.rules.sites import ATTRIBUTES, FUNCTIONS, METHODS, has_module_rule, module_call
@@ -45,6 +46,9 @@ class _Tracer(fx.Tracer):
     def call_module(self, m: nn.Module, forward, args, kwargs):
         plain = _plain_encoder(m, args, kwargs)
         return super().call_module(m, plain or forward, args, kwargs)
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return Proxy(node, self)  # torch's own keeps the stack's frames alive (frontend/cycles.py)
 
 
 # torch's factories take sizes, not tensors, so fx cannot intercept them: ``torch.zeros(x.shape[0],
@@ -192,11 +196,12 @@ class FxFrontend(Builder):
         try:
             with _traceable_factories():
                 graph = tracer.trace(self.model, concrete_args=concrete or None)
-            return fx.GraphModule(tracer.root, graph, type(self.model).__name__)
+            return weak_owner(fx.GraphModule(tracer.root, graph, type(self.model).__name__))
         except Exception as e:
             module, where = user_frame(e, self.model)
             raise Failure(self.frontend, e, module, where, "trace") from e
         finally:
+            release_tracer(tracer)
             torch.backends.mha.set_fastpath_enabled(fastpath)
             for name in set(vars(self.model)) - before:
                 delattr(self.model, name)

@@ -69,14 +69,20 @@ def _trace(model: nn.Module, call: ExampleCall, frontend: str) -> Graph:
     from autopar.frontend.fx import FxFrontend
 
     failures: list[Failure] = []
-    if frontend in ("auto", "fx"):
-        try:
-            return FxFrontend(model, call).graph()
-        except Failure as f:
-            failures.append(f)
-    if frontend in ("auto", "export"):
-        try:
-            return ExportFrontend(model, call).graph()
-        except Failure as f:
-            failures.append(f)
-    raise TraceError(message(model, call.describe(), failures)) from failures[0].cause
+    try:
+        if frontend in ("auto", "fx"):
+            try:
+                return FxFrontend(model, call).graph()
+            except Failure as f:
+                failures.append(f)
+        if frontend in ("auto", "export"):
+            try:
+                return ExportFrontend(model, call).graph()
+            except Failure as f:
+                failures.append(f)
+        raise TraceError(message(model, call.describe(), failures)) from failures[0].cause
+    finally:
+        # A failure's traceback holds this frame, and this frame's list holds the failure: a cycle
+        # through the failed trace's frames (its tracer, the model and its weights) that only a full
+        # garbage collection would free. Emptying the list breaks it.
+        failures.clear()

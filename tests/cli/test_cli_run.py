@@ -26,16 +26,19 @@ def _sharded_losses(stdout: str) -> list[float]:
     return [float(r[1]) for r in rows]
 
 
-def _expected(steps: int) -> list[float]:
-    model, inputs = autopar.zoo.get("mlp", batch=16, hidden=32)
+def _expected(steps: int, **sizes) -> list[float]:
+    model, inputs = autopar.zoo.get("mlp", **(sizes or dict(batch=16, hidden=32)))
     return single_process_losses(model, inputs, steps)
 
 
 def test_run_trains_like_one_process_and_prints_the_report():
-    r = run("run", MLP, "--nproc", "2", "--steps", "2")
+    # a batch large enough that the cpu preset's plan splits it (the small MLP stays replicated,
+    # and a replicated plan trains like one process with no gradient sync at all)
+    r = run("run", "zoo:mlp:batch=1024,hidden=128", "--nproc", "2", "--steps", "2")
     assert r.returncode == 0, r.stderr
     assert "predicted step time" in r.stdout
-    assert _sharded_losses(r.stdout) == pytest.approx(_expected(2), rel=1e-5)
+    assert re.search(r"^layers\.0\s+linear\s+b/2\s", r.stdout, flags=re.MULTILINE), r.stdout  # batch split
+    assert _sharded_losses(r.stdout) == pytest.approx(_expected(2, batch=1024, hidden=128), rel=1e-5)
 
 
 @pytest.mark.slow

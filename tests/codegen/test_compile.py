@@ -32,11 +32,19 @@ def _compile_and_train(rank, world, model, inputs, ref, kwargs):
     return module.plan.to_json()
 
 
-def test_compiled_gpt_trains_like_one_device_and_every_rank_runs_rank0s_plan(gpt):
-    model, inputs, ref = gpt
-    docs = run_threaded(_compile_and_train, 4, model, inputs, ref, {})
+# big enough that the cpu preset's plan splits (the tiny one above stays replicated, and a
+# replicated plan trains like one device with no gradient sync at all)
+SPLIT_GPT = dict(layers=1, batch=16, seq=32, width=128, heads=4, vocab=128)
+
+
+def test_compiled_gpt_trains_like_one_device_and_every_rank_runs_rank0s_plan():
+    model, inputs = autopar.zoo.get("gpt", **SPLIT_GPT)
+    docs = run_threaded(_compile_and_train, 4, model, inputs, reference_run(model, inputs), {})
     assert all(d == docs[0] for d in docs), "ranks run different plans"
     assert docs[0]["mesh"]["shape"] == [2, 2]
+    plan = autopar.Plan.from_json(docs[0])
+    split = [n for n, c in plan.assignment.items() if any(s > 1 for s in c.splits)]
+    assert len(split) > len(plan.assignment) // 2, f"the plan splits only {split}"
 
 
 def test_compile_with_a_saved_plan_does_not_search(gpt, tmp_path, monkeypatch):

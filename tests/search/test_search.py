@@ -252,17 +252,30 @@ def test_reuse_order_eliminates_block_interiors_first():
     assert dp(t, order="reuse").cost == dp(t, order="min_weight", reuse=False).cost
 
 
-def test_ilp_time_limit_gives_a_plan_with_an_honest_gap_or_times_out():
-    t = repeated_blocks(blocks=6, k=8)
+def dense(n: int, k: int, seed: int) -> CostTables:
+    """Every pair of ``n`` nodes joined by a random ``k``x``k`` edge: the LP relaxation is far from
+    integral, so HiGHS's first plan is not the optimum."""
+    rng = np.random.default_rng(seed)
+    return make([rng.integers(0, 20, k) for _ in range(n)],
+                {(i, j): rng.integers(0, 50, (k, k)) for i in range(n) for j in range(i + 1, n)})
+
+
+@pytest.mark.parametrize("n,k,seed", [(6, 4, 0), (8, 4, 1), (10, 3, 2)])
+def test_ilp_stopped_before_the_optimum_gives_a_plan_with_an_honest_gap(n, k, seed):
+    # Stopped at its first plan (a solution limit: the same plan on every run, where a time
+    # limit depends on the machine), the ILP returns a worse plan than the optimum, and its gap
+    # must cover the difference: gap = (cost - proven bound) / cost and bound <= optimum, so
+    # gap >= (cost - optimum) / cost. An ILP that reported gap 0 for a plan it did not prove fails.
+    t = dense(n, k, seed)
     best = dp(t).cost
-    try:
-        sol = ilp(t, time_limit=0.001)
-    except TimeoutError:
-        return
-    assert sol.cost >= best * (1 - 1e-12) and sol.gap >= 0.0
-    assert sol.cost * (1 - sol.gap) <= best * (1 + 1e-9)
-    if sol.gap == 0.0:
-        assert math.isclose(sol.cost, best, rel_tol=1e-9)
+    assert best == pytest.approx(brute(t).cost, rel=1e-12)
+    sol = ilp(t, solution_limit=1)
+    assert sol.cost == pytest.approx(t.total(sol.choice), rel=1e-12)
+    assert sol.cost > best * (1 + 1e-6)  # stopped early: the case this test is for
+    assert sol.gap >= (sol.cost - best) / sol.cost - 1e-9
+    assert sol.gap < 1.0  # and the bound says something
+    full = ilp(t)
+    assert (full.cost, full.gap) == (pytest.approx(best, rel=1e-9), 0.0)
 
 
 def test_least_memory_plan_ruled_out_by_cost_still_finds_the_fitting_one():
