@@ -1,0 +1,78 @@
+"""A batch of another size than traced, the last one of an epoch (``DataLoader(drop_last=False)``):
+the compiled module runs it (``codegen/batches.py``), split unevenly where the plan's data-parallel
+degree does not divide it (``codegen/uneven.py``), and trains as one device does on the same
+batches: every loss, the last step's gradients, the parameters after."""
+
+import copy
+
+import pytest
+import torch
+
+import autopar
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.numerics import ATOL, EPS, LR, PARAM_ATOL, RTOL, loss_of
+
+GPT = dict(layers=1, width=32, heads=4, seq=8, batch=8, vocab=64)
+# the traced batch, then smaller ones: 7 over 2 and 4 ranks (uneven), 3 over 4 (a rank with
+# none of it), 1, 4 (even), and the traced size again
+SIZES = (8, 7, 3, 1, 4, 8)
+
+
+def _epoch(model, batches, feed=lambda b: b):
+    """Train on ``batches``: the losses, the last step's gradients (whole) and the parameters after."""
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS)
+    losses = []
+    for batch in batches:
+        opt.zero_grad()
+        loss = loss_of(model(*feed(batch)))
+        loss.backward()
+        losses.append(loss.detach().clone())
+        grads = {n: _whole(p.grad) for n, p in model.named_parameters()}
+        opt.step()
+    return losses, grads, {n: _whole(p.detach()) for n, p in model.named_parameters()}
+
+
+def _whole(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t.clone()
+
+
+def _compare(rank, got, want):
+    for step, (a, b) in enumerate(zip(got[0], want[0])):
+        torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL, msg=lambda m, s=step: f"rank {rank} step {s} loss: {m}")
+    for n in want[1]:
+        torch.testing.assert_close(got[1][n], want[1][n], rtol=RTOL, atol=ATOL, msg=lambda m, n=n: f"grad {n}: {m}")
+        torch.testing.assert_close(got[2][n], want[2][n], rtol=RTOL, atol=PARAM_ATOL, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def _train(rank, world, model, inputs, plan, batches, want):
+    module = autopar.compile(model, inputs, plan=plan)
+    _compare(rank, _epoch(module, batches), want)
+    return sorted(module._programs)
+
+
+@pytest.mark.parametrize("frontend", ["fx", "export"])
+@pytest.mark.parametrize("world", [2, 4])
+def test_smaller_and_uneven_batches_train_as_one_device(world, frontend):
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("gpt", **GPT)
+    graph = autopar.trace(model, inputs, frontend=frontend)
+    plan = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), graph=graph,
+                        pipeline=False).baselines["data_parallel"]
+    batches = [tuple(t[:n] for t in inputs) for n in SIZES]
+    want = _epoch(copy.deepcopy(model), batches)
+    built = run_threaded(_train, world, model, inputs, plan, batches, want)
+    assert built == [[1, 3, 4, 7, 8]] * world  # one program per batch size, the traced one reused
+
+
+def _train_local(rank, world, model, inputs, plan, batches, want):
+    module = autopar.compile(model, inputs, plan=plan, inputs="local")
+    _compare(rank, _epoch(module, batches, feed=lambda b: module.local_batch(*b)[0]), want)
+
+
+def test_local_slices_of_a_smaller_batch_train_as_one_device():
+    """``inputs="local"``: every rank passes an equal, smaller slice (a DistributedSampler's last batch)."""
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("gpt", **GPT)
+    plan = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=2), pipeline=False).baselines["data_parallel"]
+    batches = [tuple(t[:n] for t in inputs) for n in (8, 4, 2)]
+    run_threaded(_train_local, 2, model, inputs, plan, batches, _epoch(copy.deepcopy(model), batches))
