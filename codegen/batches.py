@@ -32,15 +32,10 @@ def batch_of(module, inputs: list) -> int:
     program = module.program
     sizes: dict[str, int] = {}
     for name, v in zip(program.inputs, inputs):
-        spec = module._input_specs.get(name)
-        if spec is None or not isinstance(v, torch.Tensor):
+        if not isinstance(v, torch.Tensor) or name not in module._input_specs:
             continue
-        parts = module._parts(name)
-        expected = list(spec.shape)
-        batched = bool(expected) and expected[0] == module._batch
-        if expected and parts > 1:
-            expected[0] //= parts
-        if tuple(v.shape) == tuple(expected):
+        expected, parts, batched = _expected(module, name)
+        if v.shape == expected:
             if batched:
                 sizes[name] = module._batch
             continue
@@ -58,6 +53,21 @@ def batch_of(module, inputs: list) -> int:
     if size < 1:
         raise ValueError("an empty batch: pass at least one sample")
     return size
+
+
+def _expected(module, name: str) -> tuple[torch.Size, int, bool]:
+    """(the shape the traced program takes for input ``name``, the parts its batch is cut into
+    with ``inputs="local"``, whether its first axis is the batch), found once per input."""
+    cache = module.__dict__.setdefault("_expected_inputs", {})
+    if name not in cache:
+        spec = module._input_specs[name]
+        parts = module._parts(name)
+        shape = list(spec.shape)
+        batched = bool(shape) and shape[0] == module._batch
+        if shape and parts > 1:
+            shape[0] //= parts
+        cache[name] = (torch.Size(shape), parts, batched)
+    return cache[name]
 
 
 def _rebuildable(module) -> bool:

@@ -76,3 +76,34 @@ def test_local_slices_of_a_smaller_batch_train_as_one_device():
     plan = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=2), pipeline=False).baselines["data_parallel"]
     batches = [tuple(t[:n] for t in inputs) for n in (8, 4, 2)]
     run_threaded(_train_local, 2, model, inputs, plan, batches, _epoch(copy.deepcopy(model), batches))
+
+
+def _train_or_refuse(rank, world, model, inputs, plan, batches, want):
+    module = autopar.compile(model, inputs, plan=plan)
+    try:
+        _compare(rank, _epoch(module, batches), want)
+    except ValueError as e:  # LayoutError is one
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_plans_that_split_more_than_the_batch_train_or_refuse_in_one_line(name):
+    """On a (2, 2) mesh with hidden units, heads and the vocabulary cut beside the batch: the MLP
+    trains as one device on batches of 7 and 3; the gpt's plan moves its logits merged with the
+    sequence (``view(b * s, v)``) across the mesh, which DTensor cannot cut by batch rows: refused."""
+    import dataclasses
+
+    from tests.helpers.plans import split_everything
+
+    sizes = {"mlp": dict(batch=8, inputs=8, hidden=16), "gpt": GPT}[name]
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get(name, **sizes)
+    best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=4), pipeline=False)
+    plan = dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    batches = [tuple(t[:n] for t in inputs) for n in (8, 7, 3)]
+    errors = run_threaded(_train_or_refuse, 4, model, inputs, plan, batches, _epoch(copy.deepcopy(model), batches))
+    if name == "mlp":
+        assert errors == [None] * 4
+    else:
+        assert all(e and "\n" not in e and "drop_last=True" in e for e in errors), errors
