@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import autopar
-from tests.helpers.dist_utils import run_threaded
+from tests.helpers.dist_utils import run_gloo, run_threaded
 from tests.helpers.numerics import ATOL, EPS, LR, PARAM_ATOL, RTOL, loss_of
 
 GPT = dict(layers=1, width=32, heads=4, seq=8, batch=8, vocab=64)
@@ -107,3 +107,24 @@ def test_plans_that_split_more_than_the_batch_train_or_refuse_in_one_line(name):
         assert errors == [None] * 4
     else:
         assert all(e and "\n" not in e and "drop_last=True" in e for e in errors), errors
+
+
+def _train_both_frontends(rank, world, model, inputs, batches, want):
+    torch.set_num_threads(1)
+    cluster = autopar.Cluster.preset("cpu", devices=world)
+    for frontend in ("fx", "export"):  # planned on every rank alike (an exported graph does not pickle)
+        graph = autopar.trace(model, inputs, frontend=frontend, progress=False)
+        plan = autopar.plan(model, inputs, cluster, graph=graph, pipeline=False).baselines["data_parallel"]
+        module = autopar.compile(model, inputs, plan=plan)
+        _compare(rank, _epoch(module, batches), want)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_uneven_batches_on_four_gloo_processes():
+    """The same on real processes (gloo's collectives, DTensor's padded uneven gathers): batches
+    of 7 and 3 over 4 processes, the plan made on an fx graph and on an exported one."""
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("gpt", **GPT)
+    batches = [tuple(t[:n] for t in inputs) for n in (8, 7, 3)]
+    run_gloo(_train_both_frontends, 4, model, inputs, batches, _epoch(copy.deepcopy(model), batches))
