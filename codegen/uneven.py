@@ -75,15 +75,15 @@ def check_move(name: str, shape: tuple[int, ...], size: int, axes: set[int], *la
                                       "(DataLoader(drop_last=True))")
 
 
-def whole_shape(node, env: dict, values: dict) -> tuple[int, ...]:
+def whole_shape(node, env: dict, values: dict) -> tuple[int, ...] | None:
     """The whole (global) shape of the value program node ``node`` holds, from the traced values
-    of the source node ``env`` maps to it."""
+    of the source node ``env`` maps to it; None for state the program reads as a placeholder."""
     from .values import concrete
 
     for src, v in env.items():
         if v.node is node and hasattr(values.get(src), "shape"):
             return tuple(int(s) for s in concrete(tuple(values[src].shape)))
-    raise LayoutError(f"{node}: no traced shape for a value moved under an uneven batch")
+    return None
 
 
 @dataclasses.dataclass
@@ -94,8 +94,11 @@ class UnevenBatch:
     axes: set[int]
 
     def spec(self, spec: ReshardSpec, node, env: dict, values: dict) -> ReshardSpec:
-        """``spec`` with the whole shape of the value moved (checked by ``check_move``)."""
+        """``spec`` with the whole shape of the value moved (checked by ``check_move``); as it is
+        for a parameter or buffer (no batch in it: its shards are even, as traced)."""
         shape = whole_shape(node, env, values)
+        if shape is None:
+            return spec
         check_move(getattr(node, "name", "a value"), shape, self.size, self.axes,
                    spec.src, spec.dst, spec.grad_in, spec.grad_out)
         return dataclasses.replace(spec, shape=shape)

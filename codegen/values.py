@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import sympy
 import torch
 import torch.fx as fx
 import torch.nn as nn
@@ -56,6 +55,8 @@ def _symbolic_batch(placeholders: list[fx.Node], graph: Graph):
     giving each traced value at the graph's batch (sizes as ints, tensors as meta tensors of
     that shape); None otherwise. Propagating the exported graph again on meta tensors is not
     exact (ops that export found contiguous need not be on the meta device)."""
+    import sympy
+
     subs = {}
     for n in placeholders:
         spec, val = graph.inputs.get(n.name), n.meta.get("val")
