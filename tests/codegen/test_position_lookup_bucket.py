@@ -5,35 +5,14 @@ by a blocking all-reduce on the edge; and the cost model lists and prices that o
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 import autopar
 from autopar.codegen.runtime import Reshard
 from autopar.core.weight_views import WEIGHT_VIEW
 from autopar.cost_models.collectives import predicted_collectives
 from tests.helpers.dist_utils import run_threaded
+from tests.helpers.models import PositionLookup
 from tests.helpers.numerics import check_module, reference_run
-
-
-class PositionLookup(nn.Module):
-    def __init__(self, vocab=48, seq=12, width=24):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, width)
-        self.pos = nn.Embedding(seq, width)
-        self.fc = nn.Linear(width, width)
-        self.out = nn.Linear(width, vocab)
-
-    def forward(self, idx, targets):
-        positions = torch.arange(idx.shape[1])
-        x = self.tok(idx) + self.pos(positions)
-        logits = self.out(torch.tanh(self.fc(x)))
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
-def _inputs():
-    g = torch.Generator().manual_seed(3)
-    return torch.randint(0, 48, (6, 12), generator=g), torch.randint(0, 48, (6, 12), generator=g)
 
 
 def _rank(rank, world, model, inputs, plan, ref):
@@ -47,7 +26,7 @@ def _rank(rank, world, model, inputs, plan, ref):
 @pytest.mark.parametrize("frontend", ["fx", "export"])
 def test_position_lookup_gradient_goes_in_the_bucket(frontend):
     torch.manual_seed(0)
-    model, inputs = PositionLookup(), _inputs()
+    model, inputs = PositionLookup(), PositionLookup.inputs()
     graph = autopar.trace(model, inputs, frontend=frontend)
     assert [n.attrs[WEIGHT_VIEW] for n in graph.nodes if WEIGHT_VIEW in n.attrs] == ["param:pos.weight"]
     cluster = autopar.Cluster.preset("cpu", devices=2)
