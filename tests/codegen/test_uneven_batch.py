@@ -18,14 +18,19 @@ GPT = dict(layers=1, width=32, heads=4, seq=8, batch=8, vocab=64)
 SIZES = (8, 7, 3, 1, 4, 8)
 
 
-def _epoch(model, batches, feed=lambda b: b):
-    """Train on ``batches``: the losses, the last step's gradients (whole) and the parameters after."""
+def _epoch(model, batches, feed=lambda b: b, train_step=False):
+    """Train on ``batches``: the losses, the last step's gradients (whole) and the parameters after.
+    ``train_step``: by the compiled module's ``train_step`` (its loss's sum deferred past the
+    backward), else by ``loss.backward()``."""
     opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS)
     losses = []
     for batch in batches:
         opt.zero_grad()
-        loss = loss_of(model(*feed(batch)))
-        loss.backward()
+        if train_step:
+            loss = model.train_step(*feed(batch))
+        else:
+            loss = loss_of(model(*feed(batch)))
+            loss.backward()
         losses.append(loss.detach().clone())
         grads = {n: _whole(p.grad) for n, p in model.named_parameters()}
         opt.step()
@@ -44,9 +49,9 @@ def _compare(rank, got, want):
         torch.testing.assert_close(got[2][n], want[2][n], rtol=RTOL, atol=PARAM_ATOL, msg=lambda m, n=n: f"{n}: {m}")
 
 
-def _train(rank, world, model, inputs, plan, batches, want):
+def _train(rank, world, model, inputs, plan, batches, want, frontend):
     module = autopar.compile(model, inputs, plan=plan)
-    _compare(rank, _epoch(module, batches), want)
+    _compare(rank, _epoch(module, batches, train_step=frontend == "export"), want)
     return sorted(module._programs)
 
 
@@ -60,7 +65,7 @@ def test_smaller_and_uneven_batches_train_as_one_device(world, frontend):
                         pipeline=False).baselines["data_parallel"]
     batches = [tuple(t[:n] for t in inputs) for n in SIZES]
     want = _epoch(copy.deepcopy(model), batches)
-    built = run_threaded(_train, world, model, inputs, plan, batches, want)
+    built = run_threaded(_train, world, model, inputs, plan, batches, want, frontend)
     assert built == [[1, 3, 4, 7, 8]] * world  # one program per batch size, the traced one reused
 
 
