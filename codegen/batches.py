@@ -63,7 +63,9 @@ def _expected(module, name: str) -> tuple[torch.Size, int, bool]:
         spec = module._input_specs[name]
         parts = module._parts(name)
         shape = list(spec.shape)
-        batched = bool(shape) and shape[0] == module._batch
+        call = module._call  # the front end's list of batched inputs, else those led by the batch's size
+        batched = bool(shape) and (name in call.batched if call is not None and call.batched
+                                   else shape[0] == module._batch)
         if shape and parts > 1:
             shape[0] //= parts
         cache[name] = (torch.Size(shape), parts, batched)
