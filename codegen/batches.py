@@ -94,4 +94,8 @@ def rebuilt(module, size: int):
             or not set(program.state) <= set(module._locals):
         raise LayoutError(f"the program for a batch of {size} reads or syncs the parameters otherwise than the "
                           f"one for {module._batch}: use batches of {module._batch} (DataLoader(drop_last=True))")
+    uneven = any(getattr(getattr(m, "spec", None), "shape", None) is not None for m in program.module.modules())
+    if uneven and module._outputs == "dtensor":  # DTensor.from_local would take the shards for even ones
+        raise LayoutError(f"outputs='dtensor' with a batch of {size}, which the data-parallel degree does not "
+                          "divide: use outputs='replicate' or 'local' for it, or batches the degree divides")
     return program, [module._locals[name] for name in program.state]

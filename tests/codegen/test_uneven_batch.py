@@ -34,7 +34,8 @@ def _epoch(model, batches, feed=lambda b: b, train_step=False):
         losses.append(loss.detach().clone())
         grads = {n: _whole(p.grad) for n, p in model.named_parameters()}
         opt.step()
-    return losses, grads, {n: _whole(p.detach()) for n, p in model.named_parameters()}
+    return (losses, grads, {n: _whole(p.detach()) for n, p in model.named_parameters()},
+            {n: _whole(b) for n, b in model.named_buffers()})
 
 
 def _whole(t):
@@ -89,6 +90,8 @@ def _train_or_refuse(rank, world, model, inputs, plan, batches, want):
         _compare(rank, _epoch(module, batches), want)
     except ValueError as e:  # LayoutError is one
         return str(e)
+    for n, b in module.named_buffers():  # batch-norm running statistics
+        torch.testing.assert_close(b.full_tensor(), want[3][n], rtol=RTOL, atol=PARAM_ATOL, msg=lambda m, n=n: f"{n}: {m}")
     return None
 
 
@@ -133,3 +136,30 @@ def test_uneven_batches_on_four_gloo_processes():
     model, inputs = autopar.zoo.get("gpt", **GPT)
     batches = [tuple(t[:n] for t in inputs) for n in (8, 7, 3)]
     run_gloo(_train_both_frontends, 4, model, inputs, batches, _epoch(copy.deepcopy(model), batches))
+
+
+def test_batch_norm_statistics_over_uneven_rows():
+    """A CNN's batch norms, data parallel on 4 ranks: statistics over the whole batch of 7, and of
+    3 (one rank with no rows), as one device computes them; running statistics too."""
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("cnn", batch=8, channels=4, image=8, blocks=1)
+    plan = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=4), pipeline=False).baselines["data_parallel"]
+    batches = [tuple(t[:n] for t in inputs) for n in (8, 7, 3)]
+    errors = run_threaded(_train_or_refuse, 4, model, inputs, plan, batches, _epoch(copy.deepcopy(model), batches))
+    assert errors == [None] * 4
+
+
+def _dtensor_outputs(rank, world, model, inputs, plan):
+    module = autopar.compile(model, inputs, plan=plan, outputs="dtensor")
+    torch.testing.assert_close(module(*(t[:4] for t in inputs)).full_tensor(), model(*(t[:4] for t in inputs)))
+    with pytest.raises(ValueError, match="outputs='dtensor' with a batch of 7") as info:
+        module(*(t[:7] for t in inputs))
+    assert "\n" not in str(info.value)
+
+
+def test_dtensor_outputs_of_an_uneven_batch_are_refused_in_one_line():
+    """A smaller even batch runs; an uneven one would need DTensor outputs of uneven shards: refused."""
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("mlp", batch=8, inputs=8, hidden=16)
+    plan = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=2), pipeline=False).baselines["data_parallel"]
+    run_threaded(_dtensor_outputs, 2, model, inputs, plan)
