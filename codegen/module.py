@@ -11,7 +11,9 @@ forward's output works too, except for pipelined plans), then ``optimizer.step()
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import inspect
 
 import torch
@@ -19,10 +21,12 @@ from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
+from autopar.core.batch import traced_batch
 from autopar.core.ir import Graph
 from autopar.core.tables import Config
 
 from .batch_check import check_same_batch
+from .batches import batch_of, program_for_batch, rebuilt
 from .local_step import local_stepping
 from .placements import LayoutError
 from .program import Program, build
@@ -60,6 +64,7 @@ class CompiledModule(nn.Module):
         # parameter's local tensor is made a leaf of autograd (``GradReducer``)
         self._state = []
         leaves = []
+        self._locals = {}
         for name in program.state:
             t = _tensor(self, name)
             local = t._local_tensor if isinstance(t, DTensor) else t
@@ -67,6 +72,10 @@ class CompiledModule(nn.Module):
                 local.requires_grad_(True)
                 leaves.append((t, local, program.reduce_axes.get(name, ())))
             self._state.append(local)
+            self._locals[name] = local
+        self._batch = traced_batch(graph)
+        self._programs = {self._batch: (program, self._state)}  # per global batch size (``batches.py``)
+        self._rebuild = None  # batch size -> Program, set by compile_module
         self.training = training
         self.reducer = GradReducer(mesh, leaves, zero=training.zero, zero_axes=training.zero_axes)
         if training.zero:  # state dicts read and write whole parameters; a load reseeds the master slices
@@ -90,9 +99,10 @@ class CompiledModule(nn.Module):
             check_same_batch([(n, v) for n, v in zip(self.program.inputs, inputs) if isinstance(v, torch.Tensor)],
                              self.mesh)
             self._batch_checked = True  # once: the first call (batch_check.py says what it costs)
+        program, state = self._program_for(inputs)
         self.reducer.sync_zeroed()
         self.reducer.gather_params()  # ZeRO-3: the sliced parameters whole until the backward ends
-        out = self.program.module(*self._state, *inputs)
+        out = program.module(*state, *inputs)
         if not torch.is_grad_enabled():
             self.reducer.release_params()  # no backward will: free them now
         if self._export and self._call is not None:  # flat graph outputs: nest them as the model does
@@ -100,7 +110,7 @@ class CompiledModule(nn.Module):
         if torch.is_grad_enabled():
             self.reducer.watch(out)
         if self._outputs == "dtensor":
-            leaves = iter(self.program.output_placements)
+            leaves = iter(program.output_placements)
             out = fx.node.map_aggregate(out, lambda v: _as_dtensor(v, next(leaves), self.mesh))
         return out
 
@@ -126,8 +136,10 @@ class CompiledModule(nn.Module):
         optimizer.step(). The program's outputs are left as this rank holds them: the loss's
         all-reduce runs beside the backward (``runtime.finish_loss``), the outputs other than the
         loss are not made whole (the step drops them)."""
-        with self.program.outputs_deferred() as undone:
+        with contextlib.ExitStack() as stack:  # a program built in this call returns its outputs whole
+            lists = [stack.enter_context(p.outputs_deferred()) for p, _ in self._programs.values()]
             out = self(*args, **kwargs)
+        undone = [u for undone in lists for u in undone]
         loss = training_loss(out)
         spec = next((s for _, t, s in undone if t is loss), None)
         if spec is None and undone:  # a forward hook may return new tensors: find the loss's leaf
@@ -147,8 +159,7 @@ class CompiledModule(nn.Module):
             leaves = [leaf.placeholder for leaf in self._call.inputs if leaf.placeholder]
             for name, v in zip(leaves, self._call.flatten(args, kwargs)):
                 self._check_kind(name, v)  # rank and dtype first: a wrong one is no batch-size matter
-            tensors = self._call.check(args, kwargs) if not self.program.input_placements else \
-                self._call.flatten(args, kwargs)  # local slices: the shapes are checked below
+            tensors = self._call.flatten(args, kwargs)  # the batch is checked by _program_for
             leaves = [leaf.placeholder for leaf in self._call.inputs if leaf.placeholder]
             bound = dict(zip(leaves, tensors))
             for name in names:
@@ -163,14 +174,7 @@ class CompiledModule(nn.Module):
             if name not in bound:
                 raise TypeError(f"missing input {name!r}: this module was compiled for the inputs {names}")
             v = bound[name]
-            spec = self._input_specs.get(name)
             self._check_kind(name, v)
-            if spec is not None and isinstance(v, torch.Tensor) and tuple(v.shape) != self._expected(name, spec):
-                what = "this rank's slice of" if name in self.program.input_placements else "the whole"
-                raise ValueError(f"input {name!r} has shape {tuple(v.shape)}; this module was compiled for "
-                                 f"{what} batch of shape {self._expected(name, spec)}: compile it again with "
-                                 "inputs of the new shape (drop_last=True in the DataLoader keeps every batch "
-                                 "the same size)")
             if isinstance(v, torch.Tensor) and v.device.type != self.mesh.device_type:
                 v = v.to(self._device)  # inputs follow the module onto this rank's device
             out.append(v)
@@ -208,12 +212,13 @@ class CompiledModule(nn.Module):
                              f"for {spec.dtype}: convert it (x.to(torch.{spec.dtype})), or compile again with "
                              "example inputs of that dtype")
 
-    def _expected(self, name: str, spec) -> tuple[int, ...]:
-        shape = list(spec.shape)
-        parts = self._parts(name)
-        if shape and parts > 1:
-            shape[0] //= parts
-        return tuple(shape)
+    def _program_for(self, inputs: list):
+        """The program (and its state tensors) for the batch these inputs carry: the traced
+        one's, or one built (once, then cached) for another batch size (``batches.py``)."""
+        size = batch_of(self, inputs)
+        if size not in self._programs:
+            self._programs[size] = rebuilt(self, size)
+        return self._programs[size]
 
     def _parts(self, name: str) -> int:
         pl = self.program.input_placements.get(name)
@@ -307,7 +312,9 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
         signature = None
     if signature is not None and any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values()):
         signature = None
-    return CompiledModule(model, program, mesh, graph, signature, outputs, training, check_batch)
+    module = CompiledModule(model, program, mesh, graph, signature, outputs, training, check_batch)
+    module._rebuild = functools.partial(program_for_batch, graph, assignment, mesh, outputs, inputs, training)
+    return module
 
 
 def _distribute_state(model: nn.Module, mesh: DeviceMesh, stored, keep: dict[str, nn.Parameter]) -> None:

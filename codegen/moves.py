@@ -28,10 +28,17 @@ from torch.distributed.tensor import DTensor, Placement, Shard
 Placements = tuple[Placement, ...]
 
 
-def move(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements) -> torch.Tensor:
-    """``x`` (this rank's shard under ``src``) as this rank's shard under ``dst``."""
+def move(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements,
+         shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """``x`` (this rank's shard under ``src``) as this rank's shard under ``dst``; ``shape``: the
+    whole tensor's, given where the shards may be uneven (a batch its data-parallel degree does
+    not divide): DTensor then moves it as shards of that shape (torch.chunk's sizes)."""
     if src == dst:
         return x
+    if shape is not None:
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(x, mesh, src, run_check=False, shape=torch.Size(shape),
+                                  stride=stride).redistribute(mesh, dst).to_local()
     changed = [a for a, (s, d) in enumerate(zip(src, dst)) if s != d]
     if len(changed) == 1:
         out = _one_axis(x, mesh, changed[0], src[changed[0]], dst[changed[0]], src)

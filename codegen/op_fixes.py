@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -40,10 +39,18 @@ def call_name(n: fx.Node) -> str:
 
 
 def mean_scale(n: fx.Node, node: Node, layout: NodeLayout) -> float:
-    """1/parts of the split dims the op averages over (1.0 when it averages over none)."""
+    """1/parts of the split dims the op averages over (1.0 when it averages over none); for an
+    unevenly cut batch dim, this rank's share of it (its rows over the whole batch: a mean over an
+    uneven split is the sum of the parts' means weighted by their sizes, not their average)."""
     dims = mean_dims(n, node)
-    parts = math.prod(layout.split_counts.get(d, 1) for d in dims)
-    return 1.0 / parts
+    scale = 1.0
+    for d in dims:
+        if d in layout.uneven:
+            whole, mine, _ = layout.uneven[d]
+            scale *= mine / whole
+        else:
+            scale /= layout.split_counts.get(d, 1)
+    return scale
 
 
 def mean_dims(n: fx.Node, node: Node) -> set[str]:
@@ -165,7 +172,11 @@ def dropout_slice(x: torch.Tensor, node: Node, layout: NodeLayout, index, p: flo
     spec = node.inputs[0].spec
     mask = torch.empty(spec.shape, dtype=x.dtype, device=x.device).bernoulli_(1 - p)
     for axis, dims in enumerate(spec.axes):
-        if dims and layout.split_counts.get(dims[0], 1) > 1:
+        if dims and dims[0] in layout.uneven:  # this rank's rows of an uneven batch
+            whole, mine, offset = layout.uneven[dims[0]]
+            inner = spec.shape[axis] // whole
+            mask = mask.narrow(axis, offset * inner, mine * inner)
+        elif dims and layout.split_counts.get(dims[0], 1) > 1:
             chunk = spec.shape[axis] // layout.split_counts[dims[0]]
             mask = mask.narrow(axis, index(dims[0]) * chunk, chunk)
     return x * mask.div_(1 - p)

@@ -122,7 +122,9 @@ class LocalCall:
             out = self._invoke(args, kwargs, tensors[len(self.slots):])
         if outside is not None:
             out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        if self.mean_scale != 1.0:
+        if self.mean_scale == 0.0:  # a mean over none of the batch (this rank's rows are none): 0, not NaN
+            out = pytree.tree_map(lambda t: t.nan_to_num() * 0.0 if _is_float(t) else t, out)
+        elif self.mean_scale != 1.0:
             out = pytree.tree_map(lambda t: t * self.mean_scale if _is_float(t) else t, out)
         if isinstance(out, torch.Tensor):  # the common case: one tensor, no structure around it
             flat, self.out_spec = [out], None
@@ -133,7 +135,7 @@ class LocalCall:
             raise LayoutError(f"node {self.node.name}: the call returned {len(tensors_out)} "
                               f"tensors, the IR lists {len(self.node.outputs)} outputs")
         counts = self.layout.split_counts
-        tensors_out = tuple(local_extent(t, spec, self.node, counts, self.index) if cut else t
+        tensors_out = tuple(local_extent(t, spec, self.node, counts, self.index, self.layout.uneven) if cut else t
                             for t, spec, cut in zip(tensors_out, self.node.outputs, fast.extent))
         if fast.place:
             tensors_out = tuple(
@@ -226,7 +228,7 @@ def localize_shape_args(n: fx.Node, node: Node, layout: NodeLayout, args, kwargs
     if all(c == 1 for c in counts.values()):
         return args, kwargs
     if name in SHAPE_METHODS or (name == "reshape" and n.op == "call_function"):
-        shape = local_shape(node.outputs[0], counts)
+        shape = local_shape(node.outputs[0], counts, layout.uneven)
         if "shape" in kwargs or "size" in kwargs:
             key = "shape" if "shape" in kwargs else "size"
             return args, {**kwargs, key: shape}
@@ -234,19 +236,19 @@ def localize_shape_args(n: fx.Node, node: Node, layout: NodeLayout, args, kwargs
             return (args[0], *shape), kwargs
         return (args[0], shape, *args[2:]), kwargs
     if name == "split":
-        return _localize_split(n, node, counts, args, kwargs)
+        return _localize_split(n, node, counts, args, kwargs, layout.uneven)
     if name == "unflatten":
         dim = _arg(n, args, kwargs, 1, "dim")
         sizes = _arg(n, args, kwargs, 2, "sizes")
-        out = local_shape(node.outputs[0], counts)
+        out = local_shape(node.outputs[0], counts, layout.uneven)
         dim = dim % (len(out) - len(sizes) + 1)
         return (args[0], dim, tuple(out[dim:dim + len(sizes)])), {}
     return args, kwargs
 
 
-def _localize_split(n, node, counts, args, kwargs):
+def _localize_split(n, node, counts, args, kwargs, uneven=None):
     dim = _arg(n, args, kwargs, 2, "dim", default=0)
-    outs = [local_shape(spec, counts) for spec in node.outputs]
+    outs = [local_shape(spec, counts, uneven) for spec in node.outputs]
     dim = dim % len(outs[0])
     sizes = [o[dim] for o in outs]
     size_arg = _arg(n, args, kwargs, 1, "split_size_or_sections" if n.op == "call_function"

@@ -5,7 +5,7 @@ The design notes (why it is built this way, what was checked) are in docs/codege
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
@@ -46,6 +46,9 @@ class NodeLayout:
     input_strided: tuple[tuple[StridedCut, ...], ...] = ()  # per input: minor-dim cuts
     param_strided: tuple[tuple[StridedCut, ...], ...] = ()
     output_strided: tuple[tuple[StridedCut, ...], ...] = ()
+    # a batch dim cut unevenly on this rank (a batch its data-parallel degree does not divide):
+    # dim name -> (whole size, this rank's size, this rank's offset), ``uneven.py``
+    uneven: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 def mesh_axis_dims(node: Node, config: Config | None, mesh_ndim: int) -> list[str | None]:
@@ -143,13 +146,20 @@ def node_layout(node: Node, config: Config | None, mesh_shape: tuple[int, ...]) 
                       tuple(strided_cuts(spec, owner) for spec in node.outputs))
 
 
-def local_shape(spec: TensorSpec, counts: dict[str, int]) -> tuple[int, ...]:
-    """The shape the node's local computation sees: every dim of every axis cut (strided too)."""
+def local_shape(spec: TensorSpec, counts: dict[str, int],
+                uneven: dict[str, tuple[int, int, int]] | None = None) -> tuple[int, ...]:
+    """The shape the node's local computation sees: every dim of every axis cut (strided too);
+    an axis led by an ``uneven`` dim holds this rank's rows of it (``NodeLayout.uneven``)."""
     shape = []
     for size, dims in zip(spec.shape, spec.axes):
         parts = 1
         for d in dims:
             parts *= counts.get(d, 1)
+        if uneven and dims and dims[0] in uneven:
+            whole, mine, _ = uneven[dims[0]]
+            parts //= counts.get(dims[0], 1)
+            shape.append(size // whole * mine // parts)
+            continue
         if size % parts:
             raise LayoutError(f"axis of size {size} does not split into {parts} even parts")
         shape.append(size // parts)

@@ -41,18 +41,9 @@ from .placements import LayoutError, NodeLayout, Placements, node_layout
 from .runtime import OutputReshard, Reshard, ReshardSpec, grad_target, needs_reshard
 from .strided import chunk_index
 from .training import PLAIN, ProgramTraining, block_of, cast_placeholders, recompute_blocks, tag_new_nodes
-from .values import (
-    aliases,
-    concrete,
-    describe,
-    has_tensor,
-    is_pl,
-    is_state,
-    local_groups,
-    split_words,
-    state_names,
-    traced_values,
-)
+from .values import (aliases, concrete, describe, has_tensor, is_pl, is_state, local_groups, split_words,
+                     state_names, traced_values)
+from .uneven import with_uneven_batch
 from .weight_views import lifted_weight
 
 
@@ -115,6 +106,7 @@ class _Builder:
         self.shape = tuple(mesh.shape)
         self.coord = mesh.get_coordinate() or [0] * mesh.ndim
         self.layouts = {n.name: node_layout(n, assignment.get(n.name), self.shape) for n in graph.nodes}
+        self.uneven = with_uneven_batch(graph, self.layouts, mesh)  # a batch the degree does not divide
         self.src = graph.fx_graph
         self.values = traced_values(graph, model)
         self.state_of = state_names(graph)
@@ -440,6 +432,8 @@ class _Builder:
         spec = ReshardSpec(self.mesh, v.placements, use.placements, use.grads, back)
         if not needs_reshard(spec):
             return v.node
+        if self.uneven is not None:  # DTensor moves uneven shards given the whole shape
+            spec = self.uneven.spec(spec, v.node, self.env, self.values)
         name = f"reshard_{len([m for m in self.root.children() if isinstance(m, Reshard)])}"
         self.root.add_module(name, kind(spec))
         return self.new.call_module(name, (v.node,))

@@ -52,13 +52,13 @@ class _Redistribute(torch.autograd.Function):
     def forward(ctx, x, spec):
         ctx.spec = spec
         with torch.no_grad():
-            return move(x, spec.mesh, spec.src, spec.dst)
+            return move(x, spec.mesh, spec.src, spec.dst, spec.shape)
 
     @staticmethod
     def backward(ctx, g):
         s = ctx.spec
         with torch.no_grad():
-            return move(g.contiguous(), s.mesh, s.grad_in, s.grad_out), None
+            return move(g.contiguous(), s.mesh, s.grad_in, s.grad_out, s.shape), None
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +68,7 @@ class ReshardSpec:
     dst: Placements  # the layout the reader wants
     grad_in: Placements  # how the reader's gradient comes back
     grad_out: Placements  # how the producer wants it
+    shape: tuple[int, ...] | None = None  # the whole value's, where its shards may be uneven
 
 
 class Reshard(nn.Module):
@@ -313,7 +314,7 @@ def finish_loss(loss: torch.Tensor, spec: ReshardSpec) -> torch.Tensor:
         work.wait()
         return value
     with torch.no_grad():
-        return move(value, spec.mesh, spec.src, spec.dst)
+        return move(value, spec.mesh, spec.src, spec.dst, spec.shape)
 
 
 def partial_axes(placements: Placements) -> tuple[int, ...]:

@@ -41,15 +41,16 @@ def take_blocks(t: torch.Tensor, spec: TensorSpec, cuts: tuple[StridedCut, ...],
 
 
 def local_extent(t: torch.Tensor, spec: TensorSpec, node: Node, counts: dict[str, int],
-                 index) -> torch.Tensor:
+                 index, uneven=()) -> torch.Tensor:
     """Cut an output axis the local call produced whole down to this device's part.
 
     An output dim that indexes no input axis (a partial slice's fresh dim, a factory's) comes out
-    of the local call at full size on every device, while the layout says it is cut.
+    of the local call at full size on every device, while the layout says it is cut. An axis led
+    by an ``uneven`` batch dim indexes an input: it comes out as this rank's rows already.
     """
     for axis, (size, dims) in enumerate(zip(spec.shape, spec.axes)):
         cut_dims = [d for d in dims if counts.get(d, 1) > 1]
-        if not cut_dims or t.shape[axis] != size:
+        if not cut_dims or dims[0] in uneven or t.shape[axis] != size:
             continue
         cut: set[str] = set()
         for dim in cut_dims:

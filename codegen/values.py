@@ -19,12 +19,19 @@ from .placements import NodeLayout
 
 def traced_values(graph: Graph, model: nn.Module) -> dict[fx.Node, Any]:
     """Every fx node's traced value (meta tensors, sizes), which both frontends keep in
-    ``node.meta["val"]``; a graph that lost them (pickled to another process) is propagated again
-    on meta tensors (user inputs from the IR's specs, state from ``model``'s shapes)."""
+    ``node.meta["val"]``; a graph that lost them (pickled to another process), or whose inputs
+    have another batch than traced (``core.batch.with_batch``), is propagated again on meta
+    tensors (user inputs from the IR's specs, state from ``model``'s shapes)."""
     gm = graph.fx_graph
     nodes = list(gm.graph.nodes)
-    if all("val" in n.meta for n in nodes if n.op == "placeholder"):
-        return {n: n.meta.get("val") for n in nodes}
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    if all("val" in n.meta for n in placeholders):
+        values = {n: n.meta.get("val") for n in nodes}
+        if all(_as_traced(n, graph) for n in placeholders):
+            return values
+        at = _symbolic_batch(placeholders, graph)
+        if at is not None:  # a dynamic-batch export: its sizes at the new batch, exactly
+            return {n: pytree.tree_map(at, v) for n, v in values.items()}
     state = state_names(graph)
     constants = gm.meta.get("autopar_constants", {})  # non-tensor inputs: the traced Python values
     args = []
@@ -42,6 +49,42 @@ def traced_values(graph: Graph, model: nn.Module) -> dict[fx.Node, Any]:
     with torch.no_grad(), torch.device("meta"):
         interp.run(*args)
     return interp.values
+
+
+def _symbolic_batch(placeholders: list[fx.Node], graph: Graph):
+    """Where the traced batch is a symbol (``torch.export`` with a dynamic batch): a function
+    giving each traced value at the graph's batch (sizes as ints, tensors as meta tensors of
+    that shape); None otherwise. Propagating the exported graph again on meta tensors is not
+    exact (ops that export found contiguous need not be on the meta device)."""
+    import sympy
+
+    subs = {}
+    for n in placeholders:
+        spec, val = graph.inputs.get(n.name), n.meta.get("val")
+        if spec is not None and isinstance(val, torch.Tensor) and val.dim() and isinstance(val.shape[0], torch.SymInt):
+            subs[val.shape[0].node.expr] = sympy.Integer(spec.shape[0])
+    if not subs:
+        return None
+
+    def size(v):
+        expr = v.node.expr.xreplace(subs)
+        return int(expr) if getattr(expr, "is_number", True) else concrete(v)
+
+    def at(v):
+        if isinstance(v, torch.SymInt):
+            return size(v)
+        if isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape):
+            return torch.empty([size(d) if isinstance(d, torch.SymInt) else d for d in v.shape], dtype=v.dtype,
+                               device="meta")
+        return v
+
+    return at
+
+
+def _as_traced(n: fx.Node, graph: Graph) -> bool:
+    """Whether a placeholder's traced value has the shape the graph's input spec says."""
+    spec, val = graph.inputs.get(n.name), n.meta.get("val")
+    return spec is None or not isinstance(val, torch.Tensor) or tuple(concrete(tuple(val.shape))) == spec.shape
 
 
 def state_names(graph: Graph) -> dict[str, str]:

@@ -91,3 +91,60 @@ def scale_batch(graph: Graph, microbatches: int) -> Graph:
             shape[0] //= microbatches
         inputs[name] = dataclasses.replace(spec, shape=tuple(shape))
     return dataclasses.replace(graph, nodes=nodes, inputs=inputs, outputs=list(graph.outputs))
+
+
+def traced_batch(graph: Graph) -> int | None:
+    """The batch size the graph was traced with: dim 0 of its batched inputs (None: no input has one)."""
+    call = graph.call
+    if call is not None and call.batch is not None:
+        return int(call.batch)
+    sizes = [spec.shape[0] for spec in graph.inputs.values() if spec.shape]
+    return max(set(sizes), key=sizes.count) if sizes else None
+
+
+def with_batch(graph: Graph, size: int) -> Graph:
+    """The same graph for a global batch of ``size`` (instead of the traced one): every batch dim
+    and every tensor axis led by one scaled by ``size / traced``, the inputs' batch axes set to
+    ``size``; FLOPs and bytes are left as traced (codegen reads sizes, not costs).
+
+    What a compiled module builds its program from when a call's batch differs from the traced
+    one. Raises ValueError when a batch dim is not a whole multiple of the traced batch (an op
+    that mixes the batch into another axis: its size at another batch is unknown).
+    """
+    import dataclasses
+
+    from autopar.core.ir import Dim, Operand, TensorSpec
+
+    old = traced_batch(graph)
+    if old is None or size == old:
+        return graph
+    dims = batch_dims(graph)
+
+    def scaled(n: int, what: str) -> int:
+        if n % old:
+            raise ValueError(f"{what} has size {n}, not a multiple of the traced batch {old}: this module "
+                             f"runs batches of {old} only; compile it again with a batch of {size}")
+        return n // old * size
+
+    def respec(spec: TensorSpec, b: str | None, what: str) -> TensorSpec:
+        if b is None:
+            return spec
+        shape = [scaled(s, what) if axis[:1] == (b,) else s for s, axis in zip(spec.shape, spec.axes)]
+        return dataclasses.replace(spec, shape=tuple(shape))
+
+    nodes = []
+    for n in graph.nodes:
+        b = dims[n.name]
+        if b is None:
+            nodes.append(n)
+            continue
+        new_dims = tuple(Dim(d.name, scaled(d.size, f"batch dim {d.name} of {n.name}"), d.reduction, d.splittable)
+                         if d.name == b else d for d in n.dims)
+        inputs = tuple(Operand(o.source, o.output, respec(o.spec, b, f"an input of {n.name}")) for o in n.inputs)
+        outputs = tuple(respec(t, b, f"an output of {n.name}") for t in n.outputs)
+        nodes.append(dataclasses.replace(n, dims=new_dims, inputs=inputs, outputs=outputs))
+    inputs = {name: dataclasses.replace(spec, shape=(size, *spec.shape[1:])) if spec.shape and spec.shape[0] == old
+              else spec for name, spec in graph.inputs.items()}
+    out = dataclasses.replace(graph, nodes=nodes, inputs=inputs, outputs=list(graph.outputs))
+    out.call = dataclasses.replace(graph.call, batch=size) if graph.call is not None else None
+    return out

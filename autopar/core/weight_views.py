@@ -1,5 +1,6 @@
-"""Weight views: a node computed from one weight alone (a slice of a position embedding), whose
-gradient may come back as partial sums and join the weight's own gradient sync.
+"""Weight views: a node computed from one weight and constants alone (a slice of a position
+embedding, or its lookup of ``arange`` positions), whose gradient may come back as partial sums
+and join the weight's own gradient sync.
 
 Under data parallelism a GPT's ``pos_emb[:seq]`` is replicated (it has no batch dim) while the
 ``add`` that reads it is batch-split, so the ``add``'s gradient for it is a partial sum over the
@@ -27,12 +28,16 @@ WEIGHT_VIEW = "weight_view"  # Node.attrs key: the weight (operand source) the n
 
 
 def mark_weight_views(nodes: list[Node], outputs: list[tuple[str, int]]) -> list[Node]:
-    """``nodes`` with ``attrs["weight_view"]`` set on each node that reads exactly one tensor, a
-    weight no other node reads, and whose one output has exactly one reader (an edge of the
-    graph, not a graph output)."""
+    """``nodes`` with ``attrs["weight_view"]`` set on each node that reads one weight no other node
+    reads and otherwise only constants (values no input and no weight flows into: the positions
+    ``torch.arange(seq)`` of ``pos_emb(positions)``), and whose one output has exactly one reader
+    (an edge of the graph, not a graph output)."""
     readers: dict[str, int] = {}
     uses: dict[str, int] = {}
+    constant: set[str] = set()
     for n in nodes:
+        if not n.params and all(op.is_node and op.source in constant for op in n.inputs):
+            constant.add(n.name)
         for op in n.params:
             readers[op.source] = readers.get(op.source, 0) + 1
         for op in n.inputs:
@@ -41,7 +46,8 @@ def mark_weight_views(nodes: list[Node], outputs: list[tuple[str, int]]) -> list
     returned = {name for name, _ in outputs}
     out = []
     for n in nodes:
-        if (not n.inputs and len(n.params) == 1 and len(n.outputs) == 1 and readers[n.params[0].source] == 1
+        if (all(op.is_node and op.source in constant for op in n.inputs) and len(n.params) == 1
+                and len(n.outputs) == 1 and readers[n.params[0].source] == 1
                 and uses.get(n.name) == 1 and n.name not in returned and n.supported):
             n = dataclasses.replace(n, attrs={**n.attrs, WEIGHT_VIEW: n.params[0].source})
         out.append(n)

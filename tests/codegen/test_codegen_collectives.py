@@ -33,6 +33,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.tables import Config
 from tests.helpers.dist_utils import run_gloo
 from tests.helpers.mlp import MLP, mlp_graph
+from tests.helpers.models import PositionLookup
 from tests.helpers.mlp import plans as mlp_plans
 from tests.helpers.plans import data_parallel
 
@@ -62,6 +63,12 @@ def build_cases() -> dict[int, dict[str, dict]]:
         mesh = tuple(cluster.mesh().shape)
         cases[world]["cnn/data_parallel"] = _case(model, inputs, graph, data_parallel(graph, mesh),
                                                   cluster)
+    model, inputs = PositionLookup(), PositionLookup.inputs(batch=8)
+    graph = autopar.trace(model, inputs)
+    for world in (2, 4):  # a weight view reading a constant (arange positions): its gradient in the bucket
+        cluster = Cluster.preset("cpu", devices=world)
+        cases[world]["poslookup/data_parallel"] = _case(model, inputs, graph,
+                                                        data_parallel(graph, tuple(cluster.mesh().shape)), cluster)
     model, inputs = autopar.zoo.get("gpt", **GPT)
     for world in (2, 4):
         plan = autopar.plan(model, inputs, Cluster.preset("cpu", devices=world), pipeline=False)
@@ -112,9 +119,9 @@ def predicted(case) -> Collectives:
 
 CASE_IDS = [(w, n) for w, names in (
     (2, ["mlp/data_parallel", "mlp/megatron", "mlp/reduction_split", "cnn/data_parallel",
-         "gpt/autopar", "gpt/data_parallel", "gpt/expert"]),
+         "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel"]),
     (4, ["mlp/data_parallel", "mlp/dp_x_megatron", "mlp/reduction_split", "cnn/data_parallel",
-         "gpt/autopar", "gpt/data_parallel", "gpt/expert"])) for n in names]
+         "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel"])) for n in names]
 
 # Where the module issues other collectives than the plan predicts, one entry per reshard:
 # (phase, edge, change of counts issued - predicted), each to be flagged by ``Collectives.nested``
