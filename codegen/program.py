@@ -33,6 +33,7 @@ from autopar.core.tables import Config
 
 from .batchnorm import needs_sync, needs_sync_op
 from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
+from .devices import constant_on, makes_on_device, on_device, rank_device
 from .inplace import written_argument
 from .op_fixes import causal_rows, mean_scale, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
@@ -114,6 +115,7 @@ class _Builder:
         self.graph, self.mesh, self.model, self.outputs = graph, mesh, model, outputs
         self.shape = tuple(mesh.shape)
         self.coord = mesh.get_coordinate() or [0] * mesh.ndim
+        self.device = rank_device(mesh)  # where the tensors the model makes are made (devices.py)
         self.layouts = {n.name: node_layout(n, assignment.get(n.name), self.shape) for n in graph.nodes}
         self.src = graph.fx_graph
         self.values = traced_values(graph, model)
@@ -231,7 +233,7 @@ class _Builder:
             if not isinstance(value, torch.Tensor):
                 raise LayoutError(f"{n.name}: the exported constant {self.state_of[n.name]!r} is not available")
             name = self._free("c_" + n.name)
-            self.root.register_buffer(name, value.detach().clone(), persistent=False)
+            self.root.register_buffer(name, constant_on(value, self.device), persistent=False)
             self.env[n] = _Value(self.new.get_attr(name), self._replicated())
             return
         ph = self.new.placeholder("x_" + n.name)
@@ -258,7 +260,7 @@ class _Builder:
             const = getattr(self.src, n.target)
             name = "c_" + n.target.replace(".", "_")
             if isinstance(const, torch.Tensor):
-                self.root.register_buffer(name, const.detach().clone(), persistent=False)
+                self.root.register_buffer(name, constant_on(const, self.device), persistent=False)
             else:
                 setattr(self.root, name, const)
             self.env[n] = _Value(self.new.get_attr(name), self._replicated() if isinstance(const, torch.Tensor) else None)
@@ -290,7 +292,7 @@ class _Builder:
         output, or a tensor op the IR left out (run on whole tensors unless it passes one through)."""
         value = self.values.get(n)
         if not has_tensor(value):
-            self.env[n] = _Value(concrete(value))
+            self.env[n] = _Value(on_device(concrete(value), self.device))
             return
         if (n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], fx.Node)
                 and not isinstance(self.values.get(n.args[0]), torch.Tensor)):  # an item of a tuple
@@ -305,7 +307,8 @@ class _Builder:
             pl = self.env[tensors[0]].placements  # a pass-through (contiguous, clone, to, detach)
         else:
             pl = self._replicated()
-        args = pytree.tree_map(lambda a: self._arg_whole(a, len(tensors) != 1), (n.args, n.kwargs))
+        args = makes_on_device(n, *pytree.tree_map(lambda a: self._arg_whole(a, len(tensors) != 1), (n.args, n.kwargs)),
+                               self.device)
         new = self.new.create_node(n.op, n.target, args[0], args[1], name=n.name)
         self.env[n] = _Value(new, pl if isinstance(value, torch.Tensor) else None)
 
@@ -329,7 +332,7 @@ class _Builder:
             return
         # sizes and other non-tensor values become the traced constants, wherever they are nested
         # (a slice's bound, a shape list); tensors stay nodes and become the call's arguments
-        bound = fx.node.map_arg((n.args, n.kwargs), self._constant_unless_tensor)
+        bound = makes_on_device(n, *fx.node.map_arg((n.args, n.kwargs), self._constant_unless_tensor), self.device)
         flat, spec = pytree.tree_flatten(bound)
         operands = OperandMatcher(node, layout)
         consts, slots, args, uses = list(flat), [], [], []
