@@ -17,9 +17,8 @@ torch.export: ATen ops with parameters as placeholders): one builder for both.
 
 from __future__ import annotations
 
-import contextlib
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,9 +31,10 @@ from autopar.core.ir import Graph, Node
 from autopar.core.tables import Config
 
 from .batchnorm import needs_sync, needs_sync_op
+from .built import Program
 from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
 from .devices import constant_on, makes_on_device, on_device, rank_device
-from .inplace import written_argument
+from .inplace import STATE_WRITE, Writes, unkept, write_state, written_argument
 from .op_fixes import causal_rows, mean_scale, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
 from .ops import LocalCall, inline_call
@@ -55,38 +55,6 @@ from .values import (
     traced_values,
 )
 from .weight_views import lifted_weight
-
-
-@dataclass
-class Program:
-    """The built program and what its caller must feed it."""
-
-    module: fx.GraphModule
-    state: list[str]  # qualified names of the parameters/buffers fed first, in placeholder order
-    inputs: list[str]  # the user's inputs (the forward's argument names), after the state, in order
-    input_specs: dict[str, Any] = field(default_factory=dict)  # input name -> its traced TensorSpec
-    stored: dict[str, Placements] = field(default_factory=dict)  # how each is stored (first reader's layout)
-    reduce_axes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # param -> axes its grad sums over
-    sync_bn: set[str] = field(default_factory=set)  # parameters a synced batch norm reads itself
-    layouts: dict[str, NodeLayout] = field(default_factory=dict)
-    output_placements: list = field(default_factory=list)  # per output leaf (fx order): placements or None
-    input_placements: dict[str, Placements] = field(default_factory=dict)  # inputs="local": each input's slice
-    output_reshards: list = field(default_factory=list)  # the OutputReshard modules of ``module``
-
-    @contextlib.contextmanager
-    def outputs_deferred(self):
-        """Within: the program returns its outputs as this rank holds them (no output reshard);
-        yields the list of (output leaf, returned tensor, ``ReshardSpec``) of each reshard left
-        undone (the leaf: its index among the outputs' tensors, ``fx.node.map_aggregate`` order)."""
-        undone: list = []
-        reshards = self.output_reshards
-        for m in reshards:
-            m.deferred = undone
-        try:
-            yield undone
-        finally:
-            for m in reshards:
-                m.deferred = None
 
 
 @dataclass
@@ -137,6 +105,8 @@ class _Builder:
         self.training = training
         self.float_inputs: list[fx.Node] = []  # cast to the compute dtype under mixed precision
         self.made_by: dict[fx.Node, Node] = {}  # a program node -> the IR node it computes
+        self.writes = Writes()  # the tensors in-place calls wrote into (inplace.py)
+        self.order = {n: i for i, n in enumerate(self.src.graph.nodes)}
 
     # -- state ----------------------------------------------------------------------------------
     def _stored_placements(self) -> None:
@@ -302,6 +272,9 @@ class _Builder:
                 else src.placements
             self.env[n] = _Value(self.new.call_function(operator.getitem, (src.node, idx)), pl)
             return
+        if written_argument(n) is not None and self.writes.rewrites(n, written_argument(n)):
+            self.env[n] = self.env[n.args[1]]
+            return
         tensors = [a for a in n.all_input_nodes if is_pl(self.env[a].placements)]
         if len(tensors) == 1 and isinstance(value, torch.Tensor):
             pl = self.env[tensors[0]].placements  # a pass-through (contiguous, clone, to, detach)
@@ -311,6 +284,8 @@ class _Builder:
                                self.device)
         new = self.new.create_node(n.op, n.target, args[0], args[1], name=n.name)
         self.env[n] = _Value(new, pl if isinstance(value, torch.Tensor) else None)
+        if isinstance(value, torch.Tensor) and written_argument(n) is not None:
+            self._written(n, written_argument(n))
 
     def _arg_whole(self, a, whole: bool):
         if not isinstance(a, fx.Node):
@@ -373,8 +348,27 @@ class _Builder:
             out = self.new.call_module(name, tuple(args))
         self.made_by[out] = node
         self.env[n] = _Value(out, self._output_placements(n, layout))
-        if written is not None and written in self.env:
-            self.env[written] = self.env[n]  # later readers of the written tensor see the new value
+        if written is not None:
+            self._written(n, written)
+
+    def _written(self, n: fx.Node, written: fx.Node) -> None:
+        """Later readers of the tensor ``n`` wrote into see the new value; a parameter or buffer
+        also keeps it, copied into its storage in its stored layout (``inplace.py``)."""
+        group = self.writes.record(n, written)
+        why = unkept(n, group, self.order)
+        if why is not None:
+            raise LayoutError(f"{n.name}: the in-place {describe(n)} {why}, which autopar cannot keep: "
+                              "write it out of place (y = x.add(...) for x.add_(...))")
+        for k in group:
+            self.env[k] = self.env[n]
+        root = group[0]
+        name = root.target if root.op == "get_attr" else self.state_of.get(root.name) if root.op == "placeholder" else None
+        if name is None or not is_state(self.model, name):
+            return
+        name, v = self.canonical.get(name, name), self.env[n]
+        detached = _Value(self.new.call_method("detach", (v.node,)), v.placements)
+        value = self._reshard(detached, Use(self.stored[name], self.stored[name]))
+        self.new.call_function(write_state, (self._state(name), value)).meta[STATE_WRITE] = True
 
     def _constant_unless_tensor(self, a: fx.Node):
         v = self.env[a]
