@@ -6,7 +6,8 @@ chain (``h.mul_(2).add_(1)``), train 3 steps on 2 gloo processes and must match 
 loss, gradients, parameters, and the buffers after the last step. The statistic is of a
 batch-split activation, so the ranks must agree on its global value (the single device's), not
 keep per-rank statistics. Both front ends' graphs (fx, and torch.export's ATen in-place ops),
-data-parallel and split-everything plans. A write the program cannot keep (into a view, or
+data-parallel and split-everything plans; ``self.seen += n`` (torch.fx cannot record it: the
+export graph). A write the program cannot keep (into a view, or
 into a tensor whose earlier view is read after it) is refused in one line naming the op.
 """
 
@@ -55,8 +56,21 @@ class ChainedActivation(nn.Module):
         return F.mse_loss(self.out(torch.relu(h)), y)
 
 
-MODELS = {"ema": EmaOfFeatures, "chained_activation": ChainedActivation}
-FRONTENDS: dict[str, tuple[str, ...]] = {}
+class AugmentedCounter(nn.Module):
+    """``self.seen += n``: torch.fx cannot record the rebinding, so torch.export traces it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.out = nn.Linear(6, 12), nn.Linear(12, 3)
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x, y):
+        self.seen += x.shape[0]
+        return F.mse_loss(self.out(self.inp(x)) / self.seen, y)
+
+
+MODELS = {"ema": EmaOfFeatures, "chained_activation": ChainedActivation, "augmented_counter": AugmentedCounter}
+FRONTENDS = {"augmented_counter": ("auto",)}
 CASES = [(m, f, p) for m in sorted(MODELS) for f in FRONTENDS.get(m, ("fx", "export"))
          for p in ("data_parallel", "split_everything")]
 
