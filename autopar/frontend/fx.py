@@ -190,11 +190,11 @@ class FxFrontend(Builder):
             with _traceable_factories(), unchanged(self.model) as state:
                 graph = tracer.trace(self.model, concrete_args=concrete or None)
                 assigned = state.assigned()
-            if assigned:  # the graph would read the traced value and never write it back
-                raise ValueError(f"forward() assigns to {', '.join(assigned)} (`self.{assigned[0].rpartition('.')[2]} "
-                                 "+= ...` or `= ...`), an update torch.fx cannot record: write it in place "
-                                 f"(`.add_(...)`, `.copy_(...)`)")
-            return fx.GraphModule(tracer.root, graph, type(self.model).__name__)
+                if assigned:  # the graph would read the traced value and never write it back
+                    raise ValueError(f"forward() assigns to {', '.join(assigned)} (`self."
+                                     f"{assigned[0].rpartition('.')[2]} += ...` or `= ...`), an update torch.fx "
+                                     "cannot record: write it in place (`.add_(...)`, `.copy_(...)`)")
+                return fx.GraphModule(tracer.root, graph, type(self.model).__name__)  # takes the constants
         except Exception as e:
             module, where = user_frame(e, self.model)
             raise Failure(self.frontend, e, module, where, "trace") from e

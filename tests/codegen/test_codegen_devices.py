@@ -56,7 +56,7 @@ class DeviceOfInput(_Attention):
 
 class SizeOfInput(_Attention):
     def mask(self, x, t):
-        return torch.ones(x.size(1), x.size(1)).tril() + torch.zeros(t, t, dtype=torch.float32)
+        return torch.ones(x.size(1), x.size(1)).tril() + torch.full((t, t), 0.0) + torch.empty(0, t).sum()
 
 
 class Buffer(_Attention):
@@ -70,6 +70,7 @@ class Buffer(_Attention):
 
 MODELS = {"device_of_input": DeviceOfInput, "size_of_input": SizeOfInput, "buffer": Buffer}
 CASES = [(m, f, p) for m in sorted(MODELS) for f in ("fx", "export") for p in ("data_parallel", "split_everything")]
+CASES += [(m, "fx", "searched") for m in sorted(MODELS)]  # autopar.compile(model, inputs), as a user calls it
 
 
 def _model(name: str):
@@ -98,9 +99,13 @@ def _train_cases(rank, world, cases):
         try:
             graph = _graph(model, inputs, frontend)
             assert graph.frontend == frontend
-            plan = data_parallel(graph, (world,)) if kind == "data_parallel" else \
-                split_everything(graph, Mesh((world,)))
-            check_module(rank, shard_module(model, graph, plan, (world,)), inputs, ref)
+            if kind == "searched":  # the user's call: rank 0 plans, every rank compiles its plan
+                module = autopar.compile(model, inputs)
+            else:
+                plan = data_parallel(graph, (world,)) if kind == "data_parallel" else \
+                    split_everything(graph, Mesh((world,)))
+                module = shard_module(model, graph, plan, (world,))
+            check_module(rank, module, inputs, ref)
             out[case] = None
         except Exception as e:  # noqa: BLE001 - each case reports its own failure
             out[case] = f"{type(e).__name__}: {str(e)[:600]}"
@@ -124,8 +129,8 @@ def test_a_factory_without_a_device_is_given_the_ranks_and_traced_devices_become
     graph = autopar.trace(SizeOfInput(), _model("size_of_input")[1], frontend="fx")
     rank = torch.device("cuda", 3)
     made = [n for n in graph.fx_graph.graph.nodes if n.op == "call_function" and "device" not in n.kwargs
-            and getattr(n.target, "__name__", "") in ("ones", "zeros")]
-    assert len(made) == 2
+            and getattr(n.target, "__name__", "") in ("ones", "full", "empty")]
+    assert len(made) == 3
     for n in made:  # the program passes the traced sizes, as here
         _, kwargs = makes_on_device(n, *fx.node.map_arg((n.args, n.kwargs), lambda a: SEQ), rank)
         assert kwargs["device"] == rank, n.format_node()

@@ -73,6 +73,7 @@ MODELS = {"ema": EmaOfFeatures, "chained_activation": ChainedActivation, "augmen
 FRONTENDS = {"augmented_counter": ("auto",)}
 CASES = [(m, f, p) for m in sorted(MODELS) for f in FRONTENDS.get(m, ("fx", "export"))
          for p in ("data_parallel", "split_everything")]
+CASES += [(m, FRONTENDS.get(m, ("fx",))[0], "searched") for m in sorted(MODELS)]  # autopar.compile(model, inputs)
 
 
 def _model(name: str):
@@ -90,9 +91,13 @@ def _train_cases(rank, world, cases):
         try:
             graph = autopar.trace(model, inputs, frontend=frontend)
             assert frontend == "auto" or graph.frontend == frontend
-            plan = data_parallel(graph, (world,)) if kind == "data_parallel" else \
-                split_everything(graph, Mesh((world,)))
-            check_module(rank, shard_module(model, graph, plan, (world,)), inputs, ref)
+            if kind == "searched":  # the user's call: rank 0 plans, every rank compiles its plan
+                module = autopar.compile(model, inputs)
+            else:
+                plan = data_parallel(graph, (world,)) if kind == "data_parallel" else \
+                    split_everything(graph, Mesh((world,)))
+                module = shard_module(model, graph, plan, (world,))
+            check_module(rank, module, inputs, ref)
             out[case] = None
         except Exception as e:  # noqa: BLE001 - each case reports its own failure
             out[case] = f"{type(e).__name__}: {str(e)[:600]}"
