@@ -34,7 +34,7 @@ from .batchnorm import needs_sync, needs_sync_op
 from .built import Program
 from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
 from .devices import constant_on, makes_on_device, on_device, rank_device
-from .inplace import STATE_WRITE, Writes, unkept, write_state, written_argument
+from .inplace import IN_PLACE, STATE_WRITE, Writes, aliasing, refusal, through_storage, write_state, written_argument
 from .op_fixes import causal_rows, mean_scale, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
 from .ops import LocalCall, inline_call
@@ -107,6 +107,7 @@ class _Builder:
         self.made_by: dict[fx.Node, Node] = {}  # a program node -> the IR node it computes
         self.writes = Writes()  # the tensors in-place calls wrote into (inplace.py)
         self.order = {n: i for i, n in enumerate(self.src.graph.nodes)}
+        self._node_of = lambda v: self.env[v].node if v in self.env else None  # traced node -> program node
 
     # -- state ----------------------------------------------------------------------------------
     def _stored_placements(self) -> None:
@@ -180,7 +181,7 @@ class _Builder:
         if self.training.dtype is not None:
             cast_placeholders(self.new, self._floating_parameters() + self.float_inputs, self.training.dtype)
         module = fx.GraphModule(self.root, self.new, class_name="RankProgram")
-        module.graph.eliminate_dead_code()
+        module.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or IN_PLACE in n.meta)
         module.recompile()
         state = [n.name for n in module.graph.nodes if n.op == "placeholder" and n.name.startswith("s_")]
         by_node = {v.name: k for k, v in self.state_nodes.items()}
@@ -284,7 +285,9 @@ class _Builder:
                                self.device)
         new = self.new.create_node(n.op, n.target, args[0], args[1], name=n.name)
         self.env[n] = _Value(new, pl if isinstance(value, torch.Tensor) else None)
-        if isinstance(value, torch.Tensor) and written_argument(n) is not None:
+        if isinstance(value, torch.Tensor) and written_argument(n) is not None:  # run in place on what it reads
+            if through_storage(n, written_argument(n), self.writes, self.order, self._node_of, new.args[0]):
+                new.meta[IN_PLACE] = True
             self._written(n, written_argument(n))
 
     def _arg_whole(self, a, whole: bool):
@@ -334,19 +337,25 @@ class _Builder:
                 uses.append(use)
         index = lambda dim, lay=layout: chunk_index(dim, lay.axis_dims, self.shape, self.coord)
         written = written_argument(n, module)
+        in_place = written is not None and through_storage(n, written, self.writes, self.order, self._node_of,
+                                                           args[0] if args else None)
         drop = {j for j, u in enumerate(uses) if any(self.coord[a] != 0 for a in u.additive)}
         call = LocalCall(n, node, layout, module, consts, spec, slots, names, mean_scale(n, node, layout), drop,
                          vocab_shard(node, layout, self.shape, self.coord), causal_rows(node, layout, index),
-                         [(u.spec, u.strided) for u in uses], index, writes_first=written is not None,
+                         [(u.spec, u.strided) for u in uses], index, writes_first=written is not None and not in_place,
                          whole_dropout=whole_dropout(n, node, layout, module),
                          groups=local_groups(node, layout))
-        out = inline_call(self.new, call, uses, args) if written is None else None
+        out = inline_call(self.new, call, uses, args) if written is None or in_place else None
+        if in_place and out is None:
+            raise LayoutError(refusal(n, aliasing(n, self.writes.group(n, written), self.order), " (with a repair)"))
         if out is None:
             label = f"{describe(n)}; split {split_words(node, layout)}"
             name = self._free(n.name)
             self.root.add_module(name, NodeCall(call, label))
             out = self.new.call_module(name, tuple(args))
         self.made_by[out] = node
+        if in_place:  # its effect is on other tensors' storage: kept unread
+            out.meta[IN_PLACE] = True
         self.env[n] = _Value(out, self._output_placements(n, layout))
         if written is not None:
             self._written(n, written)
@@ -355,10 +364,6 @@ class _Builder:
         """Later readers of the tensor ``n`` wrote into see the new value; a parameter or buffer
         also keeps it, copied into its storage in its stored layout (``inplace.py``)."""
         group = self.writes.record(n, written)
-        why = unkept(n, group, self.order)
-        if why is not None:
-            raise LayoutError(f"{n.name}: the in-place {describe(n)} {why}, which autopar cannot keep: "
-                              "write it out of place (y = x.add(...) for x.add_(...))")
         for k in group:
             self.env[k] = self.env[n]
         root = group[0]
