@@ -345,7 +345,7 @@ class _Builder:
                          [(u.spec, u.strided) for u in uses], index, writes_first=written is not None and not in_place,
                          whole_dropout=whole_dropout(n, node, layout, module),
                          groups=local_groups(node, layout))
-        out = inline_call(self.new, call, uses, args) if written is None or in_place else None
+        out = inline_call(self.new, call, uses, args)
         if in_place and out is None:
             raise LayoutError(refusal(n, aliasing(n, self.writes.group(n, written), self.order), " (with a repair)"))
         if out is None:
