@@ -117,6 +117,7 @@ def trained():
     return run_gloo(_train_cases, 2, CASES)
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
 def test_made_tensors_are_made_on_the_ranks_device_and_train_like_one_device(trained, case):
     for rank, results in enumerate(trained):

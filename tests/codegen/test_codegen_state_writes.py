@@ -139,6 +139,7 @@ def trained():
     return run_gloo(_train_cases, 2, CASES)
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
 def test_in_place_writes_are_kept_and_train_like_one_device(trained, case):
     for rank, results in enumerate(trained):
