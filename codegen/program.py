@@ -181,7 +181,7 @@ class _Builder:
         if self.training.dtype is not None:
             cast_placeholders(self.new, self._floating_parameters() + self.float_inputs, self.training.dtype)
         module = fx.GraphModule(self.root, self.new, class_name="RankProgram")
-        module.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or IN_PLACE in n.meta)
+        module.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or n.meta.get(IN_PLACE, False))
         module.recompile()
         state = [n.name for n in module.graph.nodes if n.op == "placeholder" and n.name.startswith("s_")]
         by_node = {v.name: k for k, v in self.state_nodes.items()}
@@ -286,8 +286,8 @@ class _Builder:
         new = self.new.create_node(n.op, n.target, args[0], args[1], name=n.name)
         self.env[n] = _Value(new, pl if isinstance(value, torch.Tensor) else None)
         if isinstance(value, torch.Tensor) and written_argument(n) is not None:  # run in place on what it reads
-            if through_storage(n, written_argument(n), self.writes, self.order, self._node_of, new.args[0]):
-                new.meta[IN_PLACE] = True
+            new.meta[IN_PLACE] = through_storage(n, written_argument(n), self.writes, self.order, self._node_of,
+                                                 new.args[0])
             self._written(n, written_argument(n))
 
     def _arg_whole(self, a, whole: bool):
@@ -354,8 +354,7 @@ class _Builder:
             self.root.add_module(name, NodeCall(call, label))
             out = self.new.call_module(name, tuple(args))
         self.made_by[out] = node
-        if in_place:  # its effect is on other tensors' storage: kept unread
-            out.meta[IN_PLACE] = True
+        out.meta[IN_PLACE] = in_place  # True: its effect is on other tensors' storage, kept unread
         self.env[n] = _Value(out, self._output_placements(n, layout))
         if written is not None:
             self._written(n, written)
