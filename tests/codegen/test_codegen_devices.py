@@ -70,7 +70,7 @@ class Buffer(_Attention):
 
 MODELS = {"device_of_input": DeviceOfInput, "size_of_input": SizeOfInput, "buffer": Buffer}
 CASES = [(m, f, p) for m in sorted(MODELS) for f in ("fx", "export") for p in ("data_parallel", "split_everything")]
-CASES += [(m, "fx", "searched") for m in sorted(MODELS)]  # autopar.compile(model, inputs), as a user calls it
+CASES += [(m, "fx", "searched") for m in sorted(MODELS)]  # autopar.compile, as a user calls it
 
 
 def _model(name: str):
@@ -100,7 +100,7 @@ def _train_cases(rank, world, cases):
             graph = _graph(model, inputs, frontend)
             assert graph.frontend == frontend
             if kind == "searched":  # the user's call: rank 0 plans, every rank compiles its plan
-                module = autopar.compile(model, inputs)
+                module = autopar.compile(model, example_inputs=inputs)
             else:
                 plan = data_parallel(graph, (world,)) if kind == "data_parallel" else \
                     split_everything(graph, Mesh((world,)))

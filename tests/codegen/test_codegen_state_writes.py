@@ -103,7 +103,7 @@ FRONTENDS = {"augmented_counter": ("auto",)}
 PLANS = {"into_a_view": ("data_parallel",), "view_read_after": ("data_parallel",)}  # split: refused, below
 CASES = [(m, f, p) for m in sorted(MODELS) for f in FRONTENDS.get(m, ("fx", "export"))
          for p in PLANS.get(m, ("data_parallel", "split_everything"))]
-CASES += [(m, FRONTENDS.get(m, ("fx",))[0], "searched") for m in sorted(MODELS)]  # autopar.compile(model, inputs)
+CASES += [(m, FRONTENDS.get(m, ("fx",))[0], "searched") for m in sorted(MODELS)]  # autopar.compile, as a user calls it
 
 
 def _model(name: str):
@@ -122,7 +122,7 @@ def _train_cases(rank, world, cases):
             graph = autopar.trace(model, inputs, frontend=frontend)
             assert frontend == "auto" or graph.frontend == frontend
             if kind == "searched":  # the user's call: rank 0 plans, every rank compiles its plan
-                module = autopar.compile(model, inputs)
+                module = autopar.compile(model, example_inputs=inputs)
             else:
                 plan = data_parallel(graph, (world,)) if kind == "data_parallel" else \
                     split_everything(graph, Mesh((world,)))
