@@ -269,8 +269,11 @@ def inline_call(graph: fx.Graph, call: LocalCall, uses: list, args: list) -> fx.
     call, argument assembly, output checks: tens of microseconds a node, ~2 ms a forward of the
     zoo gpt) is then not paid at every step. ``args``: the graph nodes of the call's tensors (data
     operands in ``call.slots`` order, then the module's parameters), ``uses`` how each is read.
-    None where a repair is needed (the ``NodeCall`` runs it)."""
-    if (call.drop or call.writes_first or call.groups is not None or call.causal_rows is not None
+    None where a repair is needed (the ``NodeCall`` runs it). An in-place call (``writes_first``)
+    writes into a copy of its first operand made in the graph, as ``LocalCall`` does."""
+    if call.writes_first and call.slots[:1] != [0]:
+        return None
+    if (call.drop or call.groups is not None or call.causal_rows is not None
             or call.vocab is not None or call.whole_dropout is not None or call.mean_scale != 1.0
             or any(u.strided for u in uses)
             or any(isinstance(c, torch.Tensor) for i, c in enumerate(call.flat) if i not in call.slots)):
@@ -282,6 +285,8 @@ def inline_call(graph: fx.Graph, call: LocalCall, uses: list, args: list) -> fx.
     operands, params = args[:len(call.slots)], args[len(call.slots):]
     call_args, call_kwargs = call._arguments(operands)  # shape arguments localized, as at run time
     if n.op in ("call_function", "call_method"):  # named as traced: ``module.code`` reads like the model
+        if call.writes_first:
+            call_args = (graph.call_method("clone", (call_args[0],)), *call_args[1:])
         return graph.create_node(n.op, n.target, tuple(call_args), call_kwargs, name=n.name)
     if n.op == "call_module" and not call_kwargs and len(call_args) == 1:
         state = dict(zip(call.param_names, params))

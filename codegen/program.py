@@ -17,9 +17,8 @@ torch.export: ATen ops with parameters as placeholders): one builder for both.
 
 from __future__ import annotations
 
-import contextlib
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,8 +31,10 @@ from autopar.core.ir import METADATA_READS, Graph, Node
 from autopar.core.tables import Config
 
 from .batchnorm import needs_sync, needs_sync_op
+from .built import Program
 from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
-from .inplace import written_argument
+from .devices import constant_on, makes_on_device, on_device, rank_device
+from .inplace import IN_PLACE, STATE_WRITE, Writes, aliasing, refusal, through_storage, write_state, written_argument
 from .op_fixes import causal_rows, mean_scale, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
 from .ops import LocalCall, inline_call
@@ -45,38 +46,6 @@ from .values import (aliases, concrete, describe, has_tensor, is_pl, is_state, l
                      state_names, traced_values)
 from .uneven import with_uneven_batch
 from .weight_views import lifted_weight
-
-
-@dataclass
-class Program:
-    """The built program and what its caller must feed it."""
-
-    module: fx.GraphModule
-    state: list[str]  # qualified names of the parameters/buffers fed first, in placeholder order
-    inputs: list[str]  # the user's inputs (the forward's argument names), after the state, in order
-    input_specs: dict[str, Any] = field(default_factory=dict)  # input name -> its traced TensorSpec
-    stored: dict[str, Placements] = field(default_factory=dict)  # how each is stored (first reader's layout)
-    reduce_axes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # param -> axes its grad sums over
-    sync_bn: set[str] = field(default_factory=set)  # parameters a synced batch norm reads itself
-    layouts: dict[str, NodeLayout] = field(default_factory=dict)
-    output_placements: list = field(default_factory=list)  # per output leaf (fx order): placements or None
-    input_placements: dict[str, Placements] = field(default_factory=dict)  # inputs="local": each input's slice
-    output_reshards: list = field(default_factory=list)  # the OutputReshard modules of ``module``
-
-    @contextlib.contextmanager
-    def outputs_deferred(self):
-        """Within: the program returns its outputs as this rank holds them (no output reshard);
-        yields the list of (output leaf, returned tensor, ``ReshardSpec``) of each reshard left
-        undone (the leaf: its index among the outputs' tensors, ``fx.node.map_aggregate`` order)."""
-        undone: list = []
-        reshards = self.output_reshards
-        for m in reshards:
-            m.deferred = undone
-        try:
-            yield undone
-        finally:
-            for m in reshards:
-                m.deferred = None
 
 
 @dataclass
@@ -105,6 +74,7 @@ class _Builder:
         self.graph, self.mesh, self.model, self.outputs = graph, mesh, model, outputs
         self.shape = tuple(mesh.shape)
         self.coord = mesh.get_coordinate() or [0] * mesh.ndim
+        self.device = rank_device(mesh)  # where the tensors the model makes are made (devices.py)
         self.layouts = {n.name: node_layout(n, assignment.get(n.name), self.shape) for n in graph.nodes}
         self.uneven = with_uneven_batch(graph, self.layouts, mesh)  # a batch the degree does not divide
         self.src = graph.fx_graph
@@ -127,6 +97,9 @@ class _Builder:
         self.training = training
         self.float_inputs: list[fx.Node] = []  # cast to the compute dtype under mixed precision
         self.made_by: dict[fx.Node, Node] = {}  # a program node -> the IR node it computes
+        self.writes = Writes()  # the tensors in-place calls wrote into (inplace.py)
+        self.order = {n: i for i, n in enumerate(self.src.graph.nodes)}
+        self._node_of = lambda v: self.env[v].node if v in self.env else None  # traced node -> program node
 
     # -- state ----------------------------------------------------------------------------------
     def _stored_placements(self) -> None:
@@ -200,7 +173,7 @@ class _Builder:
         if self.training.dtype is not None:
             cast_placeholders(self.new, self._floating_parameters() + self.float_inputs, self.training.dtype)
         module = fx.GraphModule(self.root, self.new, class_name="RankProgram")
-        module.graph.eliminate_dead_code()
+        module.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or n.meta.get(IN_PLACE, False))
         module.recompile()
         state = [n.name for n in module.graph.nodes if n.op == "placeholder" and n.name.startswith("s_")]
         by_node = {v.name: k for k, v in self.state_nodes.items()}
@@ -223,7 +196,7 @@ class _Builder:
             if not isinstance(value, torch.Tensor):
                 raise LayoutError(f"{n.name}: the exported constant {self.state_of[n.name]!r} is not available")
             name = self._free("c_" + n.name)
-            self.root.register_buffer(name, value.detach().clone(), persistent=False)
+            self.root.register_buffer(name, constant_on(value, self.device), persistent=False)
             self.env[n] = _Value(self.new.get_attr(name), self._replicated())
             return
         ph = self.new.placeholder("x_" + n.name)
@@ -250,7 +223,7 @@ class _Builder:
             const = getattr(self.src, n.target)
             name = "c_" + n.target.replace(".", "_")
             if isinstance(const, torch.Tensor):
-                self.root.register_buffer(name, const.detach().clone(), persistent=False)
+                self.root.register_buffer(name, constant_on(const, self.device), persistent=False)
             else:
                 setattr(self.root, name, const)
             self.env[n] = _Value(self.new.get_attr(name), self._replicated() if isinstance(const, torch.Tensor) else None)
@@ -282,7 +255,7 @@ class _Builder:
         output, or a tensor op the IR left out (run on whole tensors unless it passes one through)."""
         value = self.values.get(n)
         if not has_tensor(value):
-            self.env[n] = _Value(concrete(value))
+            self.env[n] = _Value(on_device(concrete(value), self.device))
             return
         if (n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], fx.Node)
                 and not isinstance(self.values.get(n.args[0]), torch.Tensor)):  # an item of a tuple
@@ -292,14 +265,22 @@ class _Builder:
                 else src.placements
             self.env[n] = _Value(self.new.call_function(operator.getitem, (src.node, idx)), pl)
             return
+        if written_argument(n) is not None and self.writes.rewrites(n, written_argument(n)):
+            self.env[n] = self.env[n.args[1]]
+            return
         tensors = [a for a in n.all_input_nodes if is_pl(self.env[a].placements)]
         if len(tensors) == 1 and isinstance(value, torch.Tensor):
             pl = self.env[tensors[0]].placements  # a pass-through (contiguous, clone, to, detach)
         else:
             pl = self._replicated()
-        args = pytree.tree_map(lambda a: self._arg_whole(a, len(tensors) != 1), (n.args, n.kwargs))
+        args = makes_on_device(n, *pytree.tree_map(lambda a: self._arg_whole(a, len(tensors) != 1), (n.args, n.kwargs)),
+                               self.device)
         new = self.new.create_node(n.op, n.target, args[0], args[1], name=n.name)
         self.env[n] = _Value(new, pl if isinstance(value, torch.Tensor) else None)
+        if isinstance(value, torch.Tensor) and written_argument(n) is not None:  # run in place on what it reads
+            new.meta[IN_PLACE] = through_storage(n, written_argument(n), self.writes, self.order, self._node_of,
+                                                 new.args[0])
+            self._written(n, written_argument(n))
 
     def _arg_whole(self, a, whole: bool):
         if not isinstance(a, fx.Node):
@@ -321,7 +302,7 @@ class _Builder:
             return
         # sizes and other non-tensor values become the traced constants, wherever they are nested
         # (a slice's bound, a shape list); tensors stay nodes and become the call's arguments
-        bound = fx.node.map_arg((n.args, n.kwargs), self._constant_unless_tensor)
+        bound = makes_on_device(n, *fx.node.map_arg((n.args, n.kwargs), self._constant_unless_tensor), self.device)
         flat, spec = pytree.tree_flatten(bound)
         operands = OperandMatcher(node, layout)
         metadata = set(node.attrs.get(METADATA_READS, ()))
@@ -350,22 +331,42 @@ class _Builder:
                 uses.append(use)
         index = lambda dim, lay=layout: chunk_index(dim, lay.axis_dims, self.shape, self.coord)
         written = written_argument(n, module)
+        in_place = written is not None and through_storage(n, written, self.writes, self.order, self._node_of,
+                                                           args[0] if args else None)
         drop = {j for j, u in enumerate(uses) if any(self.coord[a] != 0 for a in u.additive)}
         call = LocalCall(n, node, layout, module, consts, spec, slots, names, mean_scale(n, node, layout), drop,
                          vocab_shard(node, layout, self.shape, self.coord), causal_rows(node, layout, index),
-                         [(u.spec, u.strided) for u in uses], index, writes_first=written is not None,
+                         [(u.spec, u.strided) for u in uses], index, writes_first=written is not None and not in_place,
                          whole_dropout=whole_dropout(n, node, layout, module),
                          groups=local_groups(node, layout))
-        out = inline_call(self.new, call, uses, args) if written is None else None
+        out = inline_call(self.new, call, uses, args)
+        if in_place and out is None:
+            raise LayoutError(refusal(n, aliasing(n, self.writes.group(n, written), self.order), " (with a repair)"))
         if out is None:
             label = f"{describe(n)}; split {split_words(node, layout)}"
             name = self._free(n.name)
             self.root.add_module(name, NodeCall(call, label))
             out = self.new.call_module(name, tuple(args))
         self.made_by[out] = node
+        out.meta[IN_PLACE] = in_place  # True: its effect is on other tensors' storage, kept unread
         self.env[n] = _Value(out, self._output_placements(n, layout))
-        if written is not None and written in self.env:
-            self.env[written] = self.env[n]  # later readers of the written tensor see the new value
+        if written is not None:
+            self._written(n, written)
+
+    def _written(self, n: fx.Node, written: fx.Node) -> None:
+        """Later readers of the tensor ``n`` wrote into see the new value; a parameter or buffer
+        also keeps it, copied into its storage in its stored layout (``inplace.py``)."""
+        group = self.writes.record(n, written)
+        for k in group:
+            self.env[k] = self.env[n]
+        root = group[0]
+        name = root.target if root.op == "get_attr" else self.state_of.get(root.name) if root.op == "placeholder" else None
+        if name is None or not is_state(self.model, name):
+            return
+        name, v = self.canonical.get(name, name), self.env[n]
+        detached = _Value(self.new.call_method("detach", (v.node,)), v.placements)
+        value = self._reshard(detached, Use(self.stored[name], self.stored[name]))
+        self.new.call_function(write_state, (self._state(name), value)).meta[STATE_WRITE] = True
 
     def _constant_unless_tensor(self, a: fx.Node):
         v = self.env[a]

@@ -27,6 +27,8 @@ from torch.utils.checkpoint import checkpoint
 
 from autopar.core.blocks import block_path, repeated_blocks
 
+from .inplace import STATE_WRITE
+
 BLOCK = "autopar_block"  # node.meta key: the recomputed block a program node belongs to
 
 
@@ -77,10 +79,11 @@ def block_of(module_path: str, recompute: tuple[str, ...]) -> str | None:
 
 
 def tag_new_nodes(graph: fx.Graph, mark: fx.Node, block: str | None) -> None:
-    """Tag the nodes appended after ``mark`` with their block."""
+    """Tag the nodes appended after ``mark`` with their block (a write into a parameter or buffer
+    is left out: run again in the backward, it would write twice)."""
     node = graph._root.prev
     while node is not mark and node is not graph._root:
-        if node.op not in ("placeholder", "output") and block is not None:
+        if node.op not in ("placeholder", "output") and block is not None and not node.meta.get(STATE_WRITE):
             node.meta[BLOCK] = block
         node = node.prev
 

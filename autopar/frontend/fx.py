@@ -26,6 +26,7 @@ from autopar.frontend.build import Builder, bind, output_leaves, tensor
 from autopar.frontend.cycles import Proxy, release_tracer, weak_owner
 from autopar.frontend.failures import Failure, stack_line, user_frame
 from autopar.frontend.inputs import ExampleCall, bound_arguments
+from autopar.frontend.pristine import unchanged
 from autopar.frontend.rules.sites import ATTRIBUTES, FUNCTIONS, METHODS, has_module_rule, module_call
 
 # front end 1: torch.fx symbolic_trace + meta-tensor shape propagation
@@ -194,9 +195,14 @@ class FxFrontend(Builder):
         fastpath = torch.backends.mha.get_fastpath_enabled()
         torch.backends.mha.set_fastpath_enabled(False)
         try:
-            with _traceable_factories():
+            with _traceable_factories(), unchanged(self.model) as state:
                 graph = tracer.trace(self.model, concrete_args=concrete or None)
-            return weak_owner(fx.GraphModule(tracer.root, graph, type(self.model).__name__))
+                assigned = state.assigned()
+                if assigned:  # the graph would read the traced value and never write it back
+                    raise ValueError(f"forward() assigns to {', '.join(assigned)} (`self."
+                                     f"{assigned[0].rpartition('.')[2]} += ...` or `= ...`), an update torch.fx "
+                                     "cannot record: write it in place (`.add_(...)`, `.copy_(...)`)")
+                return weak_owner(fx.GraphModule(tracer.root, graph, type(self.model).__name__))  # takes the constants
         except Exception as e:
             module, where = user_frame(e, self.model)
             raise Failure(self.frontend, e, module, where, "trace") from e

@@ -13,7 +13,7 @@ The graph records where its nodes came from (``graph.frontend``: "fx" or "export
 GraphModule (``graph.fx_graph``; for export the program's, with the ``ExportedProgram`` itself in
 ``graph.program``), and the call around its flat tensors (``graph.call``: input names, output
 structure, batch size). When both front ends fail, a ``TraceError`` names the module, the source
-line and what to do, in one line.
+line and what to do, in one line. Neither front end changes the model (``frontend/pristine.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from autopar.core.errors import TraceError
 from autopar.core.ir import Graph
 from autopar.frontend.failures import Failure, message
 from autopar.frontend.inputs import ExampleCall, example_call
+from autopar.frontend.pristine import unchanged
 from autopar.frontend.reuse import traced_from
 
 FRONTENDS = ("auto", "fx", "export")
@@ -72,12 +73,14 @@ def _trace(model: nn.Module, call: ExampleCall, frontend: str) -> Graph:
     try:
         if frontend in ("auto", "fx"):
             try:
-                return FxFrontend(model, call).graph()
+                with unchanged(model):  # each front end sees the model as the user left it, and leaves it so
+                    return FxFrontend(model, call).graph()
             except Failure as f:
                 failures.append(f)
         if frontend in ("auto", "export"):
             try:
-                return ExportFrontend(model, call).graph()
+                with unchanged(model):
+                    return ExportFrontend(model, call).graph()
             except Failure as f:
                 failures.append(f)
         raise TraceError(message(model, call.describe(), failures)) from failures[0].cause
