@@ -24,16 +24,16 @@ __version__ = "0.1.0"
 
 def save_checkpoint(path, module, optimizer=None, *, step: int, keep: int = 2):
     """Save ``module`` and ``optimizer`` sharded, as step ``step`` under folder ``path`` (see
-    ``autopar.codegen.checkpoint.save``); every rank calls it."""
-    from autopar.codegen.checkpoint import save
+    ``autopar.runtime.checkpoint.save``); every rank calls it."""
+    from autopar.runtime.checkpoint import save
 
     return save(path, module, optimizer, step=step, keep=keep)
 
 
 def load_checkpoint(path, module, optimizer=None) -> int:
     """Load the newest checkpoint under ``path`` into a compiled module (any plan, any device
-    count) or the plain model; returns its step (see ``autopar.codegen.checkpoint.load``)."""
-    from autopar.codegen.checkpoint import load
+    count) or the plain model; returns its step (see ``autopar.runtime.checkpoint.load``)."""
+    from autopar.runtime.checkpoint import load
 
     return load(path, module, optimizer)
 

@@ -197,7 +197,7 @@ def _device_count(devices) -> int:
         if devices > 1:
             raise LaunchRequiredError(
                 f"autopar.compile(..., devices={devices}) runs one process per device; start it with: "
-                f"{torchrun_command(devices)}  (or call autopar.codegen.launch.launch(fn, {devices}) from Python)")
+                f"{torchrun_command(devices)}  (or call autopar.runtime.launch.launch(fn, {devices}) from Python)")
         return devices
     world = dist.get_world_size()
     if world != devices:

@@ -2,7 +2,7 @@
 
 The plan (``autopar.planning.many``) fuses siblings where the cost model predicts it faster,
 gives every job a device count and schedules the jobs' units on the devices. Training follows
-that schedule on local gloo processes (``autopar.many_run``): a job on one device trains there;
+that schedule on local gloo processes (``autopar.runtime.many_run``): a job on one device trains there;
 a job on several trains data-parallel on their process subgroup (torch's
 DistributedDataParallel, the batch split evenly); a job whose next unit runs elsewhere has its
 module and optimizer state sent there first. Every model trains exactly the steps it would
@@ -19,8 +19,8 @@ import torch.nn as nn
 
 from autopar.core.cluster import Cluster
 from autopar.core.resolve import resolve_cluster
-from autopar.many_run import OPTIMIZERS, make_optimizer
 from autopar.planning.many import ManyPlan, plan_many
+from autopar.runtime.many_run import OPTIMIZERS, make_optimizer
 
 
 
@@ -44,14 +44,14 @@ class ManyModels:
         return the losses); otherwise local gloo processes are started for it."""
         import torch.distributed as dist
 
-        from autopar.many_run import run_rank
+        from autopar.runtime.many_run import run_rank
 
         if dist.is_available() and dist.is_initialized():
             if dist.get_world_size() != self.plan.devices:
                 raise ValueError(f"the plan is for {self.plan.devices} processes, the process group has "
                                  f"{dist.get_world_size()}")
             return run_rank(self)
-        from autopar.codegen.launch import launch
+        from autopar.runtime.launch import launch
 
         return launch(_worker, self.plan.devices, self, timeout=timeout)[0]
 
@@ -73,7 +73,7 @@ class ManyModels:
 
 
 def _worker(rank: int, world: int, many: ManyModels):
-    from autopar.many_run import run_rank
+    from autopar.runtime.many_run import run_rank
 
     return run_rank(many)
 
@@ -92,7 +92,7 @@ def compile_many(models, devices, example_inputs, *, steps: int = 20, optimizer:
     (``autopar.core.resolve``; default: this machine, the ``cpu`` preset with ``devices`` processes,
     priced by the profiled cost model).
     """
-    from autopar.codegen.launch import exit_if_bootstrapping
+    from autopar.runtime.launch import exit_if_bootstrapping
 
     exit_if_bootstrapping()  # a rank re-running an unguarded script: no second plan, no second report
     models = list(models)

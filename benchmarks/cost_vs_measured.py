@@ -331,7 +331,7 @@ def main(argv=None) -> int:
     repeats = max(5, args.repeats)
 
     import torch
-    from autopar.codegen.launch import launch
+    from autopar.runtime.launch import launch
     from autopar.cost_models.profiled import GAP_S, NEAR_GAP_S, ProfiledModel
 
     import autopar

@@ -13,7 +13,7 @@ import torch
 
 import autopar
 from autopar.fusion import FusedAdamW, fuse
-from autopar.training import ADAM_EPS
+from autopar.cli.training import ADAM_EPS
 
 
 def worst(name: str, k: int, device: str) -> tuple[float, float]:

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes-kib", type=int, nargs="*", default=[4, 128, 1024])
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from autopar.codegen.launch import launch
+    from autopar.runtime.launch import launch
 
     print("| procs | collective | KiB per rank | tight median us | tight mean us | in step us |")
     print("|---|---|---|---|---|---|")

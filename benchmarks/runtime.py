@@ -270,7 +270,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from autopar.codegen.launch import launch
+    from autopar.runtime.launch import launch
 
     runs = {}
     for n in args.nproc:

@@ -145,7 +145,7 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
                          f"({microbatches} < {len(plan.stages)})")
     if not dist.is_initialized():
         raise RuntimeError("pipeline_module needs an initialized process group (torchrun, or "
-                           "autopar.codegen.launch.launch)")
+                           "autopar.runtime.launch.launch)")
     graph = graph if graph is not None else plan.graph
     if graph is None or getattr(graph, "fx_graph", None) is None:
         raise ValueError("pipeline_module needs the model's traced graph: pass "

@@ -57,8 +57,9 @@ class Item:
 
     @property
     def op(self) -> str:
-        """The op name ``codegen.comms.counts`` reports (c10d's in-place ops, which the gradient
-        buckets and the fast moves call, are counted under these functional names)."""
+        """The op name the tests' collective counter (``tests/helpers/collective_counts.py``)
+        reports (c10d's in-place ops, which the gradient buckets and the fast moves call, are
+        counted under these functional names)."""
         return TORCH_NAMES[self.collective.kind]
 
     def __str__(self) -> str:

@@ -17,8 +17,8 @@ import sys
 import torch.distributed as dist
 
 import autopar
-from autopar.sweep import comparison
-from autopar.training import ADAM_EPS
+from autopar.cli.sweep import comparison
+from autopar.cli.training import ADAM_EPS
 
 LEARNING_RATES = (1e-3, 2e-3, 4e-3, 8e-3)
 WIDTHS = (32, 64)

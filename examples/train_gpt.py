@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import autopar
-from autopar.training import ADAM_EPS, LossComparison, single_process_losses
+from autopar.cli.training import ADAM_EPS, LossComparison, single_process_losses
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import autopar  # noqa: E402
-from autopar.training import ADAM_EPS, LossComparison, single_process_losses  # noqa: E402
+from autopar.cli.training import ADAM_EPS, LossComparison, single_process_losses  # noqa: E402
 
 
 def model_and_batch(batch: int = 8, seq: int = 32):

@@ -1,12 +1,16 @@
 """The packages' layers, checked on the source: imports go one way.
 
-    core  <-  frontend, fusion, cost_models, search, codegen, pase  <-  report  <-  planning  <-  api/cli
+    core  <-  frontend, fusion, cost_models, search, codegen, pase  <-  report  <-  planning
+          <-  runtime  <-  api  <-  cli
 
 ``core`` (ir, tables, layout, cluster, errors, space, ...) imports nothing of autopar above it; the
 middle layer's packages import only core (they never know of each other: a cost model does not
 know which search reads its tables); ``report`` reads plans and PaSE's view; ``planning`` is the
-one place that hands a cost model's tables to a search; the top-level modules (``autopar``,
-``compiler``, ``cli``, ``training``, ``model_spec``, ...: ``API``) may use anything. ``zoo`` is a leaf:
+one place that hands a cost model's tables to a search; ``runtime`` (the local multi-process
+runtime: launch, checkpoints, a many-model schedule's ranks) runs what codegen builds and planning
+schedules; the public API (``autopar`` itself and its top-level modules ``compiler``, ``many``,
+``parallel_module``: ``API``) may use all of these but the command line; ``cli`` (the ``autopar``
+command, ``python -m autopar``) may use anything, and nothing imports it. ``zoo`` is a leaf:
 benchmark models that import nothing of autopar. Every import counts, also one inside a function;
 only ``if TYPE_CHECKING:`` blocks (annotations) are exempt. Modules must not import each other in a
 cycle either (a cycle is two layers pretending to be one).
@@ -27,10 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # where each importable package's files live (setup.cfg's package_dir)
 SOURCES = {"autopar": ROOT / "autopar", "autopar.cost_models": ROOT / "cost_models",
            "autopar.search": ROOT / "search", "autopar.codegen": ROOT / "codegen"}
-LAYERS = ("core", "zoo", "frontend", "fusion", "cost_models", "search", "codegen", "pase", "report", "planning")
-# the top-level modules of the API and command line (``autopar`` itself, ``autopar.cli``, ...)
-API = ("__main__", "cli", "compiler", "many", "many_run", "model_spec", "parallel_module", "run_setup", "sweep",
-       "training")
+LAYERS = ("core", "zoo", "frontend", "fusion", "cost_models", "search", "codegen", "pase", "report", "planning",
+          "runtime", "cli")
+# the public API's top-level modules (beside ``autopar`` itself); every other top-level file is unknown
+API = ("compiler", "many", "parallel_module")
+CLI = ("__main__",)  # ``python -m autopar``: the command line's entry, which must sit at the top
 BARE = ("codegen", "search", "cost_models")  # packages installed under autopar, never importable alone
 ALLOWED = {
     "core": set(),
@@ -43,7 +48,9 @@ ALLOWED = {
     "pase": {"core"},
     "report": {"core", "pase"},
     "planning": {"core", "frontend", "fusion", "cost_models", "search", "pase", "report"},
-    "api": set(LAYERS),
+    "runtime": {"core", "codegen", "fusion", "planning"},
+    "api": set(LAYERS) - {"cli"},
+    "cli": set(LAYERS) | {"api"},
 }
 
 
@@ -62,10 +69,13 @@ def modules(root: Path = ROOT) -> dict[str, Path]:
 
 
 def layer(module: str) -> str:
-    """The module's layer: ``LAYERS`` by its package, "api" for ``API``, "unknown" otherwise."""
+    """The module's layer: ``LAYERS`` by its package, "api" for ``API``, "cli" for ``CLI``,
+    "unknown" otherwise."""
     parts = module.split(".")
     if len(parts) >= 2 and parts[1] in LAYERS:
         return parts[1]
+    if len(parts) == 2 and parts[1] in CLI:
+        return "cli"
     if len(parts) == 1 or parts[1] in API:
         return "api"
     return "unknown"
@@ -151,7 +161,7 @@ def violations(root: Path = ROOT) -> list[str]:
             if dst == "unknown":  # said once, where the module itself is listed
                 continue
             if dst == src or target == "autopar":
-                if target == "autopar" and src != "api":
+                if target == "autopar" and src not in ("api", "cli"):
                     bad.append(f"{path.relative_to(root)}:{line} imports the autopar package itself")
                 continue
             if dst not in ALLOWED.get(src, ()):
@@ -263,3 +273,25 @@ def test_the_check_fails_on_an_unknown_package_a_private_import_and_a_bare_one(t
     (tmp_path / "tests" / "test_x.py").write_text("from codegen.moves import move\nimport search.dp\n")
     assert bare_imports(tmp_path) == ["tests/test_x.py:1 imports codegen.moves: use autopar.codegen.moves",
                                       "tests/test_x.py:2 imports search.dp: use autopar.search.dp"]
+
+
+def test_nothing_below_imports_the_runtime_or_the_command_line(tmp_path):
+    """codegen -> runtime, runtime -> cli and the API -> cli are upward imports; a new top-level
+    module (the top level holds the public API only) has no layer (planted in a copy)."""
+    import shutil
+
+    for folder in ("autopar", "cost_models", "search", "codegen"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    plants = {"codegen/moves.py": "from autopar.runtime import launch",
+              "autopar/runtime/launch.py": "from autopar.cli import model_spec",
+              "autopar/many.py": "from autopar.cli.training import ADAM_EPS"}
+    for rel, line in plants.items():
+        target = tmp_path / rel
+        target.write_text(target.read_text() + f"\n\ndef _planted():\n    {line}\n")
+    (tmp_path / "autopar" / "helpers.py").write_text("")
+    found = violations(tmp_path)
+    assert any("codegen/moves.py" in v and "autopar.runtime.launch (runtime)" in v for v in found), found
+    assert any("runtime/launch.py" in v and "autopar.cli.model_spec (cli)" in v for v in found), found
+    assert any("autopar/many.py" in v and "(api) imports autopar.cli.training (cli)" in v for v in found), found
+    assert any("autopar.helpers is in no layer" in v for v in found), found
+    assert violations() == []  # and none of these in the real sources

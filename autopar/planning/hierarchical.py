@@ -38,6 +38,7 @@ from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.degrees import Pin, divisors, level_degrees
 from autopar.planning.plan import Plan, SearchInfo, Stage
+from autopar.planning.settings import TrainingSettings
 from autopar.planning.step_price import (Candidate, Priced, Totals, data_groups, lower_bound, price,
                                          reference_bound, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
@@ -323,18 +324,18 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                 baselines=baselines, batch=search.batch, strategy=strategy, graph=search.graph, tables=None)
 
 
-def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict, *, mode: str = "train",
-                      optimizer: str | None = "adam", precision: str | None = None, zero="auto",
-                      recompute="auto", pin: Pin | None = None, memory_capacity: float | None = None,
+def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
+                      training: TrainingSettings = TrainingSettings(), *, pin: Pin | None = None, memory_capacity: float | None = None,
                       time_limit: float = 60.0, solve=None, with_baselines: bool = True,
                       reference: dict | None = None) -> Plan:
+    """The best plan of the hierarchical space; baselines: data parallelism with the ZeRO stage,
+    recomputation and microbatching that fit it best, and the pinned (published) plan if given."""
     from autopar.planning.degrees import parse_pin
     from autopar.search.dp import dp
 
     pin = parse_pin(pin)
     solve = solve or (lambda t: dp(t))
-    """The best plan of the hierarchical space; baselines: data parallelism with the ZeRO stage,
-    recomputation and microbatching that fit it best, and the pinned (published) plan if given."""
+    mode, optimizer, (precision, zero, recompute) = training.mode, training.optimizer, training.choices
     if mode != "train":
         raise ValueError("the hierarchical search plans training (mode='train'); plan inference on "
                          f"at most {FLAT_LIMIT} devices")

@@ -23,6 +23,7 @@ from autopar.planning import baselines as base_plans
 from autopar.planning import breakdown, registry
 from autopar.planning.notices import mesh_axis_notices
 from autopar.planning.plan import Plan, SearchInfo, Stage
+from autopar.planning.settings import SearchSettings, SpaceSettings, TrainingSettings
 
 # What a pipelined plan is (planning/stages.py): not an optimum over stages x splits.
 PIPELINE_HEURISTIC = ("stage cuts exact for the given per-stage plans; each stage's splits are the "
@@ -106,20 +107,28 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     follow their producer's layout (``planning/follow.py``): True, False, or "auto" (only when the
     exact DP over the full space would be too slow); the plan's search line says which space.
     """
-    if pipeline not in (True, False, "auto"):
-        raise ValueError(f"pipeline must be True, False or 'auto', not {pipeline!r}")
-    if follow not in (True, False, "auto"):
-        raise ValueError(f"follow must be True, False or 'auto', not {follow!r}")
-    registry.search(search)
+    return plan_with(model, example_inputs, cluster, example_kwargs=example_kwargs, devices=devices,
+                     cost_model=cost_model, memory_capacity=memory_capacity, graph=graph,
+                     model_name=model_name,
+                     searching=SearchSettings(search, time_limit, pipeline, hierarchical, follow, baselines,
+                                              explain),
+                     training=TrainingSettings(mode, optimizer, precision, zero, recompute),
+                     scope=SpaceSettings(space, pin, pase_profile, pase_rate))
+
+
+def plan_with(model, example_inputs, cluster, *, example_kwargs, devices, cost_model, memory_capacity,
+              graph, model_name, searching: SearchSettings, training: TrainingSettings,
+              scope: SpaceSettings) -> Plan:
+    """``plan`` with its options grouped (``planning/settings.py``), each group checked as made."""
+    registry.search(searching.search)
     entry = registry.cost_model(cost_model)
     if memory_capacity is not None and not (memory_capacity > 0):  # also refuses NaN
         raise ValueError(f"memory_capacity is bytes per device and must be > 0, not {memory_capacity!r}")
-    if not (time_limit > 0):
-        raise ValueError(f"time_limit is the solver's limit in seconds and must be > 0, not {time_limit!r}")
-    space_kind, cutoff = parse_space(space)
+    space_kind, cutoff = parse_space(scope.space)
     if entry.space != space_kind:
         also = " or 'pase:N'" if entry.space == "pase" else ""
-        raise ValueError(f"cost_model={entry.name!r} goes with space={entry.space!r}{also}, not {space!r}")
+        raise ValueError(
+            f"cost_model={entry.name!r} goes with space={entry.space!r}{also}, not {scope.space!r}")
     cluster = resolve_cluster(cluster, devices)
     if graph is None:
         from autopar.frontend.trace import trace
@@ -127,45 +136,45 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
         graph = trace(model, example_inputs, example_kwargs)
     name = model_name or graph.model_name or type(model).__name__
     common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
-                  mesh=cluster.mesh(), cost_model=entry.name, space=space, mode=mode)
+                  mesh=cluster.mesh(), cost_model=entry.name, space=scope.space, mode=training.mode)
     if memory_capacity is not None:  # the plan (and its report and file) says the capacity it was made for
         common["cluster"]["memory_capacity"] = float(memory_capacity)
     from autopar.planning import hierarchical as hier
 
-    if hier.wanted(hierarchical, cluster, pin, entry.name):
+    if hier.wanted(searching.hierarchical, cluster, scope.pin, entry.name):
+        search = "dp" if searching.search == "auto" else searching.search
         return hier.plan_hierarchical(
-            graph, cluster, common, mode=mode, optimizer=optimizer, precision=precision, zero=zero,
-            recompute=recompute, pin=pin, memory_capacity=memory_capacity, time_limit=time_limit,
-            solve=lambda t: run_search(t, "dp" if search == "auto" else search, time_limit),
-            with_baselines=baselines)
+            graph, cluster, common, training, pin=scope.pin, memory_capacity=memory_capacity,
+            time_limit=searching.time_limit, solve=lambda t: run_search(t, search, searching.time_limit),
+            with_baselines=searching.baselines)
     if entry.space == "pase":
-        return _plan_pase(graph, model, cluster, cutoff, search, time_limit, pase_profile, pase_rate, common,
-                          baselines)
-    return _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-                      baselines, pipeline, explain, (precision, zero, recompute), follow)
+        return _plan_pase(graph, model, cluster, cutoff, searching, scope, common)
+    return _plan_mesh(entry, graph, cluster, memory_capacity, common, searching, training)
 
 
 # -- mesh cost models (analytic, profiled) --------------------------------------------------------
 
-def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, time_limit, common,
-               with_baselines, pipeline, explain, training=(None, "auto", "auto"), follow="auto") -> Plan:
+def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: SearchSettings,
+               training: TrainingSettings) -> Plan:
     from autopar.planning.options import FlatOptions, option_sets, strategy_of
 
+    mode, optimizer, pipeline = training.mode, training.optimizer, searching.pipeline
     model = entry.make(graph, cluster, mode, optimizer)
     # training options (planning/options.py): the plain set's tables; ZeRO / recompute when memory binds
-    flat = FlatOptions(graph, cluster, model, mode, optimizer, memory_capacity, option_sets(*training))
+    flat = FlatOptions(graph, cluster, model, mode, optimizer, memory_capacity,
+                       option_sets(*training.choices))
     priced, tables = flat.tables_for(flat.sets[0])
     unsupported = {n.name: n.unsupported for n in graph.nodes if n.unsupported}
-    base = _mesh_baselines(priced, tables, cluster, common, unsupported, flat) if with_baselines else {}
+    base = _mesh_baselines(priced, tables, cluster, common, unsupported, flat) if searching.baselines else {}
     from autopar.planning.whole import kept_whole
 
     whole = frozenset(kept_whole(graph))
-    ctx = dict(graph=graph, cluster=cluster, mode=mode, optimizer=optimizer, model=model, search=search,
-               time_limit=time_limit, common=common, unsupported=unsupported, base=base, units=tables.units,
-               whole=whole, follow=follow)
+    ctx = dict(graph=graph, cluster=cluster, training=training, model=model, searching=searching,
+               common=common, unsupported=unsupported, base=base, units=tables.units, whole=whole)
     start = time.perf_counter()
     try:
-        opts, priced, tables, sol = flat.solve(lambda t: run_search(t, search, time_limit, whole, graph, follow))
+        opts, priced, tables, sol = flat.solve(
+            lambda t: run_search(t, searching.search, searching.time_limit, whole, graph, searching.follow))
     except InfeasibleError as e:
         least = float(sum(np.min(m) for m in tables.memory))
         if pipeline is not False and cluster.devices > 1:
@@ -181,15 +190,15 @@ def _plan_mesh(entry, graph, cluster, mode, optimizer, memory_capacity, search, 
     sol = prefer_data_parallel(tables, sol, base_plans.data_parallel_choice(graph, tables))
     info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
     info.detail = getattr(sol, "detail", "") or info.detail
-    if follow == "auto":  # the stages are searched in the space the single-stage plan was
+    if searching.follow == "auto":  # the stages are searched in the space the single-stage plan was
         from autopar.planning.follow import DETAIL
 
-        ctx["follow"] = DETAIL in info.detail
+        ctx["searching"] = dataclasses.replace(searching, follow=DETAIL in info.detail)
     plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
     plan.strategy = strategy_of(graph, opts, plan.assignment)
     plan.rows = breakdown.mesh_rows(priced, tables, plan.assignment, model, cluster, mode)
     plan.notices = mesh_axis_notices(priced, tables, plan.assignment, cluster.mesh())
-    if explain and entry.name == "analytic":
+    if searching.explain and entry.name == "analytic":
         from autopar.cost_models.explain import explain_plan
 
         plan.explanation = explain_plan(priced, plan.assignment, cluster, model=model, mode=mode)
@@ -209,9 +218,10 @@ def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math
     from autopar.planning.stages import batch_size_of, best_pipeline, stage_assignment
 
     graph, cluster, model = ctx["graph"], ctx["cluster"], ctx["model"]
-    found = best_pipeline(graph, cluster, ctx["mode"], ctx["optimizer"], capacity,
-                          lambda t: run_search(t, ctx["search"], ctx["time_limit"], ctx["whole"], graph,
-                                               ctx["follow"]), model,
+    training, settings = ctx["training"], ctx["searching"]
+    found = best_pipeline(graph, cluster, training.mode, training.optimizer, capacity,
+                          lambda t: run_search(t, settings.search, settings.time_limit, ctx["whole"], graph,
+                                               settings.follow), model,
                           bound=bound)
     if found is None:
         return None
@@ -224,10 +234,10 @@ def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math
     return Plan(**ctx["common"], assignment=stage_assignment(option, graph), cost=sol.cost, units=ctx["units"],
                 memory_per_device=max(sol.memory),
                 search=SearchInfo("dp + pipeline", time.perf_counter() - start, status="heuristic",
-                                  detail=_pipeline_detail(ctx["follow"])),
+                                  detail=_pipeline_detail(settings.follow)),
                 stages=stages, microbatches=sol.microbatches, schedule=sol.schedule,
                 unsupported=ctx["unsupported"], baselines=ctx["base"],
-                stage_rows=breakdown.stage_rows(option, sol, model, sub, ctx["mode"]),
+                stage_rows=breakdown.stage_rows(option, sol, model, sub, training.mode),
                 stage_mesh=tuple(sub.mesh().shape), batch=batch_size_of(graph), graph=graph, tables=None)
 
 
@@ -275,19 +285,20 @@ def _mesh_baselines(graph, tables, cluster, common, unsupported, flat=None) -> d
 
 # -- PaSE's model and space -----------------------------------------------------------------------
 
-def _plan_pase(graph, model, cluster, cutoff, search, time_limit, profile, rate, common, with_baselines) -> Plan:
+def _plan_pase(graph, model, cluster, cutoff, searching: SearchSettings, scope: SpaceSettings, common) -> Plan:
     from autopar.pase import model as pase
     from autopar.pase.view import PROFILES
 
+    profile, rate = scope.pase_profile, scope.pase_rate
     if profile is None:
         guess = type(model).__name__.lower().replace("_", "")
         profile = next((k for k in PROFILES if k != "default" and guess.startswith(k[:5])), "default")
     pgraph, tables = pase.tables_for(graph, cluster.devices, profile, kappa=cutoff, r=pase.rate(*rate))
     start = time.perf_counter()
-    sol = run_search(tables, search, time_limit)
+    sol = run_search(tables, searching.search, searching.time_limit)
     info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
     base = {}
-    if with_baselines:
+    if searching.baselines:
         dp_choice = pase.choice_of(tables, pase.data_parallel(pgraph, cluster.devices, cutoff))
         base["data_parallel"] = _make_plan(pgraph, tables, base_plans.evaluate(tables, dp_choice),
                                            base_plans.FIXED, common, {}, {})

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from autopar import run_setup, zoo
+from autopar import zoo
+from autopar.cli import run_setup
 from autopar.cli import main
 from tests.helpers.cli_utils import cli, one_line_error
 
@@ -96,7 +97,7 @@ def test_the_reference_run_shows_one_line_and_progress(monkeypatch):
 
 RUN_WITHOUT_REFERENCE = '''
 import sys
-import autopar.run_setup as rs
+import autopar.cli.run_setup as rs
 from autopar.cli import main
 rs.reference_losses = lambda model, inputs, kwargs, steps, lr, spec: [0.0] * steps  # straight to the ranks
 sys.exit(main(["run", "zoo:mlp:batch=16,hidden=32", "--steps", "1000000"]))

@@ -9,7 +9,7 @@ import re
 import pytest
 
 import autopar
-from autopar.training import single_process_losses
+from autopar.cli.training import single_process_losses
 from tests.helpers.cli_utils import cli
 
 

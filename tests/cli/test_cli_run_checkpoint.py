@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from autopar import run_setup
+from autopar.cli import run_setup
 from autopar.planning.plan import Plan
 from tests.helpers.cli_utils import cli, one_line_error
 
@@ -30,7 +30,7 @@ def _launch(*args, **kwargs):
 
 def test_run_refuses_a_plan_over_the_available_memory(monkeypatch):
     monkeypatch.setattr(run_setup, "available_memory", lambda: 1000)  # bytes
-    monkeypatch.setattr("autopar.codegen.launch.launch", _launch)
+    monkeypatch.setattr("autopar.runtime.launch.launch", _launch)
     seen = {}
     real = run_setup.check_memory
 
@@ -52,7 +52,7 @@ def test_run_refuses_a_plan_over_the_available_memory(monkeypatch):
 
 def test_the_memory_check_passes_when_it_fits(monkeypatch):
     monkeypatch.setattr(run_setup, "available_memory", lambda: 2**40)
-    monkeypatch.setattr("autopar.codegen.launch.launch", _launch)
+    monkeypatch.setattr("autopar.runtime.launch.launch", _launch)
     with pytest.raises(Launched):
         cli("run", MLP, "--nproc", "2")
 
@@ -66,7 +66,7 @@ def test_a_saved_plan_is_checked_as_well(monkeypatch, tmp_path):
     path = tmp_path / "plan.json"
     assert cli("plan", MLP, "--devices", "2", "--cluster", "cpu", "--json", str(path)).returncode == 0
     monkeypatch.setattr(run_setup, "available_memory", lambda: int(Plan.load(path).memory_per_device))
-    monkeypatch.setattr("autopar.codegen.launch.launch", _launch)
+    monkeypatch.setattr("autopar.runtime.launch.launch", _launch)
     r = cli("run", MLP, "--nproc", "2", "--plan", str(path))  # fits one process, not two
     assert one_line_error(r) and "x 2 processes" in r.stderr, r.stderr
 
@@ -78,7 +78,7 @@ def test_a_saved_plan_is_checked_as_well(monkeypatch, tmp_path):
     (["--checkpoint", "{tmp}", "--resume"], "no checkpoint in"),
 ])
 def test_checkpoint_options_are_checked_before_starting(args, needle, tmp_path, monkeypatch):
-    monkeypatch.setattr("autopar.codegen.launch.launch", _launch)
+    monkeypatch.setattr("autopar.runtime.launch.launch", _launch)
     r = cli("run", MLP, *[a.format(tmp=tmp_path) for a in args])
     assert one_line_error(r) and needle in r.stderr, r.stderr
 
@@ -95,7 +95,7 @@ def _megatron_plan(path) -> str:
     own plan for so small a model on the cpu preset replicates it, and the checkpoint must carry
     sharded parameters."""
     import autopar
-    from autopar.model_spec import load
+    from autopar.cli.model_spec import load
 
     model, inputs, _ = load(GPT)
     plan = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=2), pipeline=False)

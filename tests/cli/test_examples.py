@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import autopar
-from autopar.training import single_process_losses
+from autopar.cli.training import single_process_losses
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")

@@ -58,7 +58,7 @@ def _check(r) -> None:
 
 def _call(*args):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("autopar.codegen.launch.launch", _launch)
+        mp.setattr("autopar.runtime.launch.launch", _launch)
         try:
             return cli(*args)
         except Launched:  # accepted: `run` got as far as starting its processes

@@ -98,7 +98,7 @@ def test_tensor_real_traces_as_a_replicated_node(models):
     ("ints", "does not train on one process either: RuntimeError: mat1 and mat2 must have the same dtype"),
 ])
 def test_run_refuses_a_model_that_cannot_train_before_starting_processes(models, monkeypatch, factory, needle):
-    monkeypatch.setattr("autopar.codegen.launch.launch", _no_launch)
+    monkeypatch.setattr("autopar.runtime.launch.launch", _no_launch)
     r = cli("run", f"{models}:{factory}")
     assert one_line_error(r) and needle in r.stderr, r.stderr
 
@@ -166,7 +166,7 @@ def test_a_picture_onto_a_folder_and_show_of_a_folder(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("lr", ["nan", "inf", "0", "-1", "fast"])
 def test_run_lr_is_checked_by_argparse(lr, monkeypatch):
-    monkeypatch.setattr("autopar.codegen.launch.launch", _no_launch)
+    monkeypatch.setattr("autopar.runtime.launch.launch", _no_launch)
     r = cli("run", "zoo:mlp", "--lr", lr)
     assert one_line_error(r) and "argument --lr" in r.stderr, r.stderr
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autopar.cli import main
-from autopar.sweep import build_grid, comparison
+from autopar.cli.sweep import build_grid, comparison
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,9 +2,9 @@
 
 For each plan, ``cost_models.collectives.predicted_collectives`` lists what the analytic cost model
 prices (edge reshards forward and backward, weight-gradient syncs, partial graph outputs), and
-``codegen.comms.measure`` counts what ``codegen.module.shard_module`` really runs under torch's
-``CommDebugMode``, forward and backward apart. The counts by kind must be equal, up to the
-differences listed in ``KNOWN``, each explained where it is defined.
+``measure`` (``tests/helpers/collective_counts.py``) counts what ``codegen.module.shard_module``
+really runs under torch's ``CommDebugMode``, forward and backward apart. The counts by kind must
+be equal, up to the differences listed in ``KNOWN``, each explained where it is defined.
 
 Measured on real gloo processes: CommDebugMode's module tracker uses global module hooks, which
 the ranks of the threaded process group trip over ("The Module hierarchy tracking is wrong").
@@ -82,7 +82,7 @@ def measure_rank(rank, world, cases):
     """Every plan's counts on this rank: 4-device plans on the (2, 2) mesh, 2-device plans on
     each pair of ranks ({0, 1} and {2, 3}: a 1-d sub-mesh each), so one launch serves both."""
     import torch
-    from autopar.codegen.comms import measure
+    from tests.helpers.collective_counts import measure
     from autopar.codegen.module import shard_module
     from torch.distributed.device_mesh import DeviceMesh
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 import autopar
-from autopar.codegen.comms import measure
+from tests.helpers.collective_counts import measure
 from autopar.codegen.module import shard_module
 from tests.helpers.dist_utils import run_gloo
 from tests.helpers.mlp import linear_cfg, mlp_graph

@@ -150,7 +150,7 @@ def test_zero3_module_checkpoint_loads_and_resumes(run):
 
 
 def _run_steps(rank, world, doc, made, stage):
-    from autopar.training import train_steps
+    from autopar.cli.training import train_steps
 
     model, inputs = copy.deepcopy(made[0]), made[1]
     module = autopar.compile(model, inputs, plan=Plan.from_json(doc), zero=stage)
@@ -159,10 +159,10 @@ def _run_steps(rank, world, doc, made, stage):
 
 @pytest.mark.dist
 def test_autopar_runs_training_loop_steps_zero_modules():
-    """``autopar run``'s loop (``autopar.training.train_steps``) steps a ZeRO-2/3 module with the
+    """``autopar run``'s loop (``autopar.cli.training.train_steps``) steps a ZeRO-2/3 module with the
     module's own sliced optimizer: its losses are one device's (a plain AdamW over the parameters
     would step nothing under ZeRO-2 and find freed parameters under ZeRO-3). 2 ranks as threads."""
-    from autopar.training import single_process_losses
+    from autopar.cli.training import single_process_losses
     from tests.helpers.dist_utils import run_threaded
 
     made = gpt()

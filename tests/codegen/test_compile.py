@@ -1,7 +1,7 @@
 """``autopar.compile``: plan on rank 0, the same plan on every rank, a module that trains like one device.
 
 Threads on torch's threaded process group stand in for torchrun's processes (one test runs real
-gloo processes through ``autopar.codegen.launch.launch``). Every numerics check is against a single-device run of
+gloo processes through ``autopar.runtime.launch.launch``). Every numerics check is against a single-device run of
 the unsplit model (``reference_run``), never against numbers taken from autopar.
 """
 
@@ -181,7 +181,7 @@ def test_a_cost_model_object_plans_under_its_own_name(tmp_path):
 
 
 def _pipelined_losses(rank, world, plan_path):
-    from autopar.training import train_steps
+    from autopar.cli.training import train_steps
 
     model, inputs = _gpt()
     module = autopar.compile(model, inputs, plan=plan_path)
@@ -191,7 +191,7 @@ def _pipelined_losses(rank, world, plan_path):
 
 def test_compile_runs_a_pipelined_plan_through_torch_pipelining(tmp_path):
     from autopar.core.fingerprint import fingerprint
-    from autopar.training import single_process_losses
+    from autopar.cli.training import single_process_losses
     from tests.helpers.plans import two_stage_plan
 
     model, inputs = _gpt()

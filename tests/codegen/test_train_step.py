@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from autopar.codegen.comms import counts
+from tests.helpers.collective_counts import counts
 from torch import nn
 from torch.distributed.tensor.debug import CommDebugMode
 

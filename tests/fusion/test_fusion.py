@@ -3,7 +3,7 @@ stepped by ``FusedAdamW`` with a learning rate per model, against each model tra
 torch.optim.AdamW, in float64. Every model's loss at every step and every parameter and buffer
 after three steps must agree to rtol 1e-5.
 
-Why Adam's eps is 1e-6 here (as in ``autopar.training``): a gradient that is zero in exact
+Why Adam's eps is 1e-6 here (as in ``autopar.cli.training``): a gradient that is zero in exact
 arithmetic (the key bias of attention: softmax ignores a constant added to every key) is
 rounding noise of 1e-10 in either run, and with eps = 1e-8 Adam turns that noise into a step of
 up to lr in a random direction; at 1e-6 the noise moves nothing. ``atol`` 1e-6 is for entries
@@ -20,7 +20,7 @@ import torch
 import autopar
 from autopar.core.errors import TraceError
 from autopar.fusion import FusedAdamW, fuse
-from autopar.training import ADAM_EPS
+from autopar.cli.training import ADAM_EPS
 
 STEPS = 3
 

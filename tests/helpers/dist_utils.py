@@ -1,7 +1,7 @@
 """Run a function on N ranks for tests: threads on torch's threaded process group, or gloo processes.
 
 Threads are the fast path (no interpreter start-up per rank, which matters on a 2-core CI box);
-``codegen.launch`` is the real thing and a few tests use it so that gloo itself is exercised.
+``autopar.runtime.launch`` is the real thing and a few tests use it so that gloo itself is exercised.
 
 Seeded RNG is process-global, so a test builds its model and inputs once, before the threads
 start, and hands each rank its own deep copy.
@@ -69,7 +69,7 @@ def run_threaded(fn: Callable, world_size: int, *args: Any) -> list:
 
 def run_gloo(fn: Callable, world_size: int, *args: Any) -> list:
     """Call ``fn(rank, world_size, *args)`` on real gloo processes (``fn`` must pickle)."""
-    from autopar.codegen.launch import LaunchError, launch
+    from autopar.runtime.launch import LaunchError, launch
 
     try:
         return launch(fn, world_size, *args, timeout=TIMEOUT_S * 2)

@@ -109,7 +109,7 @@ def _report_on_each_rank(rank, world, path):
 
 
 def test_every_rank_and_the_saved_plan_print_the_same_report(tmp_path):
-    from autopar.codegen.launch import launch
+    from autopar.runtime.launch import launch
     from autopar.planning.plan import Plan
 
     model, inputs = autopar.zoo.get("gpt", layers=2, width=64, heads=4, seq=32, batch=8, vocab=256)

@@ -13,7 +13,7 @@ from tests.helpers.cli_utils import cli
 from autopar.planning.plan import Plan, SearchInfo
 from autopar.core.tables import Config, Mesh
 from autopar.report.format import fmt_bytes
-from autopar.training import LossComparison
+from autopar.cli.training import LossComparison
 
 
 @pytest.fixture

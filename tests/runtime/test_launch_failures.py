@@ -1,4 +1,4 @@
-"""``codegen.launch`` when a rank fails: one line naming the rank and the cause, within the
+"""``autopar.runtime.launch`` when a rank fails: one line naming the rank and the cause, within the
 timeout, and no rank process left behind.
 
 Before: a stopped rank (SIGSTOP) hung the run forever, also with a timeout (torch's join
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from autopar.codegen.launch import LaunchError, launch
+from autopar.runtime.launch import LaunchError, launch
 
 from tests.helpers.proc_utils import kill_all, wait_gone
 
@@ -126,7 +126,7 @@ def sleeper(rank, world, folder):
 
 
 if __name__ == "__main__":
-    from autopar.codegen.launch import launch
+    from autopar.runtime.launch import launch
 
     launch(sleeper, 2, sys.argv[1])
 '''

@@ -112,7 +112,7 @@ def run_worker(rank: int, world: int, spec: str, steps: int, lr: float, plan_doc
     """
     from autopar import compile as compile_model, load_checkpoint, save_checkpoint
     from autopar.core.errors import AutoparError
-    from autopar.model_spec import load_call
+    from autopar.cli.model_spec import load_call
     from autopar.planning.plan import Plan
 
     try:

@@ -30,7 +30,7 @@ class Checkpointing:
 
 def checkpointing(args) -> Checkpointing:
     """The run's checkpoint options, checked: ValueError (one line) when they do not fit together."""
-    from autopar.codegen import checkpoint
+    from autopar.runtime import checkpoint
 
     folder, every, resume = args.checkpoint, args.checkpoint_every, args.resume
     if every is not None and every < 1:
@@ -54,7 +54,7 @@ def reference_losses(model, inputs, kwargs, steps: int, lr: float, spec: str, pr
     On a terminal (``progress``: None, or True/False to force) a bar says what runs: for a big model
     these steps take minutes before any rank starts."""
     from autopar.core.progress import Progress
-    from autopar.training import single_process_losses
+    from autopar.cli.training import single_process_losses
 
     label = f"reference: {spec} on one process"
     try:

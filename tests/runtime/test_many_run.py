@@ -11,7 +11,7 @@ import torch
 
 import autopar
 from autopar.search.schedule import Schedule, Slot, validate
-from autopar.training import ADAM_EPS
+from autopar.cli.training import ADAM_EPS
 
 RTOL = 1e-5
 

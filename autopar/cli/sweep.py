@@ -40,7 +40,7 @@ def _floats(text: str, what: str) -> list[float]:
 def build_grid(spec: str, lrs: list[float], vary: str | None):
     """(models, per-model inputs, names, hparams): one model per (size, learning rate), each size's
     models built alike (the MODEL's seed), so that only the learning rate differs between them."""
-    from autopar.model_spec import load
+    from autopar.cli.model_spec import load
 
     sizes: list[str] = [""]
     key = None
@@ -66,7 +66,7 @@ def build_grid(spec: str, lrs: list[float], vary: str | None):
 
 def run(args) -> int:
     import autopar
-    from autopar.training import ADAM_EPS
+    from autopar.cli.training import ADAM_EPS
 
     if args.nproc < 1 or args.steps < 1:
         raise ValueError("--nproc and --steps must be at least 1")

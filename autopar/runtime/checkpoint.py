@@ -66,7 +66,7 @@ def _state(module: nn.Module, optimizer) -> dict:
 
     if optimizer is None:
         return {"model": get_model_state_dict(module, options=_options())}
-    from .zero import ShardedOptimizer
+    from autopar.codegen.zero import ShardedOptimizer
 
     if isinstance(optimizer, ShardedOptimizer):
         raise ValueError("checkpoints of a ZeRO optimizer's sliced state are not written yet: save the module "

@@ -5,7 +5,7 @@
 names stripped of their namespace (``{"all_reduce": 2, "all_gather_into_tensor": 1}``).
 The forward's output must be a scalar (a loss) for the backward.
 
-CommDebugMode tracks modules with global hooks: measure on real processes (``codegen.launch``),
+CommDebugMode tracks modules with global hooks: measure on real processes (``autopar.runtime.launch``),
 not on the threaded process group, where the ranks' hooks interleave.
 """
 
@@ -23,7 +23,7 @@ class Collectives:
     backward: dict[str, int]
 
 
-# the c10d ops the fast moves (``moves.py``) and the gradient buckets call, under the names of the
+# the c10d ops the fast moves (``autopar.codegen.moves``) and the gradient buckets call, under the names of the
 # functional collectives DTensor's redistribute calls for the same move
 C10D_NAMES = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather_into_tensor",
               "_reduce_scatter_base_": "reduce_scatter_tensor"}

@@ -1,11 +1,11 @@
-"""``codegen.launch``: a failing child's traceback reaches the caller (no hang, no silence); more
+"""``autopar.runtime.launch``: a failing child's traceback reaches the caller (no hang, no silence); more
 failure cases (stopped, killed, out of memory) in test_launch_failures.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
-from autopar.codegen.launch import LaunchError, launch
+from autopar.runtime.launch import LaunchError, launch
 
 
 def fail_on_rank_one(rank, world):
@@ -78,15 +78,15 @@ def test_a_script_without_the_main_guard_gets_one_line_saying_so(tmp_path):
     script = tmp_path / "unguarded.py"
     # a large argument (1 MiB, as a model is): it once broke the pipe that starts a rank, which
     # a rank ending early closes, before the ranks' exit codes were read
-    script.write_text("from autopar.codegen.launch import launch\nprint(launch(max, 2, bytes(2 ** 20)))\n")
+    script.write_text("from autopar.runtime.launch import launch\nprint(launch(max, 2, bytes(2 ** 20)))\n")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 1
     assert r.stdout == ""
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("autopar.codegen.launch.LaunchError: ") and 'if __name__ == "__main__":' in last
+    assert last.startswith("autopar.runtime.launch.LaunchError: ") and 'if __name__ == "__main__":' in last
     assert "bootstrapping" not in r.stderr and r.stderr.count("Traceback") == 1, r.stderr
-    script.write_text("from autopar.codegen.launch import launch\nif __name__ == '__main__':\n"
+    script.write_text("from autopar.runtime.launch import launch\nif __name__ == '__main__':\n"
                       "    print(launch(max, 2))\n")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -16,7 +16,7 @@ from autopar.core.errors import AutoparError
 
 def _cmd_trace(args) -> int:
     import autopar
-    from autopar import model_spec
+    from autopar.cli import model_spec
 
     model, inputs, kwargs, name = model_spec.load_call(args.model)
     graph = autopar.trace(model, inputs, kwargs)
@@ -37,7 +37,7 @@ def _cluster(args):
 
 def _plan(args, model_arg=None, **overrides):
     import autopar
-    from autopar import model_spec
+    from autopar.cli import model_spec
 
     model, inputs, example_kwargs, name = model_spec.load_call(model_arg or args.model)
     kwargs = dict(cost_model=args.cost_model, space=args.space, search=args.search, mode=args.mode,
@@ -156,10 +156,10 @@ def _cmd_show(args) -> int:
 
 def _cmd_run(args) -> int:
     """Train a few steps of the sharded module on local CPU processes, beside one process."""
-    from autopar import run_setup
-    from autopar.codegen.launch import launch
-    from autopar.model_spec import load_call
-    from autopar.training import LossComparison, run_worker
+    from autopar.cli import run_setup
+    from autopar.cli.model_spec import load_call
+    from autopar.cli.training import LossComparison, run_worker
+    from autopar.runtime.launch import launch
 
     if args.nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
@@ -183,7 +183,7 @@ def _cmd_run(args) -> int:
     print(plan.report())
     print()
     if saving.folder:
-        from autopar.codegen.checkpoint import describe
+        from autopar.runtime.checkpoint import describe
 
         print(f"checkpoints: {describe(saving.folder)}" + (f" (resumed from step {saving.start})"
                                                            if saving.resume else ""))
@@ -314,9 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint under --checkpoint DIR: --steps more steps")
     r.set_defaults(func=_cmd_run)
-    from autopar.sweep import add_parser as add_sweep_parser
+    from autopar.cli.sweep import add_parser as add_sweep_parser
 
-    add_sweep_parser(sub)  # `autopar sweep`: autopar/sweep.py
+    add_sweep_parser(sub)  # `autopar sweep`: autopar/cli/sweep.py
     s = sub.add_parser("show", help="print the report of a saved plan (autopar plan ... --json OUT)")
     s.add_argument("plan", metavar="PLAN.json")
     s.add_argument("--explain", action="store_true", help="also print the arithmetic, if the plan kept it")
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `autopar plan ... | head`: the reader has what it wanted
         _quiet_stdout()
         return 141  # 128 + SIGPIPE, what a shell shows for a tool ended by a closed pipe
-    except KeyboardInterrupt:  # Ctrl-C: the ranks were ended on the way out (codegen/launch.py)
+    except KeyboardInterrupt:  # Ctrl-C: the ranks were ended on the way out (autopar/runtime/launch.py)
         print(f"\nautopar: interrupted (Ctrl-C) during `autopar {args.command}`; nothing is left running",
               file=sys.stderr)
         return 130  # 128 + SIGINT, what a shell shows for a tool ended by Ctrl-C

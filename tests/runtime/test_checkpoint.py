@@ -183,8 +183,8 @@ def one_step_then_params(rank, world, doc):
 @pytest.mark.slow
 @pytest.mark.dist
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
-    from autopar.codegen.checkpoint import steps
-    from autopar.codegen.launch import LaunchError, launch
+    from autopar.runtime.checkpoint import steps
+    from autopar.runtime.launch import LaunchError, launch
 
     doc = make_plans(2)["tp"].to_json()
     with pytest.raises(LaunchError, match="killed by SIGKILL"):
