@@ -108,7 +108,7 @@ def test_check_fails_when_a_plan_reports_less_than_its_configs_cost(outcomes, ba
     assert "price at" in problems[0]
 
 
-# PaSE's tool, reference/pase.md section 8 (r = 5000): the optimum it printed per device count.
+# PaSE's tool, docs/pase.md section 8 (r = 5000): the optimum it printed per device count.
 PASE_OPTIMUM = {"alexnet": {4: 148215719552, 16: 70320712672},
                 "rnnlm": {4: 6866837733376, 16: 2476066881536, 64: 935818633216}}
 
