@@ -84,6 +84,7 @@ def test_plan_writes_its_files_before_printing(tmp_path):
 def test_the_reference_run_shows_one_line_and_progress(monkeypatch):
     """On a terminal: a line that says what runs, redrawn as its steps go, ending in its time."""
     monkeypatch.setattr("autopar.core.progress.is_terminal", lambda stream: True)
+    monkeypatch.setenv("COLUMNS", "200")  # a line is cut to the terminal's width: make it wide enough
     model, inputs = zoo.get("mlp", batch=16, hidden=32)
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
