@@ -320,3 +320,17 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
                                 training=training, keep=keep, check_batch=local == "global")
     module.plan = plan
     return module
+
+
+def build_rank_module(model: nn.Module, plan: Plan, inputs: tuple) -> nn.Module:
+    """This rank's module of a given single-stage ``plan`` under the process group already running
+    (``autopar measure`` runs one rank on a fake group); the plan is checked against the model's
+    graph as ``compile`` checks a given plan."""
+    from autopar.frontend.trace import trace
+
+    graph = _graph_of_plan(plan, model, tuple(inputs), None)
+    if graph is None:
+        graph = trace(model, tuple(inputs), None, progress=False)
+    chosen = _local_plan(model, inputs, graph, None, plan, {})
+    chosen.graph = graph
+    return _build(model, graph, chosen, inputs, "local")

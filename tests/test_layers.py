@@ -29,7 +29,7 @@ SOURCES = {"autopar": ROOT / "autopar", "autopar.cost_models": ROOT / "cost_mode
            "autopar.search": ROOT / "search", "autopar.codegen": ROOT / "codegen"}
 LAYERS = ("core", "zoo", "frontend", "fusion", "cost_models", "search", "codegen", "pase", "report", "planning")
 # the top-level modules of the API and command line (``autopar`` itself, ``autopar.cli``, ...)
-API = ("__main__", "cli", "compiler", "many", "many_run", "model_spec", "parallel_module", "run_setup", "sweep",
+API = ("__main__", "cli", "compiler", "many", "many_run", "measure", "model_spec", "parallel_module", "run_setup", "sweep",
        "training")
 BARE = ("codegen", "search", "cost_models")  # packages installed under autopar, never importable alone
 ALLOWED = {
