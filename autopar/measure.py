@@ -24,8 +24,9 @@ What is compared, and why it is fair:
 The module is built as ``autopar.compile`` builds it: from a model whose weights are all present
 (the whole model is initialised, then each parameter sharded onto this rank), which is fine for a
 model that fits one host's memory; a model that does not cannot be measured this way yet.
-Pipelined plans are refused: codegen builds the stages of a pipeline together, over a process
-group that runs them all, not one stage on its own.
+Pipelined plans are refused: a stage built by codegen (torch's ``PipelineStage``) learns the
+shapes of its inputs by receiving them from the stage before it, and the fake group delivers
+nothing.
 """
 
 from __future__ import annotations
@@ -106,8 +107,9 @@ def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: d
     """Build rank ``rank``'s module of ``plan`` (a single-stage plan made for ``model`` and
     ``inputs``) over a fake group and train ``steps`` (>= 2) AdamW steps; see the module's docstring."""
     if plan.stages:
-        raise ValueError(f"the plan is pipelined ({len(plan.stages)} stages): measure builds single-stage plans "
-                         "only for now (codegen builds a pipeline's stages together); plan with --pipeline off")
+        raise ValueError(f"the plan is pipelined ({len(plan.stages)} stages): measure builds single-stage plans only "
+                         "for now (a pipeline stage learns its neighbours' shapes over the process group, which the "
+                         "fake group cannot carry); plan with --pipeline off --hierarchical off")
     if not 0 <= rank < plan.devices:
         raise ValueError(f"--rank {rank} is not a rank of the plan's {plan.devices} devices (0..{plan.devices - 1})")
     if steps < 2:
@@ -246,6 +248,8 @@ def add_parser(sub) -> None:
                    help="cost model of the search (default analytic)")
     m.add_argument("--pipeline", default="off", choices=["auto", "on", "off"],
                    help="search pipeline stages too (default off: pipelined plans are not measured yet)")
+    m.add_argument("--hierarchical", default="auto", choices=["auto", "on", "off"],
+                   help="plan by tensor/pipeline/data degrees (auto: above 64 devices; its plans may be pipelined)")
     m.add_argument("--zero", default="auto", choices=["auto", "0", "1", "2", "3"], help="ZeRO stage (auto: searched)")
     m.add_argument("--memory", type=float, default=None, metavar="GIB", help="memory per device in GiB")
     m.add_argument("--steps", type=int, default=4, help="training steps, the first a warm-up (default 4)")
@@ -272,6 +276,8 @@ def run(args) -> int:
         cluster = resolve_cluster(args.cluster, args.devices) if args.cluster else one_process_cluster(args.devices)
         options = dict(cost_model=args.cost_model, model_name=name, example_kwargs=kwargs,
                        pipeline={"auto": "auto", "on": True, "off": False}[args.pipeline])
+        if args.hierarchical != "auto":
+            options["hierarchical"] = args.hierarchical == "on"
         if args.zero != "auto":
             options["zero"] = int(args.zero)
         if args.memory is not None:
