@@ -51,3 +51,14 @@ def test_peak_memory_holds_the_ranks_state_and_not_the_whole_model(measured):
 def test_a_rank_outside_the_plan_is_one_line():
     r = cli("measure", "zoo:gpt", "--devices", "8", "--rank", "8")
     assert one_line_error(r) and "--rank 8" in r.stderr
+
+
+def test_a_pipelined_plan_is_refused_in_one_line_before_anything_is_built():
+    from types import SimpleNamespace
+
+    from autopar.measure import measure
+
+    model, inputs = autopar.zoo.get("gpt")
+    with pytest.raises(ValueError, match="pipelined \\(2 stages\\)") as info:
+        measure(model, inputs, SimpleNamespace(stages=[object(), object()], devices=8))
+    assert len(str(info.value).splitlines()) == 1
