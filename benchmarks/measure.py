@@ -49,7 +49,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         plan = "hierarchical (auto)" if r["hierarchical"] == "auto" else "flat mesh, one stage"
         if "error" in r:
-            lines.append(f"| {r['devices']} | {r['cost']} | {plan} | refused: {r['error']} |||||||")
+            why = r["error"].removeprefix("autopar: error: ").split(": measure", 1)[0]
+            lines.append(f"| {r['devices']} | {r['cost']} | {plan} | refused: {why} |||||||")
             continue
         lines.append(f"| {r['devices']} | {r['cost']} | {plan} | {mib(r['measured_memory'])} | "
                      f"{mib(r['predicted_memory'])} | {r['measured_memory'] / r['predicted_memory']:.2f} | "
