@@ -155,6 +155,7 @@ class _Builder:
         if self.devices == 1:  # nothing to split (and no mesh to build), process group or not
             return None, _local_plan(model, args, graph, self.cluster, self.plan, self.plan_kwargs)
         chosen = _shared_plan(model, args, graph, self.cluster, self.plan, self.plan_kwargs)
+        _refuse_over_margin(model, chosen)
         return _build(model, graph, chosen, args, self.outputs, self.inputs, self.overrides, keep), chosen
 
 
@@ -294,6 +295,29 @@ def _rebuild(kind: str, message: str) -> Exception:
     return ValueError(message) if kind == "ValueError" else AutoparError(message)
 
 
+def _refuse_over_margin(model: nn.Module, plan: Plan) -> None:
+    """InfeasibleError on every rank (one line, with the numbers) when any rank's device cannot hold
+    the plan's predicted memory less the safety margin (``core/margin.py``); every rank learns every
+    rank's verdict, so none goes on to build a module the others refuse (a hang)."""
+    from autopar.codegen.mesh import device_type, local_device, model_device_type
+    from autopar.core.errors import InfeasibleError
+    from autopar.core.margin import over_margin
+
+    free = None
+    if device_type() == "cuda" or model_device_type(model) == "cuda":
+        import torch
+
+        device = local_device("nccl") if device_type() == "cuda" else torch.device("cuda", torch.cuda.current_device())
+        free = float(torch.cuda.mem_get_info(device)[0])
+    why = over_margin(plan.memory_per_device, plan.cluster.get("memory_capacity"), free)
+    verdicts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, why)
+    refused = [(rank, v) for rank, v in enumerate(verdicts) if v]
+    if refused:
+        rank, message = refused[0]
+        raise InfeasibleError(f"rank {rank}: {message}")
+
+
 # -- codegen -------------------------------------------------------------------------------------
 
 def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str = "global",
@@ -320,3 +344,17 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
                                 training=training, keep=keep, check_batch=local == "global")
     module.plan = plan
     return module
+
+
+def build_rank_module(model: nn.Module, plan: Plan, inputs: tuple) -> nn.Module:
+    """This rank's module of a given single-stage ``plan`` under the process group already running
+    (``autopar measure`` runs one rank on a fake group); the plan is checked against the model's
+    graph as ``compile`` checks a given plan."""
+    from autopar.frontend.trace import trace
+
+    graph = _graph_of_plan(plan, model, tuple(inputs), None)
+    if graph is None:
+        graph = trace(model, tuple(inputs), None, progress=False)
+    chosen = _local_plan(model, inputs, graph, None, plan, {})
+    chosen.graph = graph
+    return _build(model, graph, chosen, inputs, "local")

@@ -317,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     from autopar.cli.sweep import add_parser as add_sweep_parser
 
     add_sweep_parser(sub)  # `autopar sweep`: autopar/cli/sweep.py
+    from autopar.cli.measure import add_parser as add_measure_parser
+
+    add_measure_parser(sub)  # `autopar measure`: autopar/cli/measure.py
     s = sub.add_parser("show", help="print the report of a saved plan (autopar plan ... --json OUT)")
     s.add_argument("plan", metavar="PLAN.json")
     s.add_argument("--explain", action="store_true", help="also print the arithmetic, if the plan kept it")

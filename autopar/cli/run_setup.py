@@ -99,9 +99,16 @@ def available_memory() -> int | None:
 
 
 def check_memory(plan, processes: int, ignore: bool = False) -> None:
-    """ValueError (one line) when the plan's predicted memory per process x ``processes`` exceeds
-    what this machine has available; ``ignore`` (--ignore-memory) skips the check."""
+    """ValueError (one line) when the plan's predicted memory per device exceeds the cluster's
+    stated capacity less the safety margin (``core/margin.py``: what ``autopar.compile`` refuses on
+    every rank), or its memory per process x ``processes`` what this machine has available;
+    ``ignore`` (--ignore-memory) skips the second check."""
+    from autopar.core.margin import over_margin
+
     per = float(getattr(plan, "memory_per_device", 0.0) or 0.0)
+    refused = over_margin(per, plan.cluster.get("memory_capacity"))  # every rank's compile would refuse it
+    if refused:
+        raise ValueError(refused)
     have = available_memory()
     if ignore or have is None or not per > 0:
         return

@@ -8,10 +8,21 @@ plan per stage (``pipeline.py``); a PaSE plan over PaSE's nodes in its units (``
 
 from __future__ import annotations
 
+from autopar.core.margin import memory_margin, usable_memory
 from autopar.report.pase import pase_lines
 from autopar.report.pipeline import pipeline_lines
 from autopar.report.format import (NO_PARALLELISM, NODE_HEADER, PLACEMENT_KEY, cost_ratio, fmt_bytes, fmt_seconds, fold,
                                    node_cells, over_capacity, replicates_everything, speed_words, table, units_of)
+
+
+def capacity_words(predicted: float, capacity: float) -> str:
+    """' of CAPACITY (margin Z)': what the device holds and what of it a plan may not use
+    (``core/margin.py``), and when the plan needs more than the rest, that compile refuses it."""
+    words = f" of {fmt_bytes(capacity)} (margin {fmt_bytes(memory_margin(capacity))})"
+    if predicted > usable_memory(capacity):
+        words += f": over the {fmt_bytes(max(usable_memory(capacity), 0.0))} a plan may use, compile refuses it"
+    return words
+
 
 def header_lines(plan) -> list[str]:
     c = plan.cluster
@@ -30,7 +41,7 @@ def header_lines(plan) -> list[str]:
     else:
         lines.append(f"predicted step time: {units(plan.cost)}; memory per device: "
                      f"{fmt_bytes(plan.memory_per_device)}"
-                     + (f" of {fmt_bytes(c['memory_capacity'])}" if c.get("memory_capacity") else ""))
+                     + (capacity_words(plan.memory_per_device, c["memory_capacity"]) if c.get("memory_capacity") else ""))
     alone = replicates_everything(plan)
     if alone:
         lines.append(NO_PARALLELISM + " (no node is split)")

@@ -1,0 +1,300 @@
+"""Run one rank of a plan in this process and put its measured memory and compute beside the plan's.
+
+A plan for N devices predicts what each device holds and computes. ``measure`` checks that on the
+shards the plan really gives one rank: it starts torch's fake process group (``backend="fake"``:
+every collective returns at once without moving data, so shapes and placements are the real
+ones and the communication costs nothing), builds rank R's module with the same codegen
+``autopar.compile`` uses, and trains a few steps (forward, backward, AdamW step) on this
+machine's device (CUDA when present, else the CPU).
+
+What is compared, and why it is fair:
+
+* compute: the median wall time of a training step (collectives take no time on the fake group)
+  against the sum of the plan's per-node ``compute`` terms (forward, backward, recomputation and
+  the optimizer update; the resharding and gradient sync the plan prices are left out on both
+  sides). The first step is a warm-up (the optimizer allocates its state, kernels are chosen).
+* memory: the peak bytes this rank holds during the steps. CUDA: ``torch.cuda.max_memory_allocated``
+  less what was allocated before the module was built (the unsplit model, kept by the caller).
+  CPU: the batch, plus the peak during two training steps of the running sum of every allocation
+  and free the profiler records from the moment the module's build begins (``torch.profiler``
+  with ``profile_memory=True``: the allocator's own events), so whatever the build and the first
+  step leave alive (shards, gradient buckets, optimizer state) counts without being listed here.
+  The profiler is off while the steps are timed (it slows every op).
+
+The module is built as ``autopar.compile`` builds it: from a model whose weights are all present
+(the whole model is initialised, then each parameter sharded onto this rank), which is fine for a
+model that fits one host's memory; a model that does not cannot be measured this way yet.
+Pipelined plans are refused: a stage built by codegen (torch's ``PipelineStage``) learns the
+shapes of its inputs by receiving them from the stage before it, and the fake group delivers
+nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from autopar.core.errors import AutoparError
+from autopar.report.format import fmt_bytes
+
+_STEPS = "autopar.measure: training steps"  # the profiler's label of the steps whose peak is taken
+
+
+@dataclass
+class Measurement:
+    """Predicted beside measured for one rank of a plan (bytes and seconds per step)."""
+
+    rank: int
+    devices: int
+    device: str  # "cpu" or "cuda"
+    memory_method: str  # how the measured peak was taken
+    predicted_memory: float
+    measured_memory: float
+    state_bytes: float  # what this rank keeps between steps: local parameters, buffers, optimizer state
+    param_bytes: float  # its parameters' local shards (as it computes with them)
+    predicted_compute: float
+    measured_compute: float
+    step_times: list[float]
+
+    def lines(self) -> list[str]:
+        """The report: predicted beside measured, the method, and last the two ratios."""
+        ms = [f"{t * 1e3:.2f}" for t in self.step_times]
+        return [f"rank {self.rank} of {self.devices} on {self.device} (fake process group: collectives take no time)",
+                f"kept between steps (local parameters, buffers, optimizer state): {fmt_bytes(self.state_bytes)}",
+                f"peak memory: measured {fmt_bytes(self.measured_memory)}, predicted "
+                f"{fmt_bytes(self.predicted_memory)} ({self.memory_method})",
+                f"compute per step: measured {self.measured_compute * 1e3:.2f} ms (median of steps after the first: "
+                f"{', '.join(ms)} ms), predicted {self.predicted_compute * 1e3:.2f} ms (the plan's compute terms)",
+                f"memory measured/predicted: {self.memory_ratio:.2f}; "
+                f"compute measured/predicted: {self.compute_ratio:.2f}"]
+
+    @property
+    def memory_ratio(self) -> float:
+        return self.measured_memory / self.predicted_memory if self.predicted_memory else float("inf")
+
+    @property
+    def compute_ratio(self) -> float:
+        return self.measured_compute / self.predicted_compute if self.predicted_compute else float("inf")
+
+
+def predicted_compute(plan) -> float:
+    """Seconds of compute per step the plan predicts for a device (its rows' compute terms)."""
+    return float(sum(r.compute for r in plan.rows))
+
+
+@contextmanager
+def fake_group(rank: int, world_size: int):
+    """This process as rank ``rank`` of ``world_size`` on torch's fake process group."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ValueError("measure runs one rank on a fake process group of its own; this process already "
+                         "has a process group: run it in a fresh process")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: dict | None = None,
+            device: str | None = None, lr: float = 1e-3) -> Measurement:
+    """Build rank ``rank``'s module of ``plan`` (a single-stage plan made for ``model`` and
+    ``inputs``) over a fake group and train ``steps`` (>= 2) AdamW steps; see the module's docstring."""
+    if plan.stages:
+        raise ValueError(f"the plan is pipelined ({len(plan.stages)} stages): measure builds single-stage plans only "
+                         "for now (a pipeline stage learns its neighbours' shapes over the process group, which the "
+                         "fake group cannot carry); plan with --pipeline off --hierarchical off")
+    if not 0 <= rank < plan.devices:
+        raise ValueError(f"--rank {rank} is not a rank of the plan's {plan.devices} devices (0..{plan.devices - 1})")
+    if steps < 2:
+        raise ValueError(f"measure needs at least 2 steps (the first is a warm-up), got {steps}")
+    if kwargs:
+        raise ValueError("measure runs models called with positional inputs only for now")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":
+        model = model.to("cuda")
+        inputs = tuple(t.to("cuda") if isinstance(t, torch.Tensor) else t for t in inputs)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+    with fake_group(rank, plan.devices):
+        if device == "cuda":
+            module = _build(model, plan, inputs)
+            optimizer = module.optimizer(torch.optim.AdamW, lr=lr)
+            torch.cuda.reset_peak_memory_stats()
+            times = _steps(module, optimizer, inputs, steps, torch.cuda.synchronize)
+            peak = torch.cuda.max_memory_allocated() - before
+            method = "CUDA: torch.cuda.max_memory_allocated, less the unsplit model"
+        else:  # the build and two steps profiled for memory, then the steps timed without the profiler
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                        profile_memory=True) as prof:
+                module = _build(model, plan, inputs)
+                optimizer = module.optimizer(torch.optim.AdamW, lr=lr)
+                with torch.profiler.record_function(_STEPS):
+                    _steps(module, optimizer, inputs, 2, None)
+            peak = _tensor_bytes(inputs) + _peak_during(prof, _STEPS)
+            times = _steps(module, optimizer, inputs, steps, None)
+            method = ("CPU: the batch + the peak, during two steps, of the running sum of torch.profiler's "
+                      "allocation events since the module's build began")
+        params = sum(_local(p.detach()).nbytes for p in module.parameters())
+        state = _state_bytes([*module.parameters(), *module.buffers(), *_optimizer_tensors(optimizer)])
+    return Measurement(rank, plan.devices, device, method, float(plan.memory_per_device), float(peak),
+                       float(state), float(params), predicted_compute(plan), statistics.median(times[1:]), times)
+
+
+def _build(model, plan, inputs):
+    from autopar.compiler import build_rank_module
+
+    try:
+        return build_rank_module(model, plan, inputs)
+    except (AutoparError, ValueError):
+        raise
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        raise AutoparError(f"rank's module does not build on the fake process group: {type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:300]}") from None
+
+
+def _steps(module, optimizer, inputs, steps: int, sync) -> list[float]:
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        module.train_step(*inputs)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if sync is not None:
+            sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _optimizer_tensors(optimizer) -> list:
+    """What the optimizer steps (under ZeRO: this rank's master slices) and its state tensors."""
+    stepped = [p for group in optimizer.param_groups for p in group["params"]]
+    return stepped + [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def _state_bytes(tensors) -> int:
+    """Bytes of the storages under ``tensors`` (local shards), each storage once."""
+    seen, total = set(), 0
+    for t in tensors:
+        storage = _local(t.detach()).untyped_storage()
+        if storage.nbytes() == 0 or storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+    return total
+
+
+def _tensor_bytes(values) -> int:
+    return sum(v.untyped_storage().nbytes() for v in values if isinstance(v, torch.Tensor))
+
+
+def _peak_during(prof, label: str) -> int:
+    """The highest running sum of the CPU allocator's events (bytes, + allocated / - freed) from the
+    start of the profile, taken while the ``label`` range runs."""
+    events = prof.profiler.kineto_results.events()
+    ranges = [(e.start_ns(), e.end_ns()) for e in events if e.name() == label]
+    if not ranges:
+        raise AutoparError("the profiler recorded no training steps: the memory cannot be measured")
+    begin, end = ranges[0]
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events
+                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    running, peak = 0, None
+    for at, nbytes in memory:
+        running += nbytes
+        if begin <= at <= end:
+            peak = running if peak is None else max(peak, running)
+    return running if peak is None else peak
+
+
+# -- the command line: ``autopar measure`` -------------------------------------------------------
+
+def one_process_cluster(devices: int):
+    """The default cluster a measurement is priced on: ``devices`` devices, each as fast and as big
+    as this whole process (the ``cpu`` preset for one device, with the count of the plan): the one
+    process runs rank R alone, so dividing this machine's cores among N processes, as the ``cpu``
+    preset does for N local ranks, would price a device slower than the one measured."""
+    from dataclasses import replace
+
+    from autopar.core.cluster import Cluster
+
+    return replace(Cluster.preset("cpu", devices=1).with_devices(devices), name="cpu (one process per device)")
+
+
+def add_parser(sub) -> None:
+    """The ``measure`` subcommand (called by the CLI's ``build_parser``)."""
+    m = sub.add_parser("measure", help="build one rank of a plan on a fake process group and measure its memory "
+                       "and compute beside the plan's prediction",
+                       description="Build rank --rank's module of a plan for --devices devices in this one process "
+                       "over torch's fake process group (collectives do nothing, shapes are real), train --steps "
+                       "AdamW steps on this machine's device (CUDA if present, else CPU), and print the measured "
+                       "peak memory and compute time per step beside the plan's.")
+    m.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
+    m.add_argument("--plan", metavar="PLAN.json", help="measure a saved plan (autopar plan ... --json) without searching")
+    m.add_argument("--rank", type=int, default=0, help="the rank whose module is built (default 0)")
+    m.add_argument("--devices", type=int, default=8, help="devices the plan is made for (default 8)")
+    m.add_argument("--cluster", default=None,
+                   help="cluster preset the plan is priced on (default: N devices each as fast as this process)")
+    m.add_argument("--cost-model", default="analytic", choices=["analytic", "profiled"],
+                   help="cost model of the search (default analytic)")
+    m.add_argument("--pipeline", default="off", choices=["auto", "on", "off"],
+                   help="search pipeline stages too (default off: pipelined plans are not measured yet)")
+    m.add_argument("--hierarchical", default="auto", choices=["auto", "on", "off"],
+                   help="plan by tensor/pipeline/data degrees (auto: above 64 devices; its plans may be pipelined)")
+    m.add_argument("--zero", default="auto", choices=["auto", "0", "1", "2", "3"], help="ZeRO stage (auto: searched)")
+    m.add_argument("--memory", type=float, default=None, metavar="GIB", help="memory per device in GiB")
+    m.add_argument("--steps", type=int, default=4, help="training steps, the first a warm-up (default 4)")
+    m.add_argument("--json", metavar="OUT", help="also write the figures (bytes, seconds) to this JSON file")
+    m.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import autopar
+    from autopar.core.resolve import resolve_cluster
+    from autopar.cli.model_spec import load_call
+    from autopar.planning.plan import Plan
+
+    if args.rank < 0 or (not args.plan and args.rank >= args.devices):
+        raise ValueError(f"--rank {args.rank} is not a rank of {args.devices} devices (0..{args.devices - 1})")
+    if args.steps < 2:
+        raise ValueError(f"--steps must be at least 2 (the first is a warm-up), got {args.steps}")
+    model, inputs, kwargs, name = load_call(args.model)
+    if args.plan:
+        plan = Plan.load(args.plan, mode="train")
+    else:
+        if args.devices < 1:
+            raise ValueError(f"--devices must be at least 1, got {args.devices}")
+        cluster = resolve_cluster(args.cluster, args.devices) if args.cluster else one_process_cluster(args.devices)
+        options = dict(cost_model=args.cost_model, model_name=name, example_kwargs=kwargs,
+                       pipeline={"auto": "auto", "on": True, "off": False}[args.pipeline])
+        if args.hierarchical != "auto":
+            options["hierarchical"] = args.hierarchical == "on"
+        if args.zero != "auto":
+            options["zero"] = int(args.zero)
+        if args.memory is not None:
+            if not args.memory > 0:
+                raise ValueError(f"--memory is GiB per device and must be > 0, not {args.memory:g}")
+            options["memory_capacity"] = args.memory * 2**30
+        plan = autopar.plan(model, inputs, cluster, **options)
+    if plan.devices == 1:
+        raise ValueError("the plan is for one device: measure a plan for several (--devices N)")
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)  # one device is one process of one core, as the cpu preset prices it
+    result = measure(model, tuple(inputs), plan, rank=args.rank, steps=args.steps, kwargs=kwargs)
+    if args.json:
+        import json
+        from dataclasses import asdict
+
+        with open(args.json, "w") as f:
+            json.dump(asdict(result), f, indent=1)
+    print("\n".join(result.lines()))
+    return 0

@@ -1,0 +1,65 @@
+"""The safety margin between a plan's predicted memory per device and what the device holds.
+
+A plan predicts the bytes its model needs per device (parameters, gradients, optimizer state,
+activations kept for the backward, the buffers of redistributions). A device runs more than that,
+and a prediction is a prediction, so a plan may use a device's capacity less a margin:
+
+* ``MARGIN_FRACTION`` (10%) of the capacity: the caching allocator's fragmentation (blocks
+  rounded up and split, freed blocks too small to reuse: 5-10% of the peak in PyTorch's own memory
+  snapshots of transformer training) and the cost model's own error (published planners report
+  2-16% on memory: Mist 2.1%, Aceso 12-16%);
+* ``FRAMEWORK_BYTES`` (512 MiB): what the framework allocates beside the model and no plan counts:
+  NCCL's communicator buffers, cuBLAS and cuDNN workspaces and the kernels' own scratch on a GPU
+  (the CUDA context itself is already gone from ``torch.cuda.mem_get_info``'s free figure), the
+  interpreter and torch's libraries of each process on a CPU.
+
+The device's memory is the cluster's stated capacity (what the plan was priced for) and, on a GPU,
+also what ``torch.cuda.mem_get_info`` says is free when the module is built: another process on
+the GPU takes its share. On a CPU the stated capacity is used (the ``cpu`` preset's is the host's
+memory over its processes); ``autopar run`` also checks the host's available memory before it
+starts any process. ``autopar.compile`` and ``autopar run`` refuse a plan over the limit, and the
+plan report states the margin.
+"""
+
+from __future__ import annotations
+
+MARGIN_FRACTION = 0.10
+FRAMEWORK_BYTES = 512 * 2**20
+
+
+def memory_margin(capacity: float) -> float:
+    """Bytes of a device of ``capacity`` bytes that a plan may not use."""
+    return MARGIN_FRACTION * float(capacity) + FRAMEWORK_BYTES
+
+
+def margin_words() -> str:
+    return f"{MARGIN_FRACTION:.0%} of capacity + {FRAMEWORK_BYTES / 2**20:.0f} MiB for the framework's own buffers"
+
+
+def size(nbytes: float) -> str:
+    """Bytes in GiB, or MiB below one GiB (core cannot use the report's formatter)."""
+    return f"{nbytes / 2**30:.3g} GiB" if abs(nbytes) >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
+
+
+def usable_memory(capacity: float, free: float | None = None) -> float:
+    """What a plan may use: the capacity (or the device's free memory, if less) less its margin."""
+    have = float(capacity) if free is None else min(float(capacity), float(free))
+    return have - memory_margin(have)
+
+
+def over_margin(predicted: float, capacity: float | None, free: float | None = None) -> str | None:
+    """None when ``predicted`` bytes per device fit the device less the margin; else the one-line
+    reason, with the numbers and what to do."""
+    if not capacity or not predicted > 0:
+        return None
+    limit = usable_memory(capacity, free)
+    if predicted <= limit:
+        return None
+    have = float(capacity) if free is None else min(float(capacity), float(free))
+    now = "" if free is None else f" ({size(free)} free now)"
+    todo = (f"plan again for at most {size(limit)} per device (memory_capacity={limit:.4g} bytes, or --memory "
+            f"{limit / 2**30:.4g} GiB) or on more devices" if limit > 0 else
+            "use more devices, or devices with more memory")
+    return (f"the plan predicts {size(predicted)} per device, more than the {size(max(limit, 0.0))} it may use: "
+            f"the device's {size(capacity)}{now} less a margin of {size(memory_margin(have))} ({margin_words()}); "
+            + todo)
