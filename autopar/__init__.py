@@ -3,7 +3,7 @@
 The public API is what this module exports: ``trace``, ``plan``, ``compile`` (an
 ``autopar.ParallelModule``), ``compile_many``, ``fuse``, ``Plan``, ``Cluster``, the errors and the
 benchmark ``zoo``; each is the function itself, with its own signature and docstring. Every entry
-point resolves the cluster alike (``autopar.core.resolve``: by default this machine, the ``cpu``
+point resolves the cluster alike (``autopar.core.resolve``: by default the local machine, the ``cpu``
 preset). Everything else lives in the subpackages (docs/architecture.md):
 trace -> ir.Graph -> cost tables -> search -> Plan -> codegen / report.
 """

@@ -58,7 +58,7 @@ def compile(model: nn.Module, devices: int | Cluster | str | None = None, exampl
     ``devices``: a device count, an ``autopar.Cluster`` (what the search prices, and its count)
     or a preset name; default the process group's size (1 without one). More than one device runs
     one process per device (torchrun); the count must be the process group's. ``cluster``: what
-    the search prices when ``devices`` is a count (``autopar.core.resolve``; default this machine,
+    the search prices when ``devices`` is a count (``autopar.core.resolve``; default the local machine,
     the ``cpu`` preset).
 
     ``example_inputs``: None (plan at the first call, with its batch, as ``torch.compile`` does),

@@ -89,7 +89,7 @@ def compile_many(models, devices, example_inputs, *, steps: int = 20, optimizer:
     ``optimizer``: "adamw", "adam", "sgd" (fusable), or any ``callable(params, **hparams)``
     returning a torch optimizer (those models are not fused). ``hparams``: one dict for all or one
     per model (``lr``, ``weight_decay``, ``betas``, ...). ``cluster``: what the plan prices
-    (``autopar.core.resolve``; default: this machine, the ``cpu`` preset with ``devices`` processes,
+    (``autopar.core.resolve``; default: the local machine, the ``cpu`` preset with ``devices`` processes,
     priced by the profiled cost model).
     """
     from autopar.runtime.launch import exit_if_bootstrapping

@@ -55,7 +55,7 @@ class Case:
 
     def hardware(self) -> autopar.Cluster:
         """The cluster the case prices: its preset, or for a device count ``autopar.Cluster(devices=p)``
-        (a bare count given to ``autopar.plan`` would be the default cluster, this machine)."""
+        (a bare count given to ``autopar.plan`` would be the default cluster, the local machine)."""
         if isinstance(self.cluster, int):
             return autopar.Cluster(devices=self.cluster)
         return autopar.Cluster.preset(self.cluster)

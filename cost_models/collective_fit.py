@@ -114,8 +114,8 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     Each size is timed as a step meets it (``gap`` > 0, the default): ``burst`` collectives, each
     after about ``gap`` seconds of ``work`` (``compute_segment``: half matmul, half memory-bound
     by default), minus the work alone, per collective; the median of
-    ``repeats`` such bursts. A collective alone in a tight loop hides what a step pays: on the
-    2-core development machine a 128 KiB all-reduce took 0.44 ms at the median of a tight loop
+    ``repeats`` such bursts. A collective alone in a tight loop hides what a step pays: on the benchmarks' machine
+    (benchmarks/README.md) a 128 KiB all-reduce took 0.44 ms at the median of a tight loop
     and 1.7 ms in the mean, 2.7 ms after 1 ms of compute (a process that slept in the collective
     is woken, a peer that computed longer is waited for), and the step pays the mean. The wait
     grows with the compute before the collective (the ranks drift apart over it): a 1 MiB
@@ -183,7 +183,7 @@ def compute_share(device: str = "cpu", seconds: float = 0.03, repeats: int = 9, 
 
     The profile times each op on one rank with the others idle, on that thread's CPU clock: a
     device's own speed. Where ranks share a host's cores and memory bus they compute at once in a
-    step: on the 2-core development machine 2 ranks' training steps ran 1.0-1.05x slower together
+    step: on the benchmarks' machine (benchmarks/README.md) 2 ranks' training steps ran 1.0-1.05x slower together
     than alone, and with 4 ranks (two on each core) ``benchmarks/cost_vs_measured.py --world 4``
     measured every plan of the gpt 1.5-2.1x its profiled prediction. Timed here on
     ``compute_segment``'s work (``seconds`` of it): rank 0 alone while the others wait in a
@@ -285,7 +285,7 @@ def compute_segment(seconds: float, device: str, work: str = "mixed"):
     ``work="mixed"`` (default): half matmul, half a memory-bound elementwise pass over 8 MiB, as a
     step alternates linears with norms, activations and softmaxes. A collective after streaming
     work costs more than after a matmul that stays in cache (gloo's copies compete with the peer's
-    for the memory bus): on the 2-core development machine the runtime's moves of 0.5-2 MiB took
+    for the memory bus): on the benchmarks' machine (benchmarks/README.md) the runtime's moves of 0.5-2 MiB took
     1.0-1.7x the matmul-gap fit, 1.2-1.7x the same fit after memory-bound gaps, and 1.3-2.2x
     it inside real training steps. ``work="matmul"``: matmuls alone (the fit before).
     """

@@ -269,7 +269,7 @@ class ProfiledModel(AnalyticModel):
         A node's update timed alone (``optimizer_timing``) runs its handful of foreach passes over
         a few MiB that stay in the last-level cache between passes, even when it starts cold. In a
         step the one optimizer walks the whole model's state in each pass, and once that state
-        outgrows the cache every pass streams from memory: on the 2-core development machine
+        outgrows the cache every pass streams from memory: on the benchmarks' machine (benchmarks/README.md)
         (32 MiB L3) AdamW took 1.8 ns per element over 1 M elements and 3.8-3.9 over 2-8 M, so
         bench-runtime's residual MLP (8.4 M) updated in 33 ms where its nodes timed alone summed
         to 18. The rate is measured on the model's own parameter shapes (the largest first, up

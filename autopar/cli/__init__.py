@@ -247,10 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                             ("compare", _cmd_compare, "data parallel vs expert vs autopar, side by side")):
         c = sub.add_parser(cmd, help=text, description=text)
         c.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
-        c.add_argument("--devices", type=int, default=None, help="number of devices (default: the cluster's; the default cluster's is this machine's cores)")
+        c.add_argument("--devices", type=int, default=None, help="number of devices (default: the cluster's; the default cluster's is the local machine's cores)")
         c.add_argument("--cluster", default=None,
                        help=f"cluster preset: {', '.join(known_presets())} (and NxGxGPU patterns such as "
-                       "2x8xH100; default: cpu, this machine, as autopar.plan and autopar.compile)")
+                       "2x8xH100; default: cpu, the local machine, as autopar.plan and autopar.compile)")
         c.add_argument("--cost-model", default="analytic", choices=list(registry.COST_MODELS),
                        help=registry.choices_help(registry.COST_MODELS))
         c.add_argument("--space", default="mesh", help=registry.choices_help(registry.SPACES))
@@ -299,14 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--lr", type=_positive, default=1e-3, help="AdamW learning rate (default 1e-3)")
     r.add_argument("--plan", metavar="PLAN.json", help="run a saved plan (autopar plan ... --json) without searching")
     r.add_argument("--cluster", default="cpu",
-                   help="cluster preset the search prices (default cpu: this machine, --nproc devices)")
+                   help="cluster preset the search prices (default cpu: the local machine, --nproc devices)")
     r.add_argument("--cost-model", default="analytic",
                    choices=[k for k, e in registry.COST_MODELS.items() if e.space == "mesh"],
                    help="cost model of the search (default analytic): "
                    + registry.choices_help({k: e for k, e in registry.COST_MODELS.items() if e.space == "mesh"}))
     r.add_argument("--timeout", type=_positive, default=600.0, help="stop the processes after this many seconds")
     r.add_argument("--ignore-memory", action="store_true",
-                   help="start even when the plan's predicted memory x --nproc exceeds this machine's available memory")
+                   help="start even when the plan's predicted memory x --nproc exceeds the local machine's available memory")
     r.add_argument("--checkpoint", metavar="DIR", default=None,
                    help="save the sharded model and optimizer under DIR (torch.distributed.checkpoint; after the "
                    "last step, and every --checkpoint-every steps)")

@@ -221,7 +221,7 @@ def _peak_during(prof, label: str) -> int:
 def one_process_cluster(devices: int):
     """The default cluster a measurement is priced on: ``devices`` devices, each as fast and as big
     as this whole process (the ``cpu`` preset for one device, with the count of the plan): the one
-    process runs rank R alone, so dividing this machine's cores among N processes, as the ``cpu``
+    process runs rank R alone, so dividing the local machine's cores among N processes, as the ``cpu``
     preset does for N local ranks, would price a device slower than the one measured."""
     from dataclasses import replace
 
@@ -236,7 +236,7 @@ def add_parser(sub) -> None:
                        "and compute beside the plan's prediction",
                        description="Build rank --rank's module of a plan for --devices devices in this one process "
                        "over torch's fake process group (collectives do nothing, shapes are real), train --steps "
-                       "AdamW steps on this machine's device (CUDA if present, else CPU), and print the measured "
+                       "AdamW steps on the local machine's device (CUDA if present, else CPU), and print the measured "
                        "peak memory and compute time per step beside the plan's.")
     m.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
     m.add_argument("--plan", metavar="PLAN.json", help="measure a saved plan (autopar plan ... --json) without searching")

@@ -3,7 +3,7 @@
 Everything that can be found out here fails here, in one line, rather than as N ranks' tracebacks
 or an out-of-memory kill minutes later: the model trains on one process (its forward returns a
 scalar loss, its inputs suit its layers), the plan is searched (or read) once and its predicted
-memory x local processes fits this machine's available memory, and the checkpoint to resume from
+memory x local processes fits the local machine's available memory, and the checkpoint to resume from
 exists. The plan then travels to the ranks, which use it as it is (no search on rank 0 again).
 """
 
@@ -83,7 +83,7 @@ def search(args, model, inputs, kwargs):
 
 
 def available_memory() -> int | None:
-    """Bytes this machine can give new processes now (MemAvailable in /proc/meminfo, else psutil); None if unknown."""
+    """Bytes the local machine can give new processes now (MemAvailable in /proc/meminfo, else psutil); None if unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -101,7 +101,7 @@ def available_memory() -> int | None:
 def check_memory(plan, processes: int, ignore: bool = False) -> None:
     """ValueError (one line) when the plan's predicted memory per device exceeds the cluster's
     stated capacity less the safety margin (``core/margin.py``: what ``autopar.compile`` refuses on
-    every rank), or its memory per process x ``processes`` what this machine has available;
+    every rank), or its memory per process x ``processes`` what the local machine has available;
     ``ignore`` (--ignore-memory) skips the second check."""
     from autopar.core.margin import over_margin
 
@@ -115,5 +115,5 @@ def check_memory(plan, processes: int, ignore: bool = False) -> None:
     need = per * processes
     if need > have:
         raise ValueError(f"the plan predicts {fmt_bytes(per)} per process x {processes} processes = "
-                         f"{fmt_bytes(need)}, but this machine has {fmt_bytes(have)} available: use a smaller "
+                         f"{fmt_bytes(need)}, but the local machine has {fmt_bytes(have)} available: use a smaller "
                          "model or fewer processes, or pass --ignore-memory to start anyway")

@@ -183,7 +183,7 @@ class Cluster:
     def preset(cls, name: str, devices: int | None = None, measure: bool = False) -> "Cluster":
         """A named cluster.
 
-        ``cpu`` (this machine), and ``[N x][G x]GPU`` for GPU one of ``DEVICES``: ``8xA100`` =
+        ``cpu`` (the local machine), and ``[N x][G x]GPU`` for GPU one of ``DEVICES``: ``8xA100`` =
         one node of 8; ``2x8xH100`` = 2 nodes of 8; a bare ``1080ti`` = one node of its size (8;
         16 for ``dgx2h``); ``GxGPU`` with G larger than a node = whole nodes. ``devices=``
         overrides the total (whole nodes beyond one). ``tpuv4`` pods: ``2x3072xtpuv4`` = 2 pods
@@ -226,7 +226,7 @@ class Cluster:
 
     @classmethod
     def _cpu(cls, devices: int | None, measure: bool) -> "Cluster":
-        """This machine, one process per device. More processes than cores share them: each
+        """The local machine, one process per device. More processes than cores share them: each
         computes at cores/devices of a core's speed, and every collective waits for processes the
         scheduler has parked (``CPU_OVERSUBSCRIBED_LATENCY``)."""
         cores = os.cpu_count() or 1

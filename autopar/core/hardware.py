@@ -147,8 +147,8 @@ DEVICES: dict[str, Device] = {
 # all p devices shared NVLink), so a plain device count gives realistic, uniform costs.
 DEFAULT_DEVICE = DEVICES["a100"]
 
-# This machine when not measured: one process per core, gloo over loopback between processes.
-# Measured on the 2-core development machine (AMD EPYC, torch 2.13 CPU, one thread per process,
+# The local machine when not measured: one process per core, gloo over loopback between processes.
+# Measured on the benchmarks' machine (benchmarks/README.md) (AMD EPYC, torch 2.13 CPU, one thread per process,
 # both processes running at once): ``measure_cpu(1024)`` 86 GFLOP/s and 27 GB/s per process
 # (2026-11-24). Links (2026-11-25): ``cost_models.collective_fit.fit_collectives`` on 2 gloo processes,
 # each all-reduce timed as a step meets it (after 1 ms of matmul, the mean of a burst, not the

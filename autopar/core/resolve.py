@@ -2,13 +2,13 @@
 
 ``autopar plan`` (the command line), ``autopar.plan``, ``autopar.compile`` and
 ``autopar.compile_many`` all call ``resolve_cluster``, so the same words give the same cluster
-everywhere. The default (no cluster named) is this machine: the ``cpu`` preset, because the
-module ``compile`` returns runs on this machine's processes, and a plan priced for other
+everywhere. The default (no cluster named) is the local machine: the ``cpu`` preset, because the
+module ``compile`` returns runs on the local machine's processes, and a plan priced for other
 hardware would be a plan for a run that is not the one about to happen. Name a preset
 (``"8xA100"``) or pass an ``autopar.Cluster`` to plan for other hardware.
 
 The default cluster's device count, when none is given: the size of the initialised process group
-(the processes that will run the plan), else this machine's CPU cores. A named preset keeps its
+(the processes that will run the plan), else the local machine's CPU cores. A named preset keeps its
 own count unless ``devices`` says otherwise.
 """
 
@@ -21,7 +21,7 @@ DEFAULT_PRESET = "cpu"
 
 def default_devices() -> int | None:
     """The process group's size when one is initialised; None otherwise (the preset's own
-    count: the ``cpu`` preset's is this machine's cores)."""
+    count: the ``cpu`` preset's is the local machine's cores)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -32,7 +32,7 @@ def default_devices() -> int | None:
 def resolve_cluster(cluster: Cluster | str | int | None = None, devices: int | None = None) -> Cluster:
     """An ``autopar.Cluster`` from what a user passes.
 
-    ``cluster``: None (the default: ``DEFAULT_PRESET``, this machine), a preset name
+    ``cluster``: None (the default: ``DEFAULT_PRESET``, the local machine), a preset name
     (``autopar.Cluster.preset``), a device count (the default cluster with that many devices) or
     an ``autopar.Cluster`` (used as it is). ``devices``: the device count (default: the process
     group's size, else the preset's own); a Cluster or count that disagrees with it is a one-line

@@ -123,7 +123,7 @@ def choose_fusion(models, example_inputs, cluster: Cluster, *, cost_model="profi
                   fused_inputs=None, device: str = "cpu") -> FusionChoice:
     """Price ``models`` (one architecture) one by one and fused in groups; pick the cheapest.
 
-    ``cost_model``: "profiled" (measured on this machine's ``device``), "analytic", or a cost model object.
+    ``cost_model``: "profiled" (measured on the local machine's ``device``), "analytic", or a cost model object.
     ``inputs``/``fused_inputs``: how the fused module takes its data ("shared": the models'
     common example inputs; "stacked": ``fused_inputs``, the models' inputs stacked)."""
     from autopar.fusion import fuse

@@ -11,7 +11,7 @@ The steps, each from pieces autopar already has:
 
 ``parallel="ddp"`` prices a multi-device option as data parallelism (what runs on a process
 subgroup today, ``torch.nn.parallel.DistributedDataParallel``); ``"autopar"`` as autopar's
-best plan (data, tensor, pipeline), for planning clusters this machine cannot run.
+best plan (data, tensor, pipeline), for planning clusters the local machine cannot run.
 """
 
 from __future__ import annotations

@@ -87,8 +87,8 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``.
 
     ``example_inputs``/``example_kwargs``: the call, as ``autopar.trace`` takes it (positional inputs,
-    keyword inputs, or one dict of keyword inputs). ``cluster``: None (the default, this machine: the ``cpu`` preset,
-    ``devices`` of them, by default the process group's size or this machine's cores), a preset
+    keyword inputs, or one dict of keyword inputs). ``cluster``: None (the default, the local machine: the ``cpu`` preset,
+    ``devices`` of them, by default the process group's size or the local machine's cores), a preset
     name (``"8xA100"``), a device count (the default cluster with that many devices) or an
     ``autopar.Cluster`` (``autopar.core.resolve``). ``memory_capacity`` (bytes per device) overrides the cluster's.
     ``cost_model``, ``search``, ``space``: see ``autopar.planning.registry`` (``cost_model`` may also

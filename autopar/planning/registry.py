@@ -38,7 +38,7 @@ def _profiled(graph, cluster, mode, optimizer):
 
 COST_MODELS: dict[str, CostModelEntry] = {e.name: e for e in (
     CostModelEntry("analytic", "roofline compute + alpha-beta collectives, in seconds", "mesh", _analytic),
-    CostModelEntry("profiled", "compute measured on this machine (cached), collectives as analytic",
+    CostModelEntry("profiled", "compute measured on the local machine (cached), collectives as analytic",
                    "mesh", _profiled),
     CostModelEntry("pase", "PaSE's cost model on PaSE's view of the graph (FLOP-equivalent units); "
                    "needs --space pase or pase:N", "pase"),

@@ -74,7 +74,7 @@ def format_report(plan, explain: bool = False) -> str:
     elif plan.rows:
         lines += table(fold(node_cells(plan.rows, fmt_seconds)), NODE_HEADER)
         lines.append(f"placements per mesh axis: {PLACEMENT_KEY}; comm includes resharding the node's inputs"
-                     + ("; compute measured on this machine" if plan.cost_model == "profiled" else ""))
+                     + ("; compute measured on the local machine" if plan.cost_model == "profiled" else ""))
     else:
         lines += generic_rows(plan)
     if plan.unsupported:

@@ -1,4 +1,4 @@
-"""The local multi-process runtime: what runs a compiled plan on this machine's processes.
+"""The local multi-process runtime: what runs a compiled plan on the local machine's processes.
 
 ``launch`` starts N local processes joined by a gloo group (examples, tests, ``autopar run``,
 ``compile_many``'s training); ``checkpoint`` saves and loads a compiled module and its optimizer

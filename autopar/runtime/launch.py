@@ -18,7 +18,7 @@ ranks and then joins them without a limit, which never returns for a stopped ran
 
 Why a fork server (not fork, not a fresh spawn): torch's intra-op thread pools and gloo do not
 survive a fork of a process that has used them, and a spawned rank spends 1.5-3 s importing torch
-before it does anything (a 2-rank launch took 3 s end to end, a 4-rank one 6 s on a 2-core box).
+before it does anything (a 2-rank launch took 3 s end to end, a 4-rank one 6 s on the benchmarks' machine).
 multiprocessing's fork server is a clean process that imports torch once, before any thread
 exists, and forks every rank from there (a no-op launch: 0.09 s for 2 ranks, 0.15 s for 4, after
 the server's own start of about 2 s, once per launching process). A rank gets the

@@ -2,7 +2,7 @@
 
 Every model's ``forward(inputs, labels)`` returns the training loss (PaSE's graphs end in the loss,
 and training is autopar's default objective). ``device="meta"`` builds the model without allocating
-its weights, for tracing and planning models larger than this machine.
+its weights, for tracing and planning models larger than the local machine.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def test_run_refuses_a_plan_over_the_available_memory(monkeypatch):
     from autopar.report.format import fmt_bytes
 
     assert f"{fmt_bytes(seen['per'])} per process x 2 processes = {fmt_bytes(2 * seen['per'])}" in r.stderr
-    assert "this machine has 1000 B available" in r.stderr and "--ignore-memory" in r.stderr
+    assert "the local machine has 1000 B available" in r.stderr and "--ignore-memory" in r.stderr
     with pytest.raises(Launched):  # and it goes on when told to
         cli("run", MLP, "--nproc", "2", "--ignore-memory")
 

@@ -3,7 +3,7 @@
 
 Each entry point is run as a user runs it and the cluster its plan records is compared with the
 others' (not with the resolver's own answer): a command line that priced a generic 8-device
-cluster while ``autopar.plan`` priced this machine fails here.
+cluster while ``autopar.plan`` priced the local machine fails here.
 """
 
 from __future__ import annotations

@@ -315,7 +315,7 @@ def test_profiled_compute_is_the_measurement_and_compute_plus_comm_is_the_table_
 def test_profiled_report_rows_print_those_numbers(profiled):
     plan, _ = profiled
     text = plan.report()
-    assert "compute measured on this machine" in text
+    assert "compute measured on the local machine" in text
     lines = text.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("module"))
     rows: dict[str, list] = {}
