@@ -39,6 +39,34 @@ def _batch_dim_of(node: Node, batch_axes: dict[tuple[str, int], set[int]]) -> st
     return None
 
 
+def _rescaled(graph: Graph, scale) -> list[tuple[Node, Node | None]]:
+    """(node, the node with its batch dim and every tensor axis that dim leads passed through
+    ``scale(size, what)``) per node; None for a node without a batch dim. ``what`` names the size
+    for ``scale``'s error. FLOPs and bytes are the callers' to restate."""
+    import dataclasses
+
+    from autopar.core.ir import Dim, Operand
+
+    dims = batch_dims(graph)
+
+    def respec(spec, b: str, what: str):
+        return dataclasses.replace(spec, shape=tuple(scale(s, what) if axis[:1] == (b,) else s
+                                                     for s, axis in zip(spec.shape, spec.axes)))
+
+    out = []
+    for n in graph.nodes:
+        b = dims[n.name]
+        if b is None:
+            out.append((n, None))
+            continue
+        new_dims = tuple(Dim(d.name, scale(d.size, f"batch dim {d.name} of {n.name}"), d.reduction, d.splittable)
+                         if d.name == b else d for d in n.dims)
+        inputs = tuple(Operand(o.source, o.output, respec(o.spec, b, f"an input of {n.name}")) for o in n.inputs)
+        outputs = tuple(respec(t, b, f"an output of {n.name}") for t in n.outputs)
+        out.append((n, dataclasses.replace(n, dims=new_dims, inputs=inputs, outputs=outputs)))
+    return out
+
+
 def scale_batch(graph: Graph, microbatches: int) -> Graph:
     """The same graph for one of ``microbatches`` equal microbatches: every batch dim and batch axis
     divided, FLOPs and activation bytes of batched nodes scaled to match; parameters unchanged.
@@ -48,41 +76,24 @@ def scale_batch(graph: Graph, microbatches: int) -> Graph:
     """
     import dataclasses
 
-    from autopar.core.ir import Dim, Operand, TensorSpec
-
     if microbatches == 1:
         return graph
-    dims = batch_dims(graph)
 
-    def shrink(spec: TensorSpec, b: str | None) -> TensorSpec:
-        if b is None:
-            return spec
-        shape = list(spec.shape)
-        for i, axis in enumerate(spec.axes):
-            if axis[:1] == (b,):
-                if shape[i] % microbatches:
-                    raise ValueError(f"batch axis of size {shape[i]} is not divisible into {microbatches} microbatches")
-                shape[i] //= microbatches
-        return dataclasses.replace(spec, shape=tuple(shape))
+    def divided(size: int, what: str) -> int:
+        if size % microbatches:
+            raise ValueError(f"{what} has size {size}, not divisible into {microbatches} microbatches")
+        return size // microbatches
 
     nodes = []
-    for n in graph.nodes:
-        b = dims[n.name]
-        if b is None:
+    for n, m in _rescaled(graph, divided):
+        if m is None:
             nodes.append(n)
             continue
-        new_dims = tuple(Dim(d.name, d.size // microbatches, d.reduction, d.splittable) if d.name == b else d
-                         for d in n.dims)
-        if n.dim(b).size % microbatches:
-            raise ValueError(f"batch {n.dim(b).size} of node {n.name} is not divisible into {microbatches} microbatches")
-        inputs = tuple(Operand(o.source, o.output, shrink(o.spec, b)) for o in n.inputs)
-        outputs = tuple(shrink(t, b) for t in n.outputs)
-        read = n.bytes_read - sum(o.spec.nbytes - s.spec.nbytes for o, s in zip(n.inputs, inputs))
+        read = n.bytes_read - sum(o.spec.nbytes - s.spec.nbytes for o, s in zip(n.inputs, m.inputs))
         if n.op == "embedding":  # it reads the gathered rows, one per index: all of it scales
             read = n.bytes_read // microbatches
-        written = n.bytes_written - sum(o.nbytes - s.nbytes for o, s in zip(n.outputs, outputs))
-        nodes.append(dataclasses.replace(n, dims=new_dims, inputs=inputs, outputs=outputs,
-                                         flops=n.flops // microbatches, bytes_read=max(read, 0),
+        written = n.bytes_written - sum(o.nbytes - s.nbytes for o, s in zip(n.outputs, m.outputs))
+        nodes.append(dataclasses.replace(m, flops=n.flops // microbatches, bytes_read=max(read, 0),
                                          bytes_written=max(written, 0)))
     inputs = {}
     for name, spec in graph.inputs.items():
@@ -113,12 +124,9 @@ def with_batch(graph: Graph, size: int) -> Graph:
     """
     import dataclasses
 
-    from autopar.core.ir import Dim, Operand, TensorSpec
-
     old = traced_batch(graph)
     if old is None or size == old:
         return graph
-    dims = batch_dims(graph)
 
     def scaled(n: int, what: str) -> int:
         if n % old:
@@ -126,23 +134,7 @@ def with_batch(graph: Graph, size: int) -> Graph:
                              f"runs batches of {old} only; compile it again with a batch of {size}")
         return n // old * size
 
-    def respec(spec: TensorSpec, b: str | None, what: str) -> TensorSpec:
-        if b is None:
-            return spec
-        shape = [scaled(s, what) if axis[:1] == (b,) else s for s, axis in zip(spec.shape, spec.axes)]
-        return dataclasses.replace(spec, shape=tuple(shape))
-
-    nodes = []
-    for n in graph.nodes:
-        b = dims[n.name]
-        if b is None:
-            nodes.append(n)
-            continue
-        new_dims = tuple(Dim(d.name, scaled(d.size, f"batch dim {d.name} of {n.name}"), d.reduction, d.splittable)
-                         if d.name == b else d for d in n.dims)
-        inputs = tuple(Operand(o.source, o.output, respec(o.spec, b, f"an input of {n.name}")) for o in n.inputs)
-        outputs = tuple(respec(t, b, f"an output of {n.name}") for t in n.outputs)
-        nodes.append(dataclasses.replace(n, dims=new_dims, inputs=inputs, outputs=outputs))
+    nodes = [n if m is None else m for n, m in _rescaled(graph, scaled)]
     inputs = {name: dataclasses.replace(spec, shape=(size, *spec.shape[1:])) if spec.shape and spec.shape[0] == old
               else spec for name, spec in graph.inputs.items()}
     out = dataclasses.replace(graph, nodes=nodes, inputs=inputs, outputs=list(graph.outputs))
