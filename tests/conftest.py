@@ -65,5 +65,8 @@ def pytest_collection_modifyitems(config, items):
     """Modules with tests marked ``slow`` or ``dist`` (they start processes) first, then the rest,
     each group in collection order: the long modules start early and the short ones fill in at the
     end. A module's tests stay together and in their order (its fixtures are built once)."""
-    heavy = {item.module.__name__ for item in items if item.module is not None and _starts_processes(item)}
-    items.sort(key=lambda item: item.module is None or item.module.__name__ not in heavy)
+    def module(item):
+        return getattr(getattr(item, "module", None), "__name__", None)
+
+    heavy = {module(item) for item in items if _starts_processes(item)} - {None}
+    items.sort(key=lambda item: module(item) not in heavy)
