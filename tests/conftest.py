@@ -46,3 +46,27 @@ def hf_traced() -> dict:
         model, kwargs = hf_models.build(name)
         out[name] = (model, kwargs, autopar.trace(model, kwargs))
     return out
+
+
+def _starts_processes(item) -> bool:
+    return item.get_closest_marker("dist") is not None or item.get_closest_marker("slow") is not None
+
+
+def pytest_configure(config):
+    """Under ``-n 2 --dist loadscope`` (``make test``) modules go to the workers in collection order
+    (below), not xdist's default of most tests first: that default hands out last the modules of a
+    few long tests (gloo launches, examples started with torchrun), and one of them at the end keeps
+    one worker busy for a minute while the other has nothing left to do."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with tests marked ``slow`` or ``dist`` (they start processes) first, then the rest,
+    each group in collection order: the long modules start early and the short ones fill in at the
+    end. A module's tests stay together and in their order (its fixtures are built once)."""
+    def module(item):
+        return getattr(getattr(item, "module", None), "__name__", None)
+
+    heavy = {module(item) for item in items if _starts_processes(item)} - {None}
+    items.sort(key=lambda item: module(item) not in heavy)

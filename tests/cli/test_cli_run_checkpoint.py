@@ -2,13 +2,15 @@
 
 The memory case runs in this process with the machine's available memory monkeypatched below the
 plan's prediction; the launch is replaced so that nothing starts. The resume case runs the command
-three times as a user would: 6 steps straight, then 3 with --checkpoint and 3 more with --resume;
-the resumed run's per-step losses must be the straight run's last three.
+twice as a user would: 6 steps straight with --checkpoint (saving after steps 4 and 6), then, with
+step 6's checkpoint removed, 2 more with --resume from step 4; the resumed run's per-step losses
+must be the straight run's last two.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 
@@ -105,14 +107,16 @@ def _megatron_plan(path) -> str:
     return str(path)
 
 
-@pytest.mark.slow  # three runs of 2 processes
+@pytest.mark.slow  # two runs of 2 processes
 def test_resume_prints_the_losses_of_a_straight_run(tmp_path):
+    from autopar.runtime.checkpoint import latest
+
     plan = _megatron_plan(tmp_path / "plan.json")
     ckpt = str(tmp_path / "ckpt")
-    out, straight = _run("--steps", "6", "--plan", plan)
-    out, first = _run("--steps", "3", "--plan", plan, "--checkpoint", ckpt, "--checkpoint-every", "2")
-    assert "steps 2, 3 (newest 3)" in out  # every 2 steps and after the last
-    out, resumed = _run("--steps", "3", "--plan", plan, "--checkpoint", ckpt, "--resume")
-    assert "resumed from step 3" in out
-    assert sorted(first) == [0, 1, 2] and sorted(resumed) == [3, 4, 5]
-    assert {**first, **resumed} == pytest.approx(straight, rel=1e-6)
+    out, straight = _run("--steps", "6", "--plan", plan, "--checkpoint", ckpt, "--checkpoint-every", "4")
+    assert "steps 4, 6 (newest 6)" in out  # every 4 steps and after the last
+    shutil.rmtree(latest(ckpt))  # step 4 is now the newest: the run resumes in the middle of the straight one
+    out, resumed = _run("--steps", "2", "--plan", plan, "--checkpoint", ckpt, "--resume")
+    assert "resumed from step 4" in out
+    assert sorted(straight) == [0, 1, 2, 3, 4, 5] and sorted(resumed) == [4, 5]
+    assert resumed == pytest.approx({k: straight[k] for k in resumed}, rel=1e-6)

@@ -13,6 +13,7 @@ import pytest
 
 from autopar.cli import main
 from autopar.cli.sweep import build_grid, comparison
+from tests.helpers.cli_utils import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,14 +58,15 @@ def test_sweep_example_matches_each_model_alone():
 
 
 @pytest.mark.slow
-def test_the_readme_sweep_command_trains_its_eight_models_like_each_alone():
+def test_the_readme_sweep_command_trains_its_eight_models_like_each_alone(monkeypatch):
     """The README's command: 8 GPTs whose tensors, sent to the ranks as file descriptors, were more
     than a fork server takes in one message ("autopar: error: Invalid argument")."""
     command = "autopar sweep zoo:gpt:layers=2,seq=32,vocab=128 --vary width=32,64"
     assert command in (ROOT / "README.md").read_text()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "autopar", *command.split()[1:], "--steps", "2"], capture_output=True,
-                       text=True, timeout=900, cwd=ROOT, env=env)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # in this process (the command's own parser and launcher; its ranks are new processes as from
+    # the shell): no interpreter start-up and torch import for the command itself
+    r = cli(*command.split()[1:], "--steps", "2")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = re.findall(r"^width=\d+ lr=\S+\s+(\d+\.\d+)\s+(\d+\.\d+)\s+\S+$", r.stdout, flags=re.M)
     assert len(rows) == 8 and all(float(a) == pytest.approx(float(b), rel=1e-5) for a, b in rows)

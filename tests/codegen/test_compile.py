@@ -1,7 +1,7 @@
 """``autopar.compile``: plan on rank 0, the same plan on every rank, a module that trains like one device.
 
-Threads on torch's threaded process group stand in for torchrun's processes (one test runs real
-gloo processes through ``autopar.runtime.launch.launch``). Every numerics check is against a single-device run of
+Threads on torch's threaded process group stand in for torchrun's processes (three tests run real
+gloo processes through ``autopar.runtime.launch.launch``, all three cases in one launch). Every numerics check is against a single-device run of
 the unsplit model (``reference_run``), never against numbers taken from autopar.
 """
 
@@ -131,9 +131,33 @@ def _gloo_first_loss(rank, world):
     return float(loss), module.plan.fingerprint
 
 
-def test_compile_on_real_gloo_processes():
+def _gloo_cases(rank, world, plan_path, cache):
+    """The module's real-gloo cases, one after another in one launch of 2 processes (a launch
+    starts an interpreter per rank and imports torch: on a busy 2-core box that is most of a
+    case's time). The profiled one goes last: it points the profile cache elsewhere."""
+    return {"first_loss": _gloo_first_loss(rank, world), "pipelined": _pipelined_losses(rank, world, plan_path),
+            "profiled": _gloo_profiled(rank, world, cache)}
+
+
+@pytest.fixture(scope="module")
+def gloo_results(tmp_path_factory):
+    """Per case, every rank's result, from one launch."""
+    from autopar.core.fingerprint import fingerprint
+    from tests.helpers.plans import two_stage_plan
+
+    folder = tmp_path_factory.mktemp("gloo")
     model, inputs = _gpt()
-    results = run_gloo(_gloo_first_loss, 2)
+    graph = autopar.trace(model, inputs)
+    plan = two_stage_plan(graph, microbatches=2, schedule="1f1b")
+    plan.fingerprint = fingerprint(graph)
+    plan.save(folder / "piped.json")
+    per_rank = run_gloo(_gloo_cases, 2, str(folder / "piped.json"), str(folder / "profile.sqlite"))
+    return {case: [r[case] for r in per_rank] for case in per_rank[0]}
+
+
+def test_compile_on_real_gloo_processes(gloo_results):
+    model, inputs = _gpt()
+    results = gloo_results["first_loss"]
     expected = float(model(*inputs))
     for loss, fp in results:
         assert loss == pytest.approx(expected, rel=1e-5)
@@ -152,11 +176,11 @@ def _gloo_profiled(rank, world, cache):
 
 
 @pytest.mark.slow
-def test_compile_with_the_profiled_model_fits_links_on_every_rank(tmp_path):
+def test_compile_with_the_profiled_model_fits_links_on_every_rank(gloo_results):
     """The profiled model's fit runs collectives: every rank fits, rank 0 plans (this hung when
     rank 0 fitted alone while the others waited for its plan)."""
     model, inputs = _gpt()
-    results = run_gloo(_gloo_profiled, 2, str(tmp_path / "profile.sqlite"))
+    results = gloo_results["profiled"]
     expected = float(model(*inputs))
     for loss, plan, kind in results:
         assert loss == pytest.approx(expected, rel=1e-5) and kind == "profiled"
@@ -189,17 +213,11 @@ def _pipelined_losses(rank, world, plan_path):
     return train_steps(module, inputs, 3), names, len(module.plan.stages)
 
 
-def test_compile_runs_a_pipelined_plan_through_torch_pipelining(tmp_path):
-    from autopar.core.fingerprint import fingerprint
+def test_compile_runs_a_pipelined_plan_through_torch_pipelining(gloo_results):
     from autopar.cli.training import single_process_losses
-    from tests.helpers.plans import two_stage_plan
 
     model, inputs = _gpt()
-    graph = autopar.trace(model, inputs)
-    plan = two_stage_plan(graph, microbatches=2, schedule="1f1b")
-    plan.fingerprint = fingerprint(graph)
-    plan.save(tmp_path / "piped.json")
-    results = run_gloo(_pipelined_losses, 2, str(tmp_path / "piped.json"))
+    results = gloo_results["pipelined"]
     expected = single_process_losses(model, inputs, 3)
     all_names = [n for n, _ in model.named_parameters()]
     for losses, names, stages in results:
