@@ -21,11 +21,8 @@ from torch import fx
 
 import autopar
 from autopar.codegen.devices import makes_on_device
-from autopar.codegen.module import shard_module
-from autopar.core.tables import Mesh
+from tests.helpers.case_runs import train_cases
 from tests.helpers.dist_utils import run_gloo
-from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import data_parallel, split_everything
 
 VOCAB, WIDTH, SEQ, BATCH = 24, 16, 8, 4
 
@@ -89,32 +86,9 @@ def _graph(model, inputs, frontend: str):
     return autopar.trace(copy.deepcopy(model).to("meta"), tuple(t.to("meta") for t in inputs), frontend="export")
 
 
-def _train_cases(rank, world, cases):
-    """Every case on this rank: None where it trains like one device, else its error."""
-    out = {}
-    for case in cases:
-        name, frontend, kind = case
-        model, inputs = _model(name)
-        ref = reference_run(model, inputs)
-        try:
-            graph = _graph(model, inputs, frontend)
-            assert graph.frontend == frontend
-            if kind == "searched":  # the user's call: rank 0 plans, every rank compiles its plan
-                module = autopar.compile(model, example_inputs=inputs)
-            else:
-                plan = data_parallel(graph, (world,)) if kind == "data_parallel" else \
-                    split_everything(graph, Mesh((world,)))
-                module = shard_module(model, graph, plan, (world,))
-            check_module(rank, module, inputs, ref)
-            out[case] = None
-        except Exception as e:  # noqa: BLE001 - each case reports its own failure
-            out[case] = f"{type(e).__name__}: {str(e)[:600]}"
-    return out
-
-
 @pytest.fixture(scope="module")
 def trained():
-    return run_gloo(_train_cases, 2, CASES)
+    return run_gloo(train_cases, 2, CASES, _model, _graph)
 
 
 @pytest.mark.dist

@@ -23,8 +23,8 @@ import autopar
 from autopar.codegen.module import shard_module
 from autopar.codegen.placements import LayoutError
 from autopar.core.tables import Mesh
+from tests.helpers.case_runs import train_cases
 from tests.helpers.dist_utils import run_gloo, run_threaded
-from tests.helpers.numerics import check_module, reference_run
 from tests.helpers.plans import data_parallel, split_everything
 
 
@@ -111,32 +111,13 @@ def _model(name: str):
     return MODELS[name](), (torch.randn(8, 6), torch.randn(8, 3))
 
 
-def _train_cases(rank, world, cases):
-    """Every case on this rank: None where it trains like one device, else its error."""
-    out = {}
-    for case in cases:
-        name, frontend, kind = case
-        model, inputs = _model(name)
-        ref = reference_run(model, inputs)
-        try:
-            graph = autopar.trace(model, inputs, frontend=frontend)
-            assert frontend == "auto" or graph.frontend == frontend
-            if kind == "searched":  # the user's call: rank 0 plans, every rank compiles its plan
-                module = autopar.compile(model, example_inputs=inputs)
-            else:
-                plan = data_parallel(graph, (world,)) if kind == "data_parallel" else \
-                    split_everything(graph, Mesh((world,)))
-                module = shard_module(model, graph, plan, (world,))
-            check_module(rank, module, inputs, ref)
-            out[case] = None
-        except Exception as e:  # noqa: BLE001 - each case reports its own failure
-            out[case] = f"{type(e).__name__}: {str(e)[:600]}"
-    return out
+def _trace(model, inputs, frontend):
+    return autopar.trace(model, inputs, frontend=frontend)
 
 
 @pytest.fixture(scope="module")
 def trained():
-    return run_gloo(_train_cases, 2, CASES)
+    return run_gloo(train_cases, 2, CASES, _model, _trace)
 
 
 @pytest.mark.dist
