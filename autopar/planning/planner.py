@@ -185,10 +185,12 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
             piped = _with_pipeline(ctx, tables.memory_capacity, start)
             if piped is not None:
                 return piped
+        usable, device = max(tables.memory_capacity, 0.0), memory_capacity or cluster.memory_capacity
         raise InfeasibleError(
-            f"no plan of {graph.model_name or 'the model'} fits {max(tables.memory_capacity, 0.0) / 2**30:.3g} GiB per device "
-            f"({capacity_words(memory_capacity or cluster.memory_capacity)}) on {cluster.devices} devices; the least autopar can reach is {least / 2**30:.3g} GiB per device "
-            f"(splitting every node as finely as it can): add devices or memory", least) from e
+            f"no plan of {graph.model_name or 'the model'} fits {usable / 2**30:.3g} GiB per device "
+            f"({capacity_words(device)}) on {cluster.devices} devices; the least autopar can reach is "
+            f"{least / 2**30:.3g} GiB per device (splitting every node as finely as it can): add devices or memory",
+            least) from e
     from autopar.planning.ties import prefer_data_parallel
 
     sol = prefer_data_parallel(tables, sol, base_plans.data_parallel_choice(graph, tables))
