@@ -32,6 +32,10 @@ from __future__ import annotations
 
 MARGIN_FRACTION = 0.10
 FRAMEWORK_BYTES = 512 * 2**20
+# The searches accept a plan whose summed bytes exceed their capacity by this relative amount
+# (float64 sums in another order differ by ulps); the check here grants the same, so a plan
+# the planner calls fitting is never refused for rounding.
+SUM_RTOL = 1e-12
 
 
 def memory_margin(capacity: float) -> float:
@@ -70,7 +74,7 @@ def over_margin(predicted: float, capacity: float | None, free: float | None = N
     if not capacity or not predicted > 0:
         return None
     limit = usable_memory(capacity, free)
-    if predicted <= limit:
+    if predicted <= limit + abs(limit) * SUM_RTOL:
         return None
     have = float(capacity) if free is None else min(float(capacity), float(free))
     now = "" if free is None else f" ({size(free)} free now)"

@@ -55,6 +55,14 @@ def test_the_planner_keeps_within_the_margin_and_compile_accepts_its_plan(gpt):
         assert ("does not fit" in plan.report().split(f"vs {name.replace('_', ' ')}:")[1].splitlines()[0]) == over
 
 
+def test_a_plan_at_the_limit_up_to_rounding_is_not_refused():
+    from autopar.core.margin import over_margin
+
+    capacity = 4 * 2**30
+    assert over_margin(_usable(capacity) * (1 + 1e-13), capacity) is None  # the search's float slack
+    assert over_margin(_usable(capacity) * (1 + 1e-6), capacity) is not None
+
+
 def test_no_plan_within_the_margin_is_one_line_infeasible(gpt):
     model, inputs, cluster, fastest = gpt
     capacity = fastest.memory_per_device + 512 * MIB  # holds the plan, but not with the margin
