@@ -126,10 +126,12 @@ def plan_kwargs(case: Case) -> dict:
 
 
 def capacity(case: Case) -> float:
-    """Bytes per device the plan must fit in: the case's limit, else the cluster's."""
-    if case.memory_capacity is not None:
-        return float(case.memory_capacity)
-    return float(case.hardware().memory_capacity)
+    """Bytes per device the plan must fit in: the case's device memory (its limit, else the
+    cluster's) less the safety margin that the planner keeps and compile enforces."""
+    from autopar.core.margin import usable_memory
+
+    device = case.memory_capacity if case.memory_capacity is not None else case.hardware().memory_capacity
+    return usable_memory(float(device))
 
 
 def plan_case(case: Case, model_inputs=None, graph=None) -> autopar.Plan:

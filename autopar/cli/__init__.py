@@ -262,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--mode", default="train", choices=["train", "inference"],
                        help="price forward+backward+gradient sync (train) or the forward only")
         c.add_argument("--memory", type=float, default=None, metavar="GIB",
-                       help="memory per device in GiB (default: the cluster's)")
+                       help="memory per device in GiB (default: the cluster's); plans keep "
+                            "the safety margin of autopar/core/margin.py below it")
         c.add_argument("--precision", default=None, choices=["fp32", "bf16", "fp16"],
                        help="fp32, or bf16/fp16 mixed precision (fp32 master weights and optimizer state); "
                        "default fp32, and the devices' fastest mixed precision for the hierarchical search")

@@ -19,12 +19,23 @@ the GPU takes its share. On a CPU the stated capacity is used (the ``cpu`` prese
 memory over its processes); ``autopar run`` also checks the host's available memory before it
 starts any process. ``autopar.compile`` and ``autopar run`` refuse a plan over the limit, and the
 plan report states the margin.
+
+The planner plans against the same limit (``usable_memory``): every memory check of a search
+(the flat search's capacity, pipeline stages, the hierarchical search, ZeRO and recomputation
+choices, the baselines' "fits") uses the capacity less the margin, so a plan the planner calls
+fitting is one compile accepts. An explicit ``memory_capacity`` is the device's memory, like the
+cluster's: the margin applies to it too (``device_memory_for`` gives the capacity whose usable
+part is a given number of bytes).
 """
 
 from __future__ import annotations
 
 MARGIN_FRACTION = 0.10
 FRAMEWORK_BYTES = 512 * 2**20
+# The searches accept a plan whose summed bytes exceed their capacity by this relative amount
+# (float64 sums in another order differ by ulps); the check here grants the same, so a plan
+# the planner calls fitting is never refused for rounding.
+SUM_RTOL = 1e-12
 
 
 def memory_margin(capacity: float) -> float:
@@ -47,18 +58,30 @@ def usable_memory(capacity: float, free: float | None = None) -> float:
     return have - memory_margin(have)
 
 
+def device_memory_for(usable: float) -> float:
+    """The device capacity whose ``usable_memory`` is ``usable`` bytes (the inverse of the margin)."""
+    return (float(usable) + FRAMEWORK_BYTES) / (1.0 - MARGIN_FRACTION)
+
+
+def capacity_words(capacity: float) -> str:
+    """'the device's 24 GiB less a margin of 2.9 GiB': where a usable figure comes from."""
+    return f"the device's {size(capacity)} less a margin of {size(memory_margin(capacity))}"
+
+
 def over_margin(predicted: float, capacity: float | None, free: float | None = None) -> str | None:
     """None when ``predicted`` bytes per device fit the device less the margin; else the one-line
     reason, with the numbers and what to do."""
     if not capacity or not predicted > 0:
         return None
     limit = usable_memory(capacity, free)
-    if predicted <= limit:
+    if predicted <= limit + abs(limit) * SUM_RTOL:
         return None
     have = float(capacity) if free is None else min(float(capacity), float(free))
     now = "" if free is None else f" ({size(free)} free now)"
-    todo = (f"plan again for at most {size(limit)} per device (memory_capacity={limit:.4g} bytes, or --memory "
-            f"{limit / 2**30:.4g} GiB) or on more devices" if limit > 0 else
+    # the planner keeps the margin itself: plan again for the memory the device has (``have``)
+    todo = (f"plan again for the {size(have)} the device has (memory_capacity={have:.4g} bytes, or --memory "
+            f"{have / 2**30:.4g} GiB) or on more devices" if limit > 0 and have < float(capacity) else
+            "plan again (the planner keeps within the margin) or on more devices" if limit > 0 else
             "use more devices, or devices with more memory")
     return (f"the plan predicts {size(predicted)} per device, more than the {size(max(limit, 0.0))} it may use: "
             f"the device's {size(capacity)}{now} less a margin of {size(memory_margin(have))} ({margin_words()}); "

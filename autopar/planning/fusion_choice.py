@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from autopar.core.cluster import Cluster
 from autopar.core.errors import TraceError
+from autopar.core.margin import usable_memory
 
 
 @dataclass
@@ -134,7 +135,7 @@ def choose_fusion(models, example_inputs, cluster: Cluster, *, cost_model="profi
         raise ValueError(f"group sizes must be between 1 and {k_all}, got {sizes}")
     model = make_cost_model(cost_model, optimizer, device=device) if isinstance(cost_model, str) else cost_model
     label = cost_model if isinstance(cost_model, str) else getattr(cost_model, "name", type(cost_model).__name__)
-    capacity = cluster.memory_capacity
+    capacity = usable_memory(cluster.memory_capacity)  # what a group may use (core/margin.py)
     step: dict[int, tuple[float, float]] = {}
 
     def price_group(k: int) -> tuple[float, float]:

@@ -34,6 +34,7 @@ from autopar.core.blocks import apply_training, block_window, repeated_blocks, u
 from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
+from autopar.core.margin import capacity_words, usable_memory
 from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.degrees import Pin, divisors, level_degrees
@@ -343,7 +344,8 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     precision = precision or default_precision(cluster)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    capacity = float(memory_capacity or cluster.memory_capacity)
+    device = float(memory_capacity or cluster.memory_capacity)
+    capacity = usable_memory(device)  # what a plan may use: compile refuses more (core/margin.py)
     search = Search(graph, cluster, precision, optimizer, mode, capacity, solve)
     zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
     recs = (False, True) if recompute == "auto" else (bool(recompute),)
@@ -354,7 +356,8 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
         need = least.memory / 2**30 if least else math.nan
         raise InfeasibleError(
             f"no plan of {graph.model_name or 'the model'} in the hierarchical space fits "
-            f"{capacity / 2**30:.3g} GiB per device on {cluster.devices} devices; the least found needs "
+            f"{max(capacity, 0.0) / 2**30:.3g} GiB per device ({capacity_words(device)}) on {cluster.devices} devices; "
+            f"the least found needs "
             f"{need:.3g} GiB ({least.candidate.describe() if least else '-'}): add devices or memory",
             least.memory if least else math.inf)
     bound = search.totals.train_flops / (cluster.devices * search.peak * search.eff)

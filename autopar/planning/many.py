@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
+from autopar.core.margin import usable_memory
 from autopar.planning.fusion_choice import FusionChoice, choose_fusion, make_cost_model
 from autopar.planning.shards import PCIE4_X16, ShardPlan, cut_shards, model_parallel_step, node_profiles
 from autopar.search.schedule import Job, Option, Schedule, lower_bound, lrtf, one_at_a_time
@@ -180,7 +181,7 @@ def plan_options(module, inputs, cluster: Cluster, *, cost_model: str, optimizer
     if not any(o.devices == 1 for o in options):
         profiles = node_profiles(graph, cluster, model or make_cost_model(cost_model, optimizer), optimizer)
         try:
-            shards = cut_shards(profiles, cluster.memory_capacity, host_bandwidth)
+            shards = cut_shards(profiles, usable_memory(cluster.memory_capacity), host_bandwidth)
             options.insert(0, OptionPlan(1, shards.step_seconds, max(s.memory for s in shards.shards) * 2,
                                          f"{shards.count} shards", shards.describe()))
         except InfeasibleError:
@@ -207,6 +208,7 @@ def _table_option(graph, sub: Cluster, model, optimizer, parallel: str) -> Optio
     from autopar.planning.planner import run_search
 
     tables = build_tables(graph, sub, model, space="mesh", mode="train", optimizer=optimizer)
+    tables.memory_capacity = usable_memory(sub.memory_capacity)  # what a plan may use (core/margin.py)
     if sub.devices == 1:
         choice, kind = [0] * len(tables.nodes), "one device"
     elif parallel == "ddp":
@@ -217,7 +219,7 @@ def _table_option(graph, sub: Cluster, model, optimizer, parallel: str) -> Optio
         except InfeasibleError:
             return None
     memory = float(tables.total_memory(choice))
-    if memory > sub.memory_capacity:
+    if memory > tables.memory_capacity:
         return None
     return OptionPlan(sub.devices, float(tables.total(choice)), memory, kind)
 

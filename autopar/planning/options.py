@@ -26,6 +26,7 @@ from autopar.core.blocks import apply_training, repeated_blocks
 from autopar.core.cost_model import CostModel
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
+from autopar.core.margin import usable_memory
 from autopar.core.strategy import Strategy, TrainingOptions
 from autopar.core.tables import CostTables, Solution
 
@@ -59,8 +60,9 @@ class FlatOptions:
 
             g = apply_training(self.graph, opts)
             t = build_tables(g, self.cluster, self.model, space="mesh", mode=self.mode, optimizer=self.optimizer)
-            if self.capacity is not None:
-                t.memory_capacity = float(self.capacity)
+            # plans are searched against what a plan may use: the device's memory (an explicit
+            # ``capacity`` or the cluster's) less the margin of core/margin.py that compile enforces
+            t.memory_capacity = usable_memory(t.memory_capacity if self.capacity is None else self.capacity)
             self._tables[opts] = (g, t)
         return self._tables[opts]
 

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from autopar.core.margin import capacity_words
 from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
 from autopar.core.fingerprint import fingerprint
@@ -90,7 +91,10 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     keyword inputs, or one dict of keyword inputs). ``cluster``: None (the default, the local machine: the ``cpu`` preset,
     ``devices`` of them, by default the process group's size or the local machine's cores), a preset
     name (``"8xA100"``), a device count (the default cluster with that many devices) or an
-    ``autopar.Cluster`` (``autopar.core.resolve``). ``memory_capacity`` (bytes per device) overrides the cluster's.
+    ``autopar.Cluster`` (``autopar.core.resolve``). ``memory_capacity`` (bytes per device) overrides the cluster's:
+    it is the device's memory, and like the cluster's it is planned against less the safety margin
+    of ``autopar.core.margin`` (10% + 512 MiB) that ``autopar.compile`` enforces, so a plan called
+    fitting is one compile accepts (``margin.device_memory_for(b)`` is the capacity that lets a plan use ``b``).
     ``cost_model``, ``search``, ``space``: see ``autopar.planning.registry`` (``cost_model`` may also
     be a mesh cost model object, e.g. a ``ProfiledModel`` with its own options). PaSE's model
     (``pase_rate`` = its TFLOP/s and GB/s) prices PaSE's view of the graph in its own space;
@@ -181,10 +185,12 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
             piped = _with_pipeline(ctx, tables.memory_capacity, start)
             if piped is not None:
                 return piped
+        usable, device = max(tables.memory_capacity, 0.0), memory_capacity or cluster.memory_capacity
         raise InfeasibleError(
-            f"no plan of {graph.model_name or 'the model'} fits {tables.memory_capacity / 2**30:.3g} GiB per device "
-            f"on {cluster.devices} devices; the least autopar can reach is {least / 2**30:.3g} GiB per device "
-            f"(splitting every node as finely as it can): add devices or memory", least) from e
+            f"no plan of {graph.model_name or 'the model'} fits {usable / 2**30:.3g} GiB per device "
+            f"({capacity_words(device)}) on {cluster.devices} devices; the least autopar can reach is "
+            f"{least / 2**30:.3g} GiB per device (splitting every node as finely as it can): add devices or memory",
+            least) from e
     from autopar.planning.ties import prefer_data_parallel
 
     sol = prefer_data_parallel(tables, sol, base_plans.data_parallel_choice(graph, tables))

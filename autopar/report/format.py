@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from autopar.core.margin import usable_memory
+
 _BLOCK = re.compile(r"^(?P<prefix>.*?)\.(?P<idx>\d+)(?:\.(?P<rest>.*))?$")
 
 
@@ -45,10 +47,14 @@ def speed_words(ratio: float) -> str:
 
 
 def over_capacity(memory: float | None, capacity: float | None) -> str:
-    """'does not fit (3.51 GiB > 2 GiB)' when ``memory`` exceeds ``capacity``, else ''."""
-    if not capacity or memory is None or memory != memory or memory <= capacity:
+    """'does not fit (3.51 GiB > 1.3 GiB usable of 2 GiB)' when ``memory`` exceeds what a plan may
+    use of a device of ``capacity`` bytes (``core/margin.py``: compile refuses more), else ''."""
+    if not capacity or memory is None or memory != memory:
         return ""
-    return f"does not fit ({fmt_bytes(memory)} > {fmt_bytes(capacity)})"
+    usable = usable_memory(capacity)
+    if memory <= usable:
+        return ""
+    return f"does not fit ({fmt_bytes(memory)} > {fmt_bytes(max(usable, 0.0))} usable of {fmt_bytes(capacity)})"
 
 
 def replicates_everything(plan) -> bool:

@@ -7,6 +7,7 @@ one cost model for all of them), so a saved plan prints the same report.
 
 from __future__ import annotations
 
+from autopar.core.margin import usable_memory
 from autopar.report.format import cost_ratio, fmt_bytes, fmt_seconds, over_capacity, speed_words
 
 # why a term differs, in words (filled with the two plans' numbers)
@@ -72,9 +73,9 @@ def why_lines(plan, other, name: str) -> list[str]:
     a, b = plan.strategy, other.strategy
     capacity = plan.cluster.get("memory_capacity")
     out = []
-    if capacity and other.memory_per_device > capacity:
+    if capacity and other.memory_per_device > usable_memory(capacity):
         out.append(f"memory: {name} needs {fmt_bytes(other.memory_per_device)} per device, more than the "
-                   f"{fmt_bytes(capacity)} there are; autopar's plan needs {fmt_bytes(plan.memory_per_device)}")
+                   f"{fmt_bytes(max(usable_memory(capacity), 0.0))} a plan may use of {fmt_bytes(capacity)}; autopar's plan needs {fmt_bytes(plan.memory_per_device)}")
     diffs = []
     for term in sorted(set(a.time_terms) | set(b.time_terms)):
         ta, tb = a.time_terms.get(term, 0.0), b.time_terms.get(term, 0.0)

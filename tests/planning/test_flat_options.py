@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import autopar
+from autopar.core.margin import device_memory_for
 from autopar.core.errors import InfeasibleError
 
 
@@ -27,7 +28,8 @@ def test_zero_lets_data_parallelism_fit_and_the_search_is_exact_over_the_options
     model, inputs = gpt
     free = autopar.plan(model, inputs, "8xA100", pipeline=False, zero=0, recompute=False)
     cap = 0.5 * free.baselines["data_parallel"].memory_per_device
-    plan = autopar.plan(model, inputs, "8xA100", pipeline=False, memory_capacity=cap)
+    device = device_memory_for(cap)  # a device of which a plan may use cap (the margin, core/margin.py)
+    plan = autopar.plan(model, inputs, "8xA100", pipeline=False, memory_capacity=device)
     dp = plan.baselines["data_parallel"]
     assert dp.memory_per_device <= cap and dp.strategy.options.zero >= 1  # FSDP-style data parallelism
     assert plan.memory_per_device <= cap and plan.cost <= dp.cost
@@ -36,7 +38,7 @@ def test_zero_lets_data_parallelism_fit_and_the_search_is_exact_over_the_options
     for zero in range(4):
         for recompute in (False, True):
             try:
-                p = autopar.plan(model, inputs, "8xA100", pipeline=False, memory_capacity=cap, zero=zero,
+                p = autopar.plan(model, inputs, "8xA100", pipeline=False, memory_capacity=device, zero=zero,
                                  recompute=recompute, baselines=False)
             except InfeasibleError:
                 continue

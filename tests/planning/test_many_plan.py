@@ -14,6 +14,7 @@ from autopar.search.schedule import validate
 
 import autopar
 from autopar.core.cluster import Cluster
+from autopar.core.margin import device_memory_for
 from autopar.core.errors import InfeasibleError
 from autopar.planning.fusion_choice import choose_fusion, group_sizes
 from autopar.planning.many import plan_many
@@ -56,7 +57,7 @@ def test_fusion_stops_at_the_largest_group_that_fits():
     models, inputs = _mlps(4)
     roomy = choose_fusion(models, inputs, Cluster.preset("cpu", devices=1), cost_model=PerOpOverhead())
     two = roomy.price(2).memory
-    tight = dataclasses.replace(Cluster.preset("cpu", devices=1), memory_capacity=two * 1.01)
+    tight = dataclasses.replace(Cluster.preset("cpu", devices=1), memory_capacity=device_memory_for(two * 1.01))
     choice = choose_fusion(models, inputs, tight, cost_model=PerOpOverhead())
     assert choice.k == 2
     assert not choice.price(4).fits
@@ -108,7 +109,7 @@ def test_plan_many_shards_the_large_models_and_schedules_everything():
                                    seed=s, device="meta")
             models.append(m)
             inputs.append(x)
-    cluster = dataclasses.replace(Cluster(devices=4), memory_capacity=12e6)
+    cluster = dataclasses.replace(Cluster(devices=4), memory_capacity=device_memory_for(12e6))
     plan = plan_many(models, inputs, cluster, steps=100, units=4, fuse=False, time_limit=2.0)
     small, large = plan.jobs[0], plan.jobs[-1]
     assert small.shards is None and large.shards is not None and large.shards.count > 1

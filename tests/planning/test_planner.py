@@ -5,6 +5,7 @@ import re
 import pytest
 
 import autopar
+from autopar.core.margin import device_memory_for
 from autopar.core.errors import InfeasibleError
 from autopar.search.brute import brute
 from autopar.core.tables import restrict
@@ -81,7 +82,7 @@ def test_a_memory_limit_that_data_parallelism_cannot_meet_is_met_by_splitting(bi
     dp_mem = free.baselines["data_parallel"].memory_per_device
     cap = dp_mem * 0.5
     # plain data parallelism (no ZeRO, no recomputation: with them it fits, planning/test_flat_options.py)
-    plan = autopar.plan(model, inputs, "8xA100", memory_capacity=cap, zero=0, recompute=False)
+    plan = autopar.plan(model, inputs, "8xA100", memory_capacity=device_memory_for(cap), zero=0, recompute=False)
     print(f"data parallel {dp_mem / 2**20:.1f} MiB/device; capacity {cap / 2**20:.1f}; plan {plan.memory_per_device / 2**20:.1f}")
     assert plan.memory_per_device <= cap
     assert plan.baselines["data_parallel"].memory_per_device > cap
