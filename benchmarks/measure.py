@@ -38,14 +38,16 @@ def run_case(devices: int, cost: str, hierarchical: str, steps: int) -> dict:
         return dict(json.loads(out.read_text()), cost=cost, hierarchical=hierarchical, command=shown)
 
 
+HEADER = ("| devices | cost model | plan | memory measured (MiB) | predicted (MiB) | ratio | "
+          "compute measured (ms) | predicted (ms) | ratio |\n|---|---|---|---|---|---|---|---|---|")
+
+
 def mib(x: float) -> str:
     return f"{x / 2**20:.1f}"
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| devices | cost model | plan | memory measured (MiB) | predicted (MiB) | ratio | "
-             "compute measured (ms) | predicted (ms) | ratio |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [HEADER]
     for r in rows:
         plan = "hierarchical (auto)" if r["hierarchical"] == "auto" else "flat mesh, one stage"
         if "error" in r:

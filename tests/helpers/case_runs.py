@@ -37,3 +37,14 @@ def train_cases(rank, world, cases, build, trace) -> dict:
         except Exception as e:  # noqa: BLE001 - each case reports its own failure
             out[case] = f"{type(e).__name__}: {str(e)[:600]}"
     return out
+
+
+def case_ids(cases) -> list[str]:
+    """pytest ids of the cases: 'name-frontend-kind'."""
+    return ["-".join(c) for c in cases]
+
+
+def check_case(trained: list[dict], case) -> None:
+    """Every rank's result of ``case`` (``train_cases``' return per rank) is None: no error."""
+    for rank, results in enumerate(trained):
+        assert results[case] is None, f"rank {rank}: {results[case]}"
