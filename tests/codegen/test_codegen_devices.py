@@ -21,8 +21,7 @@ from torch import fx
 
 import autopar
 from autopar.codegen.devices import makes_on_device
-from tests.helpers.case_runs import case_ids, check_case, train_cases
-from tests.helpers.dist_utils import run_gloo
+from tests.helpers.case_runs import case_ids, cases_fixture, check_case
 
 VOCAB, WIDTH, SEQ, BATCH = 24, 16, 8, 4
 
@@ -86,9 +85,7 @@ def _graph(model, inputs, frontend: str):
     return autopar.trace(copy.deepcopy(model).to("meta"), tuple(t.to("meta") for t in inputs), frontend="export")
 
 
-@pytest.fixture(scope="module")
-def trained():
-    return run_gloo(train_cases, 2, CASES, _model, _graph)
+trained = cases_fixture(CASES, _model, _graph)
 
 
 @pytest.mark.dist

@@ -23,8 +23,8 @@ import autopar
 from autopar.codegen.module import shard_module
 from autopar.codegen.placements import LayoutError
 from autopar.core.tables import Mesh
-from tests.helpers.case_runs import case_ids, check_case, train_cases
-from tests.helpers.dist_utils import run_gloo, run_threaded
+from tests.helpers.case_runs import case_ids, cases_fixture, check_case
+from tests.helpers.dist_utils import run_threaded
 from tests.helpers.plans import data_parallel, split_everything
 
 
@@ -44,12 +44,16 @@ class EmaOfFeatures(nn.Module):
         return F.mse_loss(self.out(h - self.ema) * self.steps, y)
 
 
-class ChainedActivation(nn.Module):
-    """An activation written twice through the first write's result, then read."""
+class TwoLinear(nn.Module):
+    """6 inputs -> 12 features -> 3 outputs: the layers the models below write through."""
 
     def __init__(self):
         super().__init__()
         self.inp, self.out = nn.Linear(6, 12), nn.Linear(12, 3)
+
+
+class ChainedActivation(TwoLinear):
+    """An activation written twice through the first write's result, then read."""
 
     def forward(self, x, y):
         h = self.inp(x)
@@ -57,12 +61,11 @@ class ChainedActivation(nn.Module):
         return F.mse_loss(self.out(torch.relu(h)), y)
 
 
-class AugmentedCounter(nn.Module):
+class AugmentedCounter(TwoLinear):
     """``self.seen += n``: torch.fx cannot record the rebinding, so torch.export traces it."""
 
     def __init__(self):
         super().__init__()
-        self.inp, self.out = nn.Linear(6, 12), nn.Linear(12, 3)
         self.register_buffer("seen", torch.zeros(()))
 
     def forward(self, x, y):
@@ -70,12 +73,8 @@ class AugmentedCounter(nn.Module):
         return F.mse_loss(self.out(self.inp(x)) / self.seen, y)
 
 
-class IntoAView(nn.Module):
+class IntoAView(TwoLinear):
     """A write into a view: eager makes it visible in the tensor viewed."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp, self.out = nn.Linear(6, 12), nn.Linear(12, 3)
 
     def forward(self, x, y):
         h = self.inp(x)
@@ -83,12 +82,8 @@ class IntoAView(nn.Module):
         return F.mse_loss(self.out(h), y)
 
 
-class ViewReadAfter(nn.Module):
+class ViewReadAfter(TwoLinear):
     """A view taken before a write into its base, read after it: eager makes the write visible in it."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp, self.out = nn.Linear(6, 12), nn.Linear(12, 3)
 
     def forward(self, x, y):
         h = self.inp(x)
@@ -115,9 +110,7 @@ def _trace(model, inputs, frontend):
     return autopar.trace(model, inputs, frontend=frontend)
 
 
-@pytest.fixture(scope="module")
-def trained():
-    return run_gloo(train_cases, 2, CASES, _model, _trace)
+trained = cases_fixture(CASES, _model, _trace)
 
 
 @pytest.mark.dist

@@ -8,9 +8,12 @@ cases, and a case that fails reports its error instead of stopping the others.
 
 from __future__ import annotations
 
+import pytest
+
 import autopar
 from autopar.codegen.module import shard_module
 from autopar.core.tables import Mesh
+from tests.helpers.dist_utils import run_gloo
 from tests.helpers.numerics import check_module, reference_run
 from tests.helpers.plans import data_parallel, split_everything
 
@@ -48,3 +51,13 @@ def check_case(trained: list[dict], case) -> None:
     """Every rank's result of ``case`` (``train_cases``' return per rank) is None: no error."""
     for rank, results in enumerate(trained):
         assert results[case] is None, f"rank {rank}: {results[case]}"
+
+
+def cases_fixture(cases, build, trace):
+    """A module-scoped fixture: every case trained on 2 gloo processes, in one launch."""
+
+    @pytest.fixture(scope="module")
+    def trained():
+        return run_gloo(train_cases, 2, cases, build, trace)
+
+    return trained
