@@ -39,7 +39,7 @@ def piped_gpt() -> Piped:
 @pytest.fixture(scope="session")
 def hf_traced() -> dict:
     """name -> (model, kwargs, graph) for every family of hf_models.NAMES."""
-    from tests.helpers import hf_models  # imports transformers: only sessions that ask pay for it
+    from tests.helpers import hf_models  # imports transformers: only test runs that ask pay for it
 
     out = {}
     for name in hf_models.NAMES:
