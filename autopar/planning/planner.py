@@ -134,10 +134,10 @@ def plan_with(model, example_inputs, cluster, *, example_kwargs, devices, cost_m
         raise ValueError(
             f"cost_model={entry.name!r} goes with space={entry.space!r}{also}, not {scope.space!r}")
     cluster = resolve_cluster(cluster, devices)
-    if graph is None:
-        from autopar.frontend.trace import trace
+    if graph is None:  # a deep model's repeated layers traced once (frontend/depth.py)
+        from autopar.frontend.depth import trace_for_planning
 
-        graph = trace(model, example_inputs, example_kwargs)
+        graph = trace_for_planning(model, example_inputs, example_kwargs)
     name = model_name or graph.model_name or type(model).__name__
     common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
                   mesh=cluster.mesh(), cost_model=entry.name, space=scope.space, mode=training.mode)
