@@ -59,7 +59,10 @@ def _plan(args, model_arg=None, **overrides):
             f"recompute={int(record.recompute)},microbatch={record.microbatch_size}"
             + (",zero_inner=1" if record.zero_inner else ""))
     cluster = _cluster(args)
-    kwargs["graph"] = autopar.trace(model, inputs, example_kwargs)  # a status line on a terminal, silent elsewhere
+    from autopar.frontend.depth import trace_for_planning
+
+    # a status line on a terminal, silent elsewhere; a deep model's repeated layers traced once
+    kwargs["graph"] = trace_for_planning(model, inputs, example_kwargs)
     from autopar.core.progress import phase
 
     with phase(f"planning {name} on {cluster.devices} devices ({kwargs['cost_model']} model)"):

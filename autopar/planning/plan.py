@@ -46,6 +46,7 @@ class SearchInfo:
     gap: float = 0.0  # relative optimality gap against a proven lower bound ("bound" only)
     status: str = "heuristic"
     detail: str = ""  # for "heuristic": what was not searched exactly
+    path: str = ""  # why this search ran where another was asked for (a budget the exact one would exceed)
 
     def __post_init__(self):
         if self.status not in SEARCH_STATUSES:
@@ -65,7 +66,10 @@ class SearchInfo:
         return self.status == "optimal"
 
     def describe(self) -> str:
-        """One phrase for the report: what is proven about the plan."""
+        """One phrase for the report: what is proven about the plan (and why this search ran)."""
+        return self._proven() + (f"; {self.path}" if self.path else "")
+
+    def _proven(self) -> str:
         if self.status == "optimal":
             return "proven optimal under the cost model" + (f" ({self.detail})" if self.detail else "")
         if self.status == "bound":

@@ -16,6 +16,7 @@ import numpy as np
 from autopar.core.margin import capacity_words
 from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
+from autopar.search.common import SearchTooLargeError
 from autopar.core.fingerprint import fingerprint
 from autopar.core.ir import Graph
 from autopar.core.resolve import resolve_cluster  # noqa: F401  (also imported from here)
@@ -134,10 +135,10 @@ def plan_with(model, example_inputs, cluster, *, example_kwargs, devices, cost_m
         raise ValueError(
             f"cost_model={entry.name!r} goes with space={entry.space!r}{also}, not {scope.space!r}")
     cluster = resolve_cluster(cluster, devices)
-    if graph is None:
-        from autopar.frontend.trace import trace
+    if graph is None:  # a deep model's repeated layers traced once (frontend/depth.py)
+        from autopar.frontend.depth import trace_for_planning
 
-        graph = trace(model, example_inputs, example_kwargs)
+        graph = trace_for_planning(model, example_inputs, example_kwargs)
     name = model_name or graph.model_name or type(model).__name__
     common = dict(model_name=name, fingerprint=fingerprint(graph), cluster=dataclasses.asdict(cluster),
                   mesh=cluster.mesh(), cost_model=entry.name, space=scope.space, mode=training.mode)
@@ -146,14 +147,52 @@ def plan_with(model, example_inputs, cluster, *, example_kwargs, devices, cost_m
     from autopar.planning import hierarchical as hier
 
     if hier.wanted(searching.hierarchical, cluster, scope.pin, entry.name):
-        search = "dp" if searching.search == "auto" else searching.search
-        return hier.plan_hierarchical(
-            graph, cluster, common, training, pin=scope.pin, memory_capacity=memory_capacity,
-            time_limit=searching.time_limit, solve=lambda t: run_search(t, search, searching.time_limit),
-            with_baselines=searching.baselines)
+        return _plan_hierarchical(graph, cluster, common, training, scope, searching, memory_capacity)
     if entry.space == "pase":
         return _plan_pase(graph, model, cluster, cutoff, searching, scope, common)
-    return _plan_mesh(entry, graph, cluster, memory_capacity, common, searching, training)
+    # one path for every size: where the flat exact search would exceed its budget (planning/budget.py),
+    # or refuses its tables, the hierarchical search plans, and the search line says why
+    from autopar.planning import budget
+
+    may_fall_back = _hierarchical_can_take(graph, entry, searching)
+    if may_fall_back:
+        why = budget.over_budget(graph, cluster)
+        if why:
+            return _plan_hierarchical(graph, cluster, common, training, scope, searching, memory_capacity, why)
+    try:
+        return _plan_mesh(entry, graph, cluster, memory_capacity, common, searching, training)
+    except SearchTooLargeError as e:
+        if not may_fall_back:
+            raise
+        return _plan_hierarchical(graph, cluster, common, training, scope, searching, memory_capacity,
+                                  budget.too_large(e))
+
+
+def _hierarchical_can_take(graph: Graph, entry, searching: SearchSettings) -> bool:
+    """Whether the hierarchical search may stand in for the flat one: asked for neither way, the
+    analytic model, the exact DP (a search named by the caller runs as asked), a batched input."""
+    if searching.hierarchical != "auto" or entry.name != "analytic" or searching.search not in ("auto", "dp"):
+        return False
+    return any(spec.shape for spec in graph.inputs.values())
+
+
+def _plan_hierarchical(graph, cluster, common, training: TrainingSettings, scope: SpaceSettings,
+                       searching: SearchSettings, memory_capacity, detail: str = "") -> Plan:
+    """The hierarchical search; its tensor groups' layouts by the exact DP in the same space as the
+    flat search's (masks and position tables kept whole, views following their producers when the
+    full space is too big: ``run_search``). ``detail``: why this path ran, for the search line."""
+    from autopar.planning import hierarchical as hier
+    from autopar.planning.whole import kept_whole
+
+    search = "dp" if searching.search == "auto" else searching.search
+    whole = frozenset(kept_whole(graph))
+    plan = hier.plan_hierarchical(
+        graph, cluster, common, training, pin=scope.pin, memory_capacity=memory_capacity,
+        time_limit=searching.time_limit,
+        solve=lambda t, g=None: run_search(t, search, searching.time_limit, whole, g, searching.follow),
+        with_baselines=searching.baselines)
+    plan.search.path = detail
+    return plan
 
 
 # -- mesh cost models (analytic, profiled) --------------------------------------------------------

@@ -81,7 +81,8 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
                microbatches: int, model: AnalyticModel, solve, mode: str = "train",
                optimizer: str | None = "adam", window: Window | None = None) -> UnitStats:
     """Price and solve ``graph`` (already under its training options) for one tensor group at
-    ``1/microbatches`` of its batch; ``solve(tables) -> Solution`` is the exact search and
+    ``1/microbatches`` of its batch; ``solve(tables, graph) -> Solution`` is the exact search (the
+    graph: the one the tables price, for searches that read it: ``planner.run_search``) and
     ``model`` what it minimises (per-microbatch time: ``sync_scale=0``); the figures are priced
     at face value.
 
@@ -100,7 +101,7 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
     g = scale_batch(graph, microbatches)
     tables = build_tables(g, sub, model, space=model_parallel_space(g), mode=mode, optimizer=optimizer)
     tables.memory_capacity = math.inf
-    choice = solve(tables).choice
+    choice = solve(tables, g).choice
     mesh = sub.mesh()
     n = len(g.nodes)
     into = np.zeros(n)

@@ -62,7 +62,7 @@ def test_window_stands_for_the_whole_graph():
     g = apply_training(g, TrainingOptions(precision="bf16", recompute=True))
     spans = units(g)
     model = AnalyticModel(sync_scale=0.0)
-    solve = lambda t: dp(t)  # noqa: E731
+    solve = lambda t, g=None: dp(t)  # noqa: E731
     full = unit_stats(g, spans, CLUSTER, (4, 1), 2, model, solve)
     win = unit_stats(g, spans, CLUSTER, (4, 1), 2, model, solve, window=block_window(g))
     assert len(block_window(g).graph.nodes) < len(g.nodes)
@@ -75,7 +75,7 @@ def test_branch_and_bound_is_exact_over_its_space():
     search that prunes with its bounds; with memory tight enough that some do not fit."""
     _, _, g = small_gpt(layers=4, batch=16)
     for capacity in (CLUSTER.memory_capacity, 3.0e6):
-        s = H.Search(g, CLUSTER, "bf16", "adam", "train", capacity, lambda t: dp(t))
+        s = H.Search(g, CLUSTER, "bf16", "adam", "train", capacity, lambda t, g=None: dp(t))
         best, _, priced, closed = s.best(None, (0, 1, 3), (False, True))
         everything = [s.price(c) for _, _, mem, c in s.candidates(None, (0, 1, 3), (False, True))]
         fitting = [p.cost for p in everything if p.fits]

@@ -1,0 +1,122 @@
+"""One planning path: where the flat exact search would exceed its budget (or refuses its tables)
+the hierarchical search plans and the search line says so; repeated blocks solved once give the
+plan the full search gives."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+import autopar
+from autopar.frontend.depth import trace_for_planning
+from autopar.planning import budget
+from autopar.planning import hierarchical as H
+from autopar.planning.planner import run_search
+from autopar.planning.whole import kept_whole
+from autopar.search.common import SearchTooLargeError
+
+CLUSTER = "8xH100"
+
+
+def _llama(layers: int):
+    import transformers as T
+
+    from tests.helpers.hf_models import transformers_quiet
+
+    transformers_quiet()
+    cfg = T.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
+    with torch.device("meta"):
+        model = T.LlamaForCausalLM(cfg)
+        ids = torch.zeros(8, 16, dtype=torch.long)
+    return model, dict(input_ids=ids, labels=ids)
+
+
+@pytest.fixture(scope="module")
+def llama4():
+    model, inputs = _llama(4)
+    return model, inputs, autopar.trace(model, inputs)
+
+
+def test_within_budget_the_flat_search_plans(llama4):
+    model, inputs, graph = llama4
+    assert budget.over_budget(graph, autopar.Cluster.preset(CLUSTER)) == ""
+    plan = autopar.plan(model, inputs, CLUSTER, graph=graph, baselines=False)
+    assert plan.search.name != "hierarchical" and plan.search.path == ""
+
+
+def test_over_budget_the_hierarchical_search_plans_and_says_why(llama4, monkeypatch):
+    model, inputs, graph = llama4
+    entries = budget.flat_entries(graph, autopar.Cluster.preset(CLUSTER))
+    monkeypatch.setattr(budget, "FLAT_BUDGET", entries / 2)
+    plan = autopar.plan(model, inputs, CLUSTER, graph=graph, baselines=False)
+    assert plan.search.name == "hierarchical"
+    line = plan.search.describe()
+    assert "over its budget" in line and f"{entries:.2g}" in line
+    assert plan.memory_per_device <= autopar.Cluster.preset(CLUSTER).memory_capacity
+    assert plan.strategy.options.precision == "bf16"
+    # asked for the flat search by name: no fallback
+    flat = autopar.plan(model, inputs, CLUSTER, graph=graph, baselines=False, hierarchical=False)
+    assert flat.search.name != "hierarchical"
+
+
+def test_tables_too_large_for_the_dp_fall_back_not_raise(llama4, monkeypatch):
+    """The flat DP refuses its tables (SearchTooLargeError, its real check, with a budget of
+    1 KiB for tables priced against a device's memory: the flat search's; the hierarchical
+    search's tensor-group tables have no capacity and keep the default budget)."""
+    import importlib
+
+    dp_module = importlib.import_module("autopar.search.dp")
+
+    model, inputs, graph = llama4
+    real = dp_module.dp
+
+    def small(tables, *args, **kwargs):
+        if math.isfinite(tables.memory_capacity):
+            kwargs["memory_budget"] = 1024
+        return real(tables, *args, **kwargs)
+
+    monkeypatch.setattr(dp_module, "dp", small)
+    with pytest.raises(SearchTooLargeError):
+        autopar.plan(model, inputs, CLUSTER, graph=graph, baselines=False, search="dp", hierarchical=False)
+    plan = autopar.plan(model, inputs, CLUSTER, graph=graph, baselines=False, search="dp")
+    assert plan.search.name == "hierarchical"
+    assert "the flat exact search stopped (the exact DP needs" in plan.search.describe()
+
+
+def test_the_deepened_graph_plans_as_the_full_trace():
+    model, inputs = _llama(6)
+    full = autopar.plan(model, inputs, CLUSTER, graph=autopar.trace(model, inputs), baselines=False)
+    short = autopar.plan(model, inputs, CLUSTER, baselines=False)  # traces 4 of the 6 layers
+    assert short.graph.fx_graph is None
+    assert short.assignment == full.assignment
+    assert short.cost == pytest.approx(full.cost, rel=1e-12)
+    assert short.memory_per_device == pytest.approx(full.memory_per_device, rel=1e-12)
+
+
+def test_blocks_solved_once_give_the_full_searchs_plan():
+    """The hierarchical search on a 6-layer Llama: its tensor groups solved on the 3-block window
+    (every middle layer takes the window's middle layer's layout) and on the whole graph give
+    the same best candidate, cost and layouts."""
+    model, inputs = _llama(6)
+    graph = trace_for_planning(model, inputs)
+    cluster = autopar.Cluster.preset(CLUSTER)
+    solve = functools.partial(_solve, frozenset(kept_whole(graph)))  # as the planner: from the whole graph
+    runs = []
+    for window in (True, False):
+        s = H.Search(graph, cluster, "bf16", "adam", "train", cluster.memory_capacity * 0.9, solve)
+        if not window:
+            s._windows = {False: None, True: None}
+        best, _, _, _ = s.best(None, (0, 1), (False, True))
+        stats = s.stats(best.candidate)
+        runs.append((best.candidate, best.cost, H.assignment_of(best, stats, s.training_graph(best.candidate.recompute))))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] == pytest.approx(runs[1][1], rel=1e-9)
+    assert runs[0][2] == runs[1][2]
+
+
+def _solve(whole, tables, graph=None):
+    return run_search(tables, "dp", 60.0, whole, graph, "auto")
