@@ -27,6 +27,15 @@ PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 ZERO_STAGES = (0, 1, 2, 3)
 
 
+def default_precision(cluster) -> str:
+    """The precision a training plan takes when none is asked, on every planning path: the
+    devices' fastest mixed precision where it is faster than fp32 (bf16 on a tie: no loss
+    scaling), else fp32 (the ``cpu`` preset, GPUs whose half precision is no faster).
+    ``cluster``: anything with ``peak(dtype)`` (``core.cluster.Cluster``)."""
+    best = max(PRECISIONS, key=lambda k: (cluster.peak(PRECISIONS[k]), k == "bf16", k == "fp32"))
+    return best if cluster.peak(PRECISIONS[best]) > cluster.peak("float32") else "fp32"
+
+
 @dataclass(frozen=True)
 class TrainingOptions:
     """One global choice of ZeRO stage, precision and per-block recomputation."""

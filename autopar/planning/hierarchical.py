@@ -16,10 +16,13 @@ and the precision. The search is exact over that space under the cost model:
 3. the search stops when the next bound is no lower than the best fitting plan: that plan is
    optimal over the space.
 
-Not exact, stated in the plan (``SearchInfo``: status "bound"): the space itself (uniform degrees
-over the model, cuts at block boundaries, layouts per group that minimise time, ZeRO over the
-data axes only). The gap reported is against the compute bound of *any* plan (every FLOP at the
-device's peak x efficiency on every device, no communication).
+Not exact, stated in the plan (``SearchInfo``: status "bound"): the layout of each tensor group is
+the one that minimises its per-microbatch time, not the best jointly with memory and the syncs.
+The gap reported is against a lower bound on the best plan of the space *with any layout*
+(docs/bound.md): the least, over the candidates whose memory floor fits, of the tightest bound
+each got that holds for every layout (``step_price.layout_bound`` once its group is solved). The
+space itself (uniform degrees over the model, cuts at block boundaries, ZeRO over the data axes
+only) is what the bound is over.
 """
 
 from __future__ import annotations
@@ -35,18 +38,19 @@ from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
 from autopar.core.margin import capacity_words, usable_memory
-from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions
+from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions, default_precision
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.degrees import Pin, divisors, level_degrees
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.settings import TrainingSettings
-from autopar.planning.step_price import (Candidate, Priced, Totals, data_groups, lower_bound, price,
-                                         reference_bound, stats_bound)
+from autopar.planning.step_price import (Candidate, Priced, Totals, data_groups, layout_bound, lower_bound,
+                                         price, reference_bound, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
 DETAIL = ("exact over degrees per level x microbatches x ZeRO x recomputation, tensor-group layouts by the "
-          "exact DP, pipeline cuts at block boundaries; gap against the compute bound of any plan")
+          "exact DP, pipeline cuts at block boundaries; gap against a lower bound on the best plan of that "
+          "space, any tensor-group layout (docs/bound.md)")
 
 
 def use_hierarchical(cluster: Cluster) -> bool:
@@ -69,12 +73,6 @@ def wanted(hierarchical, cluster: Cluster, pin, cost_model: str) -> bool:
             raise ValueError(f"the hierarchical search prices with the analytic model, not {cost_model!r}")
         return False
     return want
-
-
-def default_precision(cluster: Cluster) -> str:
-    """The fastest mixed precision the devices have (every training at this scale uses one)."""
-    best = max(PRECISIONS, key=lambda k: (cluster.peak(PRECISIONS[k]), k == "bf16", k == "fp32"))
-    return best if cluster.peak(PRECISIONS[best]) > cluster.peak("float32") else "fp32"
 
 
 def _batch(graph: Graph) -> int:
@@ -113,6 +111,7 @@ class Search:
         self._windows: dict[bool, object] = {}
         self._memo: dict[tuple, UnitStats] = {}
         self.solves = 0
+        self.space_bound = math.inf  # set by ``best``: a lower bound on the optimum of its space
         dtype = PRECISIONS[precision]
         self.peak = cluster.peak(dtype)
         self.eff = self.model.efficiency(cluster)
@@ -160,6 +159,15 @@ class Search:
                 if t * b / (self.batch // mb) > best[0] * b / best[1]:
                     best = (t, self.batch // mb)
         return best
+
+    def activation_floor(self, c: Candidate) -> float:
+        """Bytes of activations per device that every layout of ``c`` holds at least, in its
+        fullest stage: the unsplit graph's saved activations at the whole batch (one device's
+        group, solved once per recomputation), scaled to the microbatch (no more than its share:
+        what a batch-free tensor saves does not shrink with it), split perfectly over the
+        group's t devices, averaged over the p stages (each holds at least one microbatch)."""
+        whole = float(np.sum(self._stats((1, 1), 1, c.recompute).acts))
+        return whole / (c.degrees.d * c.microbatches * c.degrees.t * c.degrees.p)
 
     def unit_names(self) -> list[str]:
         paths = {b.nodes[0]: b.path for b in self.blocks}
@@ -209,6 +217,9 @@ class Search:
         cands = self.candidates(pin, zeros, recomputes)
         heap = [(comp + rest, i, 0) for i, (comp, rest, mem, c) in enumerate(cands) if mem <= self.capacity]
         heapq.heapify(heap)
+        # per candidate whose memory floor fits, the tightest bound valid under any tensor-group
+        # layout (docs/bound.md); their minimum bounds the optimum of the space
+        valid = {i: lb for lb, i, _ in heap}
         best, priced, closed = None, 0, True
         while heap:
             lb, i, level = heapq.heappop(heap)
@@ -222,16 +233,26 @@ class Search:
                 b = self.batch // (c.degrees.d * c.microbatches)
                 t_ref, b_ref = self.reference(c)
                 tight = reference_bound(c, t_ref, b_ref, b, comp, rest)
+                valid[i] = max(valid[i], tight)
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
             if level == 1:
+                valid[i] = max(valid[i], layout_bound(c, self.stats(c), self.cluster, comp, rest))
+                if cands[i][2] + self.activation_floor(c) > self.capacity:
+                    del valid[i]  # no layout of its group fits (docs/bound.md)
                 tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize)
                 heapq.heappush(heap, (max(tight, lb), i, 2))
                 continue
             pr = self.price(c)
             priced += 1
+            if i in valid and all(len(k) == 1 for k in self.stats(c).tables.configs):
+                if pr.fits:  # its group has one layout: the price is its optimum
+                    valid[i] = max(valid[i], pr.cost)
+                else:
+                    del valid[i]
             if pr.fits and (best is None or pr.cost < best.cost):
                 best = pr
+        self.space_bound = min(valid.values(), default=math.inf)
         least = None
         if best is None and cands:  # nothing fits: the candidate with the smallest memory floor, as written
             least = self.price(min(cands, key=lambda x: (x[2], x[0] + x[1]))[3])
@@ -360,14 +381,13 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
             f"the least found needs "
             f"{need:.3g} GiB ({least.candidate.describe() if least else '-'}): add devices or memory",
             least.memory if least else math.inf)
-    bound = search.totals.train_flops / (cluster.devices * search.peak * search.eff)
-    gap = best.cost / bound - 1.0
+    gap = best.cost / search.space_bound - 1.0  # against the optimum of the space (docs/bound.md)
     timed_out = not closed
     info = SearchInfo("hierarchical", time.perf_counter() - start, gap=gap, status="bound",
                       detail=DETAIL + (f"; stopped at the time limit after {priced} candidates" if timed_out else
                                        f"; {priced} candidates priced, {search.solves} tensor-group DPs"))
-    if timed_out:
-        info.status, info.detail = "heuristic", "time limit reached before the bound closed; " + DETAIL
+    if timed_out:  # the bound still holds: the candidates left keep the bounds they were popped with
+        info.detail = "time limit reached before the bound closed; " + DETAIL
     base = {}
     if with_baselines:
         dp_plan = _fixed(search, Pin(tensor=1, pipeline=1), zeros, recs, common,

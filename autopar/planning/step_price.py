@@ -217,3 +217,23 @@ def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | N
     opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, optimizer_states(optimizer), master,
                               cluster.memory_bandwidth)
     return (m + p - 1) * t_max + float(np.sum(s.sync)) / p + dp + opt
+
+
+def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float, rest_lb: float) -> float:
+    """A lower bound on ``price(c, ...)`` under *any* layout of the tensor group (the space's
+    layouts, not only the one its DP chose), so that it bounds the candidate's optimum.
+
+    ``s`` holds the group's exact DP optimum of the per-microbatch time ``T* = sum(s.time)``, the
+    least any layout takes. With p stages cut at unit boundaries, the stages' per-microbatch times
+    add up to the whole graph's plus each of the p - 1 cuts twice (the stages on both sides send
+    and receive it), and a cut's cost does not depend on the layout (Megatron's 1/t slices of what
+    crosses it), so the slowest stage takes at least ``(T* + 2 x (the p - 1 cheapest cuts)) / p``.
+    The syncs inside the group are at least 0; data-parallel sync and the optimizer step at least
+    ``rest_lb`` (perfectly sharded state: ``lower_bound``), and the compute at least ``compute_lb``."""
+    deg, m, p = c.degrees, c.microbatches, c.degrees.p
+    total = float(np.sum(s.time))
+    if p > 1 and len(s.boundary):
+        bw, lat = level_link(cluster, pipeline_level(deg))
+        cut = np.sort(2 * (lat + cluster.call_latency + np.asarray(s.boundary, dtype=float) / bw))
+        total += 2 * float(np.sum(cut[:p - 1]))
+    return max(compute_lb, (m + p - 1) * total / p) + rest_lb
