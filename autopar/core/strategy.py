@@ -25,6 +25,12 @@ from dataclasses import dataclass, field
 
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 ZERO_STAGES = (0, 1, 2, 3)
+# Each ZeRO stage under the name users also know it by. ZeRO-3 is FSDP (FSDP2's ``fully_shard``
+# per block, FSDP1's FULL_SHARD); ZeRO-2 is FSDP2 with ``reshard_after_forward=False`` (FSDP1's
+# SHARD_GRAD_OP). codegen/zero.py shards the gradient buckets itself (why: its docstring); the
+# collectives and memory are those of the named wrapping.
+ZERO_NAMES = {0: "no ZeRO", 1: "ZeRO-1", 2: "ZeRO-2 (FSDP2 fully_shard, reshard_after_forward=False)",
+              3: "ZeRO-3 (FSDP2 fully_shard)"}
 
 
 def default_precision(cluster) -> str:
@@ -60,7 +66,7 @@ class TrainingOptions:
         return self.precision != "fp32"
 
     def describe(self) -> str:
-        parts = [f"ZeRO-{self.zero}" if self.zero else "no ZeRO",
+        parts = [ZERO_NAMES[self.zero],
                  f"{self.precision} mixed precision" if self.mixed else "fp32",
                  "recompute per block" if self.recompute else "no recomputation"]
         return ", ".join(parts)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.core.cluster import Cluster
-from autopar.core.strategy import Degrees
+from autopar.core.strategy import ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time, zero_sync_time
@@ -43,7 +43,7 @@ class Candidate:
     recompute: bool = False
 
     def describe(self) -> str:
-        z = f"ZeRO-{self.zero}" + (" (inside pods)" if self.zero_inner else "") if self.zero else "no ZeRO"
+        z = ZERO_NAMES[self.zero] + (" (inside pods: HSDP)" if self.zero_inner else "") if self.zero else "no ZeRO"
         return (f"{self.degrees.describe()}; {self.microbatches} microbatch(es); {z}; "
                 f"{'recompute' if self.recompute else 'no recompute'}")
 

@@ -85,3 +85,12 @@ def test_the_default_precision_is_one_rule_on_both_paths(gpt):
     assert cpu.strategy.options.precision == "fp32"
     infer = autopar.plan(model, inputs, "8xA100", mode="inference", pipeline=False, baselines=False)
     assert infer.strategy is None or infer.strategy.options.precision == "fp32"
+
+
+def test_zero_stages_carry_the_names_users_know_them_by():
+    """ZeRO-3 is FSDP2's fully_shard, ZeRO-2 its reshard_after_forward=False, in the plan's words."""
+    from autopar.core.strategy import TrainingOptions
+
+    assert "FSDP2 fully_shard)" in TrainingOptions(zero=3).describe()
+    assert "reshard_after_forward=False" in TrainingOptions(zero=2).describe()
+    assert "FSDP" not in TrainingOptions(zero=1).describe()
