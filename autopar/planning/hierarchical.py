@@ -43,12 +43,13 @@ from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.degrees import Pin, divisors, level_degrees
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.settings import TrainingSettings
-from autopar.planning.step_price import (Candidate, Priced, Totals, data_groups, layout_bound, lower_bound,
-                                         price, reference_bound, stats_bound)
+from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, layout_bound,
+                                         lower_bound, price, reference_bound, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
-DETAIL = ("exact over degrees per level x microbatches x ZeRO x recomputation, tensor-group layouts by the "
+DETAIL = ("exact over degrees per level x microbatches x pipeline schedule x ZeRO x recomputation, "
+          "tensor-group layouts by the "
           "exact DP, pipeline cuts at block boundaries; gap against a lower bound on the best plan of that "
           "space, any tensor-group layout (docs/bound.md)")
 
@@ -183,8 +184,10 @@ class Search:
         return price(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master, self.itemsize,
                      self._names)
 
-    def candidates(self, pin: Pin | None, zeros, recomputes) -> list[tuple[float, float, float, Candidate]]:
-        """(compute bound, rest of the bound, memory floor, candidate) of the space or a pin's part."""
+    def candidates(self, pin: Pin | None, zeros, recomputes, schedules=("1f1b",)
+                   ) -> list[tuple[float, float, float, Candidate]]:
+        """(compute bound, rest of the bound, memory floor, candidate) of the space or a pin's part;
+        pipelined degrees once per schedule of ``schedules`` that has enough units to cut."""
         out = []
         for deg in level_degrees(self.levels, self.max_tensor, max_pipeline=len(self.spans)):
             if pin is not None and not pin.admits(deg):
@@ -200,12 +203,15 @@ class Search:
                         if pin is not None and pin.zero_inner is not None and z and inner != pin.zero_inner:
                             continue
                         for rc in recomputes:
-                            c = Candidate(deg, m, z, inner, rc)
-                            out.append((*lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
-                                                     self.optimizer, self.master, self.itemsize), c))
+                            for sched in (schedules if deg.p > 1 else ("1f1b",)):
+                                c = Candidate(deg, m, z, inner, rc, sched)
+                                if deg.p * c.virtual > len(self.spans) or (sched != "1f1b" and m % deg.p):
+                                    continue  # the bubbles of SCHEDULES are those of whole rounds of p
+                                out.append((*lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
+                                                         self.optimizer, self.master, self.itemsize), c))
         return out
 
-    def best(self, pin: Pin | None, zeros, recomputes, deadline: float | None = None
+    def best(self, pin: Pin | None, zeros, recomputes, deadline: float | None = None, schedules=("1f1b",)
              ) -> tuple[Priced | None, Priced | None, int, bool]:
         """(best fitting plan, least-memory plan priced when none fits, candidates priced, closed).
 
@@ -214,7 +220,7 @@ class Search:
         (``reference_bound``); 2: its group's exact unit costs (``stats_bound``) -- and pushed back
         with the next, until at level 3 it is priced. ``closed``: the next bound reached the best
         fitting cost, so that plan is optimal over the space."""
-        cands = self.candidates(pin, zeros, recomputes)
+        cands = self.candidates(pin, zeros, recomputes, schedules)
         heap = [(comp + rest, i, 0) for i, (comp, rest, mem, c) in enumerate(cands) if mem <= self.capacity]
         heapq.heapify(heap)
         # per candidate whose memory floor fits, the tightest bound valid under any tensor-group
@@ -253,6 +259,7 @@ class Search:
             if pr.fits and (best is None or pr.cost < best.cost):
                 best = pr
         self.space_bound = min(valid.values(), default=math.inf)
+        self.bounds = {cands[i][3]: v for i, v in valid.items()}  # candidate -> its bound, for the report
         least = None
         if best is None and cands:  # nothing fits: the candidate with the smallest memory floor, as written
             least = self.price(min(cands, key=lambda x: (x[2], x[0] + x[1]))[3])
@@ -320,10 +327,11 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
     names = [n.name for n in search.graph.nodes]
     spans = search.spans
     stages = []
-    for k, (a, b) in enumerate(pr.solution.stages):
+    for k, (a, b) in enumerate(pr.solution.stages):  # interleaved: rank k % p runs stage k
         lo, hi = spans[a][0], spans[b - 1][1]
-        stages.append(Stage(names[lo:hi], search.cluster.devices // deg.p, pr.solution.stage_time[k],
-                            pr.solution.sync[k] if pr.solution.sync else 0.0, pr.solution.memory[k]))
+        r = k % deg.p
+        stages.append(Stage(names[lo:hi], search.cluster.devices // deg.p, pr.solution.stage_time[r],
+                            pr.solution.sync[r] if pr.solution.sync else 0.0, pr.solution.memory[r]))
     g, _, _, _ = data_groups(deg, c.zero_inner)
     data_levels = [level[a] for a in roles["data"]]
     zero_axes = tuple(a for a, lvl in zip(roles["data"], data_levels)
@@ -337,12 +345,14 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                         model_flops=search.totals.train_flops, hardware_flops=hw,
                         peak_flops=search.peak, reference=dict(reference or {}),
                         notes=[pr.bottleneck, f"ZeRO group: {g} device(s)" if c.zero else "no ZeRO",
+                               *([f"pipeline schedule {c.schedule} ({c.virtual} stage(s) per rank)"]
+                                 if deg.p > 1 else []),
                                "tensor-group layouts minimise time (memory checked on the result)",
                                "data-parallel sync and ZeRO gathers not overlapped with compute"])
     common = dict(common, mesh=Mesh(shape, level))
     return Plan(**common, assignment=assignment_of(pr, s, search.graph), cost=pr.cost, units="s",
                 memory_per_device=pr.memory, search=info, stages=stages if deg.p > 1 else [],
-                microbatches=c.microbatches, schedule="1f1b" if deg.p > 1 else "",
+                microbatches=c.microbatches, schedule=c.schedule if deg.p > 1 else "",
                 baselines=baselines, batch=search.batch, strategy=strategy, graph=search.graph, tables=None)
 
 
@@ -371,7 +381,8 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
     recs = (False, True) if recompute == "auto" else (bool(recompute),)
     deadline = start + time_limit
-    best, least, priced, closed = search.best(None, zeros, recs, deadline)
+    # every schedule for autopar's plan; the baselines (data parallelism, a paper's plan) as written: 1F1B
+    best, least, priced, closed = search.best(None, zeros, recs, deadline, tuple(SCHEDULES))
     common = dict(common, space="hierarchical")
     if best is None:
         need = least.memory / 2**30 if least else math.nan

@@ -21,6 +21,7 @@ from autopar.search.dp import dp
 
 CLUSTER = Cluster.preset("2xA100")  # one level of 2: tensor x pipeline x data in {1, 2}
 ZEROS = (0, 1, 2, 3)
+SCHEDULES = tuple(H.SCHEDULES)
 
 
 class Residual(nn.Module):
@@ -46,7 +47,7 @@ def brute_force(search: H.Search) -> list:
     """Every candidate of the space priced under every layout of its tensor group (each node any
     config of the group's space, no search), as ``step_price.price`` prices a plan."""
     groups: dict[tuple, list] = {}
-    for _, _, _, c in search.candidates(None, ZEROS, (False,)):
+    for _, _, _, c in search.candidates(None, ZEROS, (False,), SCHEDULES):
         groups.setdefault((search._tensor(c), c.degrees.d * c.microbatches), []).append(c)
     out = []
     graph = search.training_graph(False)
@@ -99,6 +100,6 @@ def test_under_memory_pressure_bound_optimum_and_plan_are_in_order(toy, roomy):
     bound = plan.cost / (1 + plan.search.gap)
     assert bound <= optimum * (1 + 1e-9)
     assert optimum <= plan.cost * (1 + 1e-12)
-    best, _, _, closed = search.best(None, ZEROS, (False,))
+    best, _, _, closed = search.best(None, ZEROS, (False,), schedules=SCHEDULES)
     assert closed and best.cost == pytest.approx(plan.cost, rel=1e-12)
     assert search.space_bound == pytest.approx(bound, rel=1e-9)
