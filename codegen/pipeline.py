@@ -138,6 +138,9 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) \
         else (example_inputs,)
     schedule = (schedule if schedule is not None else plan.schedule) or "gpipe"
+    if schedule == "interleaved-1f1b":
+        raise ValueError("interleaved 1F1B (two stages per rank) is priced but not generated yet: run the plan's "
+                         "stages with schedule='zero-bubble' or '1f1b' on a plan of one stage per rank")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     if loss_reduction not in ("mean", "sum"):
