@@ -43,8 +43,8 @@ from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.degrees import Pin, divisors, level_degrees
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.settings import TrainingSettings
-from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, layout_bound,
-                                         lower_bound, price, reference_bound, stats_bound)
+from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, in_flight,
+                                         layout_bound, lower_bound, price, reference_bound, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
@@ -161,14 +161,24 @@ class Search:
                     best = (t, self.batch // mb)
         return best
 
-    def activation_floor(self, c: Candidate) -> float:
-        """Bytes of activations per device that every layout of ``c`` holds at least, in its
-        fullest stage: the unsplit graph's saved activations at the whole batch (one device's
+    def memory_floor(self, c: Candidate, static: float) -> float:
+        """Bytes per device that every layout of ``c`` needs in its fullest stage, ``static``
+        being its floor of parameters, gradients and optimizer state per stage (``lower_bound``).
+
+        Activations: the unsplit graph's saved activations at the whole batch (one device's
         group, solved once per recomputation), scaled to the microbatch (no more than its share:
-        what a batch-free tensor saves does not shrink with it), split perfectly over the
-        group's t devices, averaged over the p stages (each holds at least one microbatch)."""
+        what a batch-free tensor saves does not shrink with it), split perfectly over the group's
+        t devices: ``A`` per microbatch over all stages. Stage w holds ``h_w`` microbatches
+        (``step_price.in_flight``) and ``s_w`` of state, so the fullest holds ``X >= s_w + h_w a_w``
+        for every w with ``sum a_w = A``: ``sum_w (X - s_w) / h_w >= A``, and as ``h_w <= H``,
+        ``X >= (A + S / H) / sum_w 1 / h_w`` with ``S = p x static``; also ``X >= static + A / p``
+        (each stage holds at least one microbatch)."""
+        deg = c.degrees
         whole = float(np.sum(self._stats((1, 1), 1, c.recompute).acts))
-        return whole / (c.degrees.d * c.microbatches * c.degrees.t * c.degrees.p)
+        acts = whole / (deg.d * c.microbatches * deg.t)
+        held = [in_flight(c, w) for w in range(deg.p)]
+        spread = (acts + deg.p * static / max(held)) / sum(1.0 / h for h in held)
+        return max(static + acts / deg.p, spread)
 
     def unit_names(self) -> list[str]:
         paths = {b.nodes[0]: b.path for b in self.blocks}
@@ -207,6 +217,8 @@ class Search:
                                 c = Candidate(deg, m, z, inner, rc, sched)
                                 if deg.p * c.virtual > len(self.spans) or (sched != "1f1b" and m % deg.p):
                                     continue  # the bubbles of SCHEDULES are those of whole rounds of p
+                                if sched == "1f1b" and "zero-bubble" in schedules and m % deg.p == 0:
+                                    continue  # zero bubble: the same cuts and memory, a third of its bubble
                                 out.append((*lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
                                                          self.optimizer, self.master, self.itemsize), c))
         return out
@@ -244,7 +256,7 @@ class Search:
                 continue
             if level == 1:
                 valid[i] = max(valid[i], layout_bound(c, self.stats(c), self.cluster, comp, rest))
-                if cands[i][2] + self.activation_floor(c) > self.capacity:
+                if self.memory_floor(c, cands[i][2]) > self.capacity:
                     del valid[i]  # no layout of its group fits (docs/bound.md)
                 tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize)
                 heapq.heappush(heap, (max(tight, lb), i, 2))
