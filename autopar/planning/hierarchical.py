@@ -90,7 +90,10 @@ def _totals(g: Graph, model: AnalyticModel) -> Totals:
             if p.spec.dtype in ("float32", "bfloat16", "float16", "float64"):
                 seen[p.source] = (p.spec.numel, p.spec.nbytes)
     fwd = float(g.flops)
-    return Totals((1 + model.backward_factor) * fwd, fwd, float(sum(b for _, b in seen.values())),
+    # what recomputation re-runs: the repeated blocks' forward (not the embedding's or the head's)
+    inside = {i for b in repeated_blocks(g) for i in b.nodes}
+    rerun = float(sum(n.flops for i, n in enumerate(g.nodes) if i in inside))
+    return Totals((1 + model.backward_factor) * fwd, rerun, float(sum(b for _, b in seen.values())),
                   float(sum(k for k, _ in seen.values())))
 
 

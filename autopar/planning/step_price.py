@@ -231,7 +231,7 @@ class Totals:
     """Whole-model figures the lower bounds need (per step, at the global batch)."""
 
     train_flops: float  # forward x (1 + backward factor)
-    forward_flops: float
+    forward_flops: float  # what recomputation runs again: the repeated blocks' forward
     param_bytes: float  # parameters in their (compute) dtype, each once
     numel: float
 

@@ -103,3 +103,12 @@ def test_under_memory_pressure_bound_optimum_and_plan_are_in_order(toy, roomy):
     best, _, _, closed = search.best(None, ZEROS, (False,), schedules=SCHEDULES)
     assert closed and best.cost == pytest.approx(plan.cost, rel=1e-12)
     assert search.space_bound == pytest.approx(bound, rel=1e-9)
+
+
+def test_every_candidates_first_bound_is_below_its_price(toy):
+    """The compute bound counts the recomputed forward of the blocks only (the head and the
+    embedding are not run again): with recomputation too, no candidate is priced below it."""
+    _, _, g = toy
+    s = H.Search(g, CLUSTER, "bf16", "adam", "train", usable_memory(CLUSTER.memory_capacity), lambda t: dp(t))
+    for comp, rest, _, c in s.candidates(None, ZEROS, (False, True), SCHEDULES):
+        assert comp + rest <= s.price(c).cost * (1 + 1e-9), c.describe()
