@@ -49,10 +49,13 @@ class TrainingOptions:
     zero: int = 0
     precision: str = "fp32"
     recompute: bool = False
+    every: int = 1  # with ``recompute``: every k-th repeated block (blocks 0, k, 2k, ...) is recomputed
 
     def __post_init__(self) -> None:
         if self.zero not in ZERO_STAGES:
             raise ValueError(f"zero must be one of {ZERO_STAGES} (ZeRO stage), not {self.zero!r}")
+        if not (isinstance(self.every, int) and self.every >= 1):
+            raise ValueError(f"recompute every k-th block needs an integer k >= 1, not {self.every!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
 
@@ -68,7 +71,8 @@ class TrainingOptions:
     def describe(self) -> str:
         parts = [ZERO_NAMES[self.zero],
                  f"{self.precision} mixed precision" if self.mixed else "fp32",
-                 "recompute per block" if self.recompute else "no recomputation"]
+                 ("recompute per block" if self.every == 1 else f"recompute every {self.every} blocks")
+                 if self.recompute else "no recomputation"]
         return ", ".join(parts)
 
 

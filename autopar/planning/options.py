@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 
 from autopar.core.batch import batch_dims
-from autopar.core.blocks import apply_training, repeated_blocks
+from autopar.core.blocks import apply_training, recomputed_blocks
 from autopar.core.cost_model import CostModel
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
@@ -43,22 +43,31 @@ def option_sets(precision: str | None, zero, recompute, cluster=None, mode: str 
     if precision is None:
         precision = default_precision(cluster) if (cluster is not None and mode == "train") else "fp32"
     zs = [0, 1, 2, 3] if zero == "auto" else [int(zero)]
-    rcs = [False, True] if recompute == "auto" else [bool(recompute)]
-    return [TrainingOptions(z, precision, rc) for rc in rcs for z in zs]
+    # recomputation: none, then every 4th, every 2nd, every block (each more memory saved for
+    # more forward run again); ``recompute`` True is every block, an int k every k-th
+    rcs = ([(False, 1)] + [(True, k) for k in SPARSE] + [(True, 1)] if recompute == "auto"
+           else [(bool(recompute), max(1, int(recompute)))])
+    return [TrainingOptions(z, precision, rc, k) for rc, k in rcs for z in zs]
+
+
+SPARSE = (4, 2)  # every k-th block recomputed, the sparsest first
 
 
 def dominators(opts: TrainingOptions) -> list[TrainingOptions]:
     """The option sets no slower than ``opts`` on every config, whose plans need more memory:
-    the same without recomputation (which only adds a forward), and for ZeRO-2/3 the stage below
+    the same with sparser recomputation (recomputing a block only adds its forward: every block
+    is dominated by every 2nd, that by every 4th, that by none), and for ZeRO-2/3 the stage below
     (ZeRO-2 moves ZeRO-1's bytes, once per microbatch; ZeRO-3 adds the parameter gathers). So
     where memory does not bind a dominator's best plan, ``opts`` cannot beat it. ZeRO-1 has none:
     it moves plain data parallelism's bytes and steps the optimizer on a 1/d shard, so it can be
     faster without any memory pressure."""
     out = []
-    if opts.recompute:
-        out.append(TrainingOptions(opts.zero, opts.precision, False))
+    if opts.recompute:  # the next sparser recomputation (every 2k-th block, or none)
+        sparser = [k for k in SPARSE if k > opts.every and k % opts.every == 0]
+        out.append(TrainingOptions(opts.zero, opts.precision, True, min(sparser)) if sparser
+                   else TrainingOptions(opts.zero, opts.precision, False))
     if opts.zero >= 2:
-        out.append(TrainingOptions(opts.zero - 1, opts.precision, opts.recompute))
+        out.append(TrainingOptions(opts.zero - 1, opts.precision, opts.recompute, opts.every))
     return out
 
 
@@ -149,5 +158,5 @@ def strategy_of(graph: Graph, opts: TrainingOptions, assignment: dict) -> Strate
             axes.update(cfg.mesh_axes[[d.name for d in node.dims].index(b)])
     notes = [NOTE] if (opts.zero == 3 or opts.recompute) else []
     return Strategy(options=opts, zero_axes=tuple(sorted(axes)) if opts.zero else (),
-                    recompute=tuple(b.path for b in repeated_blocks(graph)) if opts.recompute else (),
+                    recompute=recomputed_blocks(graph, opts),
                     notes=notes)

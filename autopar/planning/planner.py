@@ -105,7 +105,7 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     the only plan that fits. ``explain``: keep every term's arithmetic in the plan.
     ``precision`` ("fp32", "bf16", "fp16"; None: for training, the devices' fastest mixed precision
     where it beats fp32, on both paths: ``core.strategy.default_precision``; fp32 on the ``cpu``
-    preset), ``zero`` (0-3 or "auto"), ``recompute`` (bool or
+    preset), ``zero`` (0-3 or "auto"), ``recompute`` (bool, k: every k-th block, or
     "auto"): the training options (``autopar.core.strategy``). ``hierarchical``: plan by degrees
     per cluster level (``planning/hierarchical.py``); "auto" when the cluster has more than 64
     devices or several pods, or a ``pin`` ("tensor=8,pipeline=64,data=6") is given, which adds

@@ -94,3 +94,31 @@ def test_zero_stages_carry_the_names_users_know_them_by():
     assert "FSDP2 fully_shard)" in TrainingOptions(zero=3).describe()
     assert "reshard_after_forward=False" in TrainingOptions(zero=2).describe()
     assert "FSDP" not in TrainingOptions(zero=1).describe()
+
+
+@pytest.fixture(scope="module")
+def long_gpt():
+    """A GPT whose activations, not its weights, fill the memory (sequence 1024, width 128)."""
+    model, inputs = autopar.zoo.get("gpt", layers=4, width=128, heads=4, vocab=512, seq=1024, batch=64, device="meta")
+    return model, inputs, autopar.trace(model, inputs)
+
+
+def test_recomputing_every_kth_block_is_priced_per_block_and_chosen_where_it_fits_best(long_gpt):
+    """Every 2nd (blocks 0, 2) and every 4th block (block 0): each recomputed block adds a quarter
+    of what recomputing all four adds to the step and saves a quarter of their memory (the
+    blocks are identical); with the memory of the every-2nd plan, it is the automatic choice:
+    nothing sparser fits, recomputing every block is slower."""
+    model, inputs, g = long_gpt
+    kw = dict(graph=g, pipeline=False, baselines=False, zero=0)
+    each = {k: autopar.plan(model, inputs, "8xA100", recompute=k, **kw) for k in (False, 4, 2, True)}
+    assert each[2].strategy.recompute == ("blocks.0", "blocks.2") and each[4].strategy.recompute == ("blocks.0",)
+    none, full = each[False], each[True]
+    for k, blocks in ((4, 1), (2, 2)):
+        assert each[k].cost - none.cost == pytest.approx(blocks / 4 * (full.cost - none.cost), rel=1e-9)
+        assert none.memory_per_device - each[k].memory_per_device == pytest.approx(
+            blocks / 4 * (none.memory_per_device - full.memory_per_device), rel=1e-9)
+    cap = each[2].memory_per_device
+    auto = autopar.plan(model, inputs, "8xA100", memory_capacity=device_memory_for(cap), **kw)
+    assert auto.strategy.options.recompute and auto.strategy.options.every == 2
+    assert auto.cost == pytest.approx(each[2].cost, rel=1e-12) and auto.cost < full.cost
+    assert "recompute every 2 blocks" in auto.strategy.options.describe()
