@@ -16,7 +16,11 @@ import torch.nn as nn
 from .stage_split import (HoldsTensor, StageGraph, build_stage_modules, check_stages, split_stages,  # noqa: F401
                           stage_ir, stage_modules)
 
-SCHEDULES = ("gpipe", "1f1b")
+# the plan's schedule -> torch.distributed.pipelining's class; "zero-bubble" is ZB-H1, the
+# interleaved zero-bubble schedule over one stage per rank (the backward split into input and
+# weight gradients, the weight half run where 1F1B idles)
+SCHEDULES = ("gpipe", "1f1b", "zero-bubble")
+_MULTI = {"zero-bubble"}  # schedules that take a list of this rank's stages
 
 
 # -- the module that runs this rank's stage ----------------------------------------------------
@@ -40,7 +44,8 @@ class PipelinedModule(nn.Module):
                  loss_meta: torch.Tensor, group: dist.ProcessGroup | None, device: torch.device,
                  loss_reduction: str = "mean", pp_group: dist.ProcessGroup | None = None):
         super().__init__()
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                  ScheduleInterleavedZeroBubble)
 
         for name, child in stage_module.named_children():
             self.add_module(name, child)
@@ -58,9 +63,9 @@ class PipelinedModule(nn.Module):
         # per stage); the loss is broadcast over all of ``group``
         self._stage = PipelineStage(stage_module, stage_index, num_stages, device,
                                     group=pp_group if pp_group is not None else group)
-        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
-        self._schedule = kind(self._stage, microbatches, loss_fn=_output_is_loss,
-                              scale_grads=loss_reduction == "mean")
+        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}[schedule]
+        self._schedule = kind([self._stage] if schedule in _MULTI else self._stage, microbatches,
+                              loss_fn=_output_is_loss, scale_grads=loss_reduction == "mean")
 
     @property
     def stage_module(self) -> nn.Module:
@@ -133,6 +138,9 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) \
         else (example_inputs,)
     schedule = (schedule if schedule is not None else plan.schedule) or "gpipe"
+    if schedule == "interleaved-1f1b":
+        raise ValueError("interleaved 1F1B (two stages per rank) is priced but not generated yet: run the plan's "
+                         "stages with schedule='zero-bubble' or '1f1b' on a plan of one stage per rank")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     if loss_reduction not in ("mean", "sum"):
@@ -140,8 +148,8 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     microbatches = int(plan.microbatches)
     if microbatches < 1:
         raise ValueError(f"the plan has {microbatches} microbatches")
-    if schedule == "1f1b" and microbatches < len(plan.stages):
-        raise ValueError(f"1F1B needs at least as many microbatches as stages "
+    if schedule != "gpipe" and microbatches < len(plan.stages):
+        raise ValueError(f"{schedule} needs at least as many microbatches as stages "
                          f"({microbatches} < {len(plan.stages)})")
     if not dist.is_initialized():
         raise RuntimeError("pipeline_module needs an initialized process group (torchrun, or "

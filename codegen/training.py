@@ -25,7 +25,7 @@ import torch.nn as nn
 from torch.fx.passes.split_module import split_module
 from torch.utils.checkpoint import checkpoint
 
-from autopar.core.blocks import block_path, repeated_blocks
+from autopar.core.blocks import block_path, recomputed_blocks
 
 from .inplace import STATE_WRITE
 
@@ -59,13 +59,14 @@ def program_training(graph, strategy=None, *, zero=None, precision=None, recompu
     if zero is not None or precision is not None or recompute is not None:
         opts = TrainingOptions(opts.zero if zero is None else int(zero),
                                opts.precision if precision is None else precision,
-                               opts.recompute if recompute is None else bool(recompute))
-        if recompute is not None:
-            blocks = tuple(b.path for b in repeated_blocks(graph)) if recompute else ()
+                               opts.recompute if recompute is None else bool(recompute),
+                               opts.every if recompute is None else max(1, int(recompute)))
+        if recompute is not None:  # True: every block; an int k: every k-th (blocks 0, k, 2k, ...)
+            blocks = recomputed_blocks(graph, opts)
         if zero is not None and strategy is None:
             axes = None
     if opts.recompute and not blocks:
-        blocks = tuple(b.path for b in repeated_blocks(graph))
+        blocks = recomputed_blocks(graph, opts)
     if opts.precision == "fp16":
         raise ValueError("fp16 mixed precision needs loss scaling, which codegen does not do: "
                          "compile with precision='bf16' (or 'fp32')")

@@ -91,6 +91,14 @@ def _cast_node(node: Node, dtype: str) -> Node:
                                bytes_written=int(node.bytes_written * written))
 
 
+def recomputed_blocks(graph: Graph, options: TrainingOptions) -> tuple[str, ...]:
+    """The block paths ``options`` recomputes: none, every repeated block, or every k-th (blocks
+    0, k, 2k, ...: the memory of the others kept, 1/k of the recomputed forward paid)."""
+    if not options.recompute:
+        return ()
+    return tuple(b.path for i, b in enumerate(repeated_blocks(graph)) if i % options.every == 0)
+
+
 def apply_training(graph: Graph, options: TrainingOptions, recompute: tuple[str, ...] | None = None
                    ) -> Graph:
     """The graph priced under ``options``: cast to the compute dtype, ``attrs["train"]`` set.
@@ -98,7 +106,7 @@ def apply_training(graph: Graph, options: TrainingOptions, recompute: tuple[str,
     ``recompute``: block paths to recompute (default: every repeated block when
     ``options.recompute``, none otherwise)."""
     if recompute is None:
-        recompute = tuple(b.path for b in repeated_blocks(graph)) if options.recompute else ()
+        recompute = recomputed_blocks(graph, options)
     members: dict[int, str] = {}
     for b in repeated_blocks(graph):
         if b.path in recompute:

@@ -25,6 +25,21 @@ from dataclasses import dataclass, field
 
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 ZERO_STAGES = (0, 1, 2, 3)
+# Each ZeRO stage under the name users also know it by. ZeRO-3 is FSDP (FSDP2's ``fully_shard``
+# per block, FSDP1's FULL_SHARD); ZeRO-2 is FSDP2 with ``reshard_after_forward=False`` (FSDP1's
+# SHARD_GRAD_OP). codegen/zero.py shards the gradient buckets itself (why: its docstring); the
+# collectives and memory are those of the named wrapping.
+ZERO_NAMES = {0: "no ZeRO", 1: "ZeRO-1", 2: "ZeRO-2 (FSDP2 fully_shard, reshard_after_forward=False)",
+              3: "ZeRO-3 (FSDP2 fully_shard)"}
+
+
+def default_precision(cluster) -> str:
+    """The precision a training plan takes when none is asked, on every planning path: the
+    devices' fastest mixed precision where it is faster than fp32 (bf16 on a tie: no loss
+    scaling), else fp32 (the ``cpu`` preset, GPUs whose half precision is no faster).
+    ``cluster``: anything with ``peak(dtype)`` (``core.cluster.Cluster``)."""
+    best = max(PRECISIONS, key=lambda k: (cluster.peak(PRECISIONS[k]), k == "bf16", k == "fp32"))
+    return best if cluster.peak(PRECISIONS[best]) > cluster.peak("float32") else "fp32"
 
 
 @dataclass(frozen=True)
@@ -34,10 +49,13 @@ class TrainingOptions:
     zero: int = 0
     precision: str = "fp32"
     recompute: bool = False
+    every: int = 1  # with ``recompute``: every k-th repeated block (blocks 0, k, 2k, ...) is recomputed
 
     def __post_init__(self) -> None:
         if self.zero not in ZERO_STAGES:
             raise ValueError(f"zero must be one of {ZERO_STAGES} (ZeRO stage), not {self.zero!r}")
+        if not (isinstance(self.every, int) and self.every >= 1):
+            raise ValueError(f"recompute every k-th block needs an integer k >= 1, not {self.every!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
 
@@ -51,9 +69,10 @@ class TrainingOptions:
         return self.precision != "fp32"
 
     def describe(self) -> str:
-        parts = [f"ZeRO-{self.zero}" if self.zero else "no ZeRO",
+        parts = [ZERO_NAMES[self.zero],
                  f"{self.precision} mixed precision" if self.mixed else "fp32",
-                 "recompute per block" if self.recompute else "no recomputation"]
+                 ("recompute per block" if self.every == 1 else f"recompute every {self.every} blocks")
+                 if self.recompute else "no recomputation"]
         return ", ".join(parts)
 
 

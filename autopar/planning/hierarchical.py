@@ -16,10 +16,13 @@ and the precision. The search is exact over that space under the cost model:
 3. the search stops when the next bound is no lower than the best fitting plan: that plan is
    optimal over the space.
 
-Not exact, stated in the plan (``SearchInfo``: status "bound"): the space itself (uniform degrees
-over the model, cuts at block boundaries, layouts per group that minimise time, ZeRO over the
-data axes only). The gap reported is against the compute bound of *any* plan (every FLOP at the
-device's peak x efficiency on every device, no communication).
+Not exact, stated in the plan (``SearchInfo``: status "bound"): the layout of each tensor group is
+the one that minimises its per-microbatch time, not the best jointly with memory and the syncs.
+The gap reported is against a lower bound on the best plan of the space *with any layout*
+(docs/bound.md): the least, over the candidates whose memory floor fits, of the tightest bound
+each got that holds for every layout (``step_price.layout_bound`` once its group is solved). The
+space itself (uniform degrees over the model, cuts at block boundaries, ZeRO over the data axes
+only) is what the bound is over.
 """
 
 from __future__ import annotations
@@ -35,18 +38,20 @@ from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
 from autopar.core.margin import capacity_words, usable_memory
-from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions
+from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions, default_precision
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.degrees import Pin, divisors, level_degrees
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.settings import TrainingSettings
-from autopar.planning.step_price import (Candidate, Priced, Totals, data_groups, lower_bound, price,
-                                         reference_bound, stats_bound)
+from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, in_flight,
+                                         layout_bound, lower_bound, price, reference_bound, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
-DETAIL = ("exact over degrees per level x microbatches x ZeRO x recomputation, tensor-group layouts by the "
-          "exact DP, pipeline cuts at block boundaries; gap against the compute bound of any plan")
+DETAIL = ("exact over degrees per level x microbatches x pipeline schedule x ZeRO x recomputation, "
+          "tensor-group layouts by the "
+          "exact DP, pipeline cuts at block boundaries; gap against a lower bound on the best plan of that "
+          "space, any tensor-group layout (docs/bound.md)")
 
 
 def use_hierarchical(cluster: Cluster) -> bool:
@@ -71,12 +76,6 @@ def wanted(hierarchical, cluster: Cluster, pin, cost_model: str) -> bool:
     return want
 
 
-def default_precision(cluster: Cluster) -> str:
-    """The fastest mixed precision the devices have (every training at this scale uses one)."""
-    best = max(PRECISIONS, key=lambda k: (cluster.peak(PRECISIONS[k]), k == "bf16", k == "fp32"))
-    return best if cluster.peak(PRECISIONS[best]) > cluster.peak("float32") else "fp32"
-
-
 def _batch(graph: Graph) -> int:
     for spec in graph.inputs.values():
         if spec.shape:
@@ -91,7 +90,10 @@ def _totals(g: Graph, model: AnalyticModel) -> Totals:
             if p.spec.dtype in ("float32", "bfloat16", "float16", "float64"):
                 seen[p.source] = (p.spec.numel, p.spec.nbytes)
     fwd = float(g.flops)
-    return Totals((1 + model.backward_factor) * fwd, fwd, float(sum(b for _, b in seen.values())),
+    # what recomputation re-runs: the repeated blocks' forward (not the embedding's or the head's)
+    inside = {i for b in repeated_blocks(g) for i in b.nodes}
+    rerun = float(sum(n.flops for i, n in enumerate(g.nodes) if i in inside))
+    return Totals((1 + model.backward_factor) * fwd, rerun, float(sum(b for _, b in seen.values())),
                   float(sum(k for k, _ in seen.values())))
 
 
@@ -113,6 +115,7 @@ class Search:
         self._windows: dict[bool, object] = {}
         self._memo: dict[tuple, UnitStats] = {}
         self.solves = 0
+        self.space_bound = math.inf  # set by ``best``: a lower bound on the optimum of its space
         dtype = PRECISIONS[precision]
         self.peak = cluster.peak(dtype)
         self.eff = self.model.efficiency(cluster)
@@ -161,6 +164,25 @@ class Search:
                     best = (t, self.batch // mb)
         return best
 
+    def memory_floor(self, c: Candidate, static: float) -> float:
+        """Bytes per device that every layout of ``c`` needs in its fullest stage, ``static``
+        being its floor of parameters, gradients and optimizer state per stage (``lower_bound``).
+
+        Activations: the unsplit graph's saved activations at the whole batch (one device's
+        group, solved once per recomputation), scaled to the microbatch (no more than its share:
+        what a batch-free tensor saves does not shrink with it), split perfectly over the group's
+        t devices: ``A`` per microbatch over all stages. Stage w holds ``h_w`` microbatches
+        (``step_price.in_flight``) and ``s_w`` of state, so the fullest holds ``X >= s_w + h_w a_w``
+        for every w with ``sum a_w = A``: ``sum_w (X - s_w) / h_w >= A``, and as ``h_w <= H``,
+        ``X >= (A + S / H) / sum_w 1 / h_w`` with ``S = p x static``; also ``X >= static + A / p``
+        (each stage holds at least one microbatch)."""
+        deg = c.degrees
+        whole = float(np.sum(self._stats((1, 1), 1, c.recompute).acts))
+        acts = whole / (deg.d * c.microbatches * deg.t)
+        held = [in_flight(c, w) for w in range(deg.p)]
+        spread = (acts + deg.p * static / max(held)) / sum(1.0 / h for h in held)
+        return max(static + acts / deg.p, spread)
+
     def unit_names(self) -> list[str]:
         paths = {b.nodes[0]: b.path for b in self.blocks}
         out = []
@@ -175,8 +197,10 @@ class Search:
         return price(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master, self.itemsize,
                      self._names)
 
-    def candidates(self, pin: Pin | None, zeros, recomputes) -> list[tuple[float, float, float, Candidate]]:
-        """(compute bound, rest of the bound, memory floor, candidate) of the space or a pin's part."""
+    def candidates(self, pin: Pin | None, zeros, recomputes, schedules=("1f1b",)
+                   ) -> list[tuple[float, float, float, Candidate]]:
+        """(compute bound, rest of the bound, memory floor, candidate) of the space or a pin's part;
+        pipelined degrees once per schedule of ``schedules`` that has enough units to cut."""
         out = []
         for deg in level_degrees(self.levels, self.max_tensor, max_pipeline=len(self.spans)):
             if pin is not None and not pin.admits(deg):
@@ -192,12 +216,17 @@ class Search:
                         if pin is not None and pin.zero_inner is not None and z and inner != pin.zero_inner:
                             continue
                         for rc in recomputes:
-                            c = Candidate(deg, m, z, inner, rc)
-                            out.append((*lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
-                                                     self.optimizer, self.master, self.itemsize), c))
+                            for sched in (schedules if deg.p > 1 else ("1f1b",)):
+                                c = Candidate(deg, m, z, inner, rc, sched)
+                                if deg.p * c.virtual > len(self.spans) or (sched != "1f1b" and m % deg.p):
+                                    continue  # the bubbles of SCHEDULES are those of whole rounds of p
+                                if sched == "1f1b" and "zero-bubble" in schedules and m % deg.p == 0:
+                                    continue  # zero bubble: the same cuts and memory, a third of its bubble
+                                out.append((*lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
+                                                         self.optimizer, self.master, self.itemsize), c))
         return out
 
-    def best(self, pin: Pin | None, zeros, recomputes, deadline: float | None = None
+    def best(self, pin: Pin | None, zeros, recomputes, deadline: float | None = None, schedules=("1f1b",)
              ) -> tuple[Priced | None, Priced | None, int, bool]:
         """(best fitting plan, least-memory plan priced when none fits, candidates priced, closed).
 
@@ -206,9 +235,12 @@ class Search:
         (``reference_bound``); 2: its group's exact unit costs (``stats_bound``) -- and pushed back
         with the next, until at level 3 it is priced. ``closed``: the next bound reached the best
         fitting cost, so that plan is optimal over the space."""
-        cands = self.candidates(pin, zeros, recomputes)
+        cands = self.candidates(pin, zeros, recomputes, schedules)
         heap = [(comp + rest, i, 0) for i, (comp, rest, mem, c) in enumerate(cands) if mem <= self.capacity]
         heapq.heapify(heap)
+        # per candidate whose memory floor fits, the tightest bound valid under any tensor-group
+        # layout (docs/bound.md); their minimum bounds the optimum of the space
+        valid = {i: lb for lb, i, _ in heap}
         best, priced, closed = None, 0, True
         while heap:
             lb, i, level = heapq.heappop(heap)
@@ -222,16 +254,27 @@ class Search:
                 b = self.batch // (c.degrees.d * c.microbatches)
                 t_ref, b_ref = self.reference(c)
                 tight = reference_bound(c, t_ref, b_ref, b, comp, rest)
+                valid[i] = max(valid[i], tight)
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
             if level == 1:
+                valid[i] = max(valid[i], layout_bound(c, self.stats(c), self.cluster, comp, rest))
+                if self.memory_floor(c, cands[i][2]) > self.capacity:
+                    del valid[i]  # no layout of its group fits (docs/bound.md)
                 tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize)
                 heapq.heappush(heap, (max(tight, lb), i, 2))
                 continue
             pr = self.price(c)
             priced += 1
+            if i in valid and all(len(k) == 1 for k in self.stats(c).tables.configs):
+                if pr.fits:  # its group has one layout: the price is its optimum
+                    valid[i] = max(valid[i], pr.cost)
+                else:
+                    del valid[i]
             if pr.fits and (best is None or pr.cost < best.cost):
                 best = pr
+        self.space_bound = min(valid.values(), default=math.inf)
+        self.bounds = {cands[i][3]: v for i, v in valid.items()}  # candidate -> its bound, for the report
         least = None
         if best is None and cands:  # nothing fits: the candidate with the smallest memory floor, as written
             least = self.price(min(cands, key=lambda x: (x[2], x[0] + x[1]))[3])
@@ -299,10 +342,11 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
     names = [n.name for n in search.graph.nodes]
     spans = search.spans
     stages = []
-    for k, (a, b) in enumerate(pr.solution.stages):
+    for k, (a, b) in enumerate(pr.solution.stages):  # interleaved: rank k % p runs stage k
         lo, hi = spans[a][0], spans[b - 1][1]
-        stages.append(Stage(names[lo:hi], search.cluster.devices // deg.p, pr.solution.stage_time[k],
-                            pr.solution.sync[k] if pr.solution.sync else 0.0, pr.solution.memory[k]))
+        r = k % deg.p
+        stages.append(Stage(names[lo:hi], search.cluster.devices // deg.p, pr.solution.stage_time[r],
+                            pr.solution.sync[r] if pr.solution.sync else 0.0, pr.solution.memory[r]))
     g, _, _, _ = data_groups(deg, c.zero_inner)
     data_levels = [level[a] for a in roles["data"]]
     zero_axes = tuple(a for a, lvl in zip(roles["data"], data_levels)
@@ -316,12 +360,14 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                         model_flops=search.totals.train_flops, hardware_flops=hw,
                         peak_flops=search.peak, reference=dict(reference or {}),
                         notes=[pr.bottleneck, f"ZeRO group: {g} device(s)" if c.zero else "no ZeRO",
+                               *([f"pipeline schedule {c.schedule} ({c.virtual} stage(s) per rank)"]
+                                 if deg.p > 1 else []),
                                "tensor-group layouts minimise time (memory checked on the result)",
                                "data-parallel sync and ZeRO gathers not overlapped with compute"])
     common = dict(common, mesh=Mesh(shape, level))
     return Plan(**common, assignment=assignment_of(pr, s, search.graph), cost=pr.cost, units="s",
                 memory_per_device=pr.memory, search=info, stages=stages if deg.p > 1 else [],
-                microbatches=c.microbatches, schedule="1f1b" if deg.p > 1 else "",
+                microbatches=c.microbatches, schedule=c.schedule if deg.p > 1 else "",
                 baselines=baselines, batch=search.batch, strategy=strategy, graph=search.graph, tables=None)
 
 
@@ -350,7 +396,8 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
     recs = (False, True) if recompute == "auto" else (bool(recompute),)
     deadline = start + time_limit
-    best, least, priced, closed = search.best(None, zeros, recs, deadline)
+    # every schedule for autopar's plan; the baselines (data parallelism, a paper's plan) as written: 1F1B
+    best, least, priced, closed = search.best(None, zeros, recs, deadline, tuple(SCHEDULES))
     common = dict(common, space="hierarchical")
     if best is None:
         need = least.memory / 2**30 if least else math.nan
@@ -360,14 +407,13 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
             f"the least found needs "
             f"{need:.3g} GiB ({least.candidate.describe() if least else '-'}): add devices or memory",
             least.memory if least else math.inf)
-    bound = search.totals.train_flops / (cluster.devices * search.peak * search.eff)
-    gap = best.cost / bound - 1.0
+    gap = best.cost / search.space_bound - 1.0  # against the optimum of the space (docs/bound.md)
     timed_out = not closed
     info = SearchInfo("hierarchical", time.perf_counter() - start, gap=gap, status="bound",
                       detail=DETAIL + (f"; stopped at the time limit after {priced} candidates" if timed_out else
                                        f"; {priced} candidates priced, {search.solves} tensor-group DPs"))
-    if timed_out:
-        info.status, info.detail = "heuristic", "time limit reached before the bound closed; " + DETAIL
+    if timed_out:  # the bound still holds: the candidates left keep the bounds they were popped with
+        info.detail = "time limit reached before the bound closed; " + DETAIL
     base = {}
     if with_baselines:
         dp_plan = _fixed(search, Pin(tensor=1, pipeline=1), zeros, recs, common,

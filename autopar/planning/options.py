@@ -1,12 +1,14 @@
-"""Training options on the flat path: precision as asked, ZeRO and recomputation when memory binds.
+"""Training options on the flat path: precision as asked (by default the devices' fastest mixed
+precision, ``core.strategy.default_precision``, as on the hierarchical path), ZeRO and recomputation when memory binds.
 
 The flat exact search prices one graph at a time, so the options are global: each option set is
 the graph under ``core.blocks.apply_training``, its own tables and its own exact search. The
-rule, so that small plans stay what they were: the plain option (no ZeRO, no recomputation) is
-searched first; only when memory binds it (no plan fits, or the best fitting plan is slower than
-the best plan ignoring memory) are ZeRO-1/2/3 and recomputation tried (where "auto"), and the
-fastest plan that fits wins (ties: the fewest features, in the order tried). Each search is
-exact, so the result is exact over the options tried.
+rule: a set is searched unless a set that dominates it in time (``dominators``: the same without
+recomputation, the ZeRO stage below) has a best plan that memory does not bind (its best fitting
+plan is the best plan ignoring memory), which the dominated set cannot beat. So the plain set and
+ZeRO-1 (which can be faster: the optimizer steps a 1/d shard) are always searched, ZeRO-2/3 and
+recomputation only when memory binds; the fastest plan that fits wins (ties: the fewest
+features, in the order tried). Each search is exact, so the result is exact over every option set.
 
 The data-parallel baseline gets the same treatment: when plain data parallelism does not fit,
 it is priced with the first ZeRO stage / recomputation that makes it fit (FSDP-style data
@@ -22,22 +24,51 @@ import math
 from dataclasses import dataclass, field
 
 from autopar.core.batch import batch_dims
-from autopar.core.blocks import apply_training, repeated_blocks
+from autopar.core.blocks import apply_training, recomputed_blocks
 from autopar.core.cost_model import CostModel
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
 from autopar.core.margin import usable_memory
-from autopar.core.strategy import Strategy, TrainingOptions
+from autopar.core.strategy import Strategy, TrainingOptions, default_precision
 from autopar.core.tables import CostTables, Solution
 
 NOTE = "memory leaves out the transients of recomputed blocks and ZeRO-3 gathers (flat path)"
 
 
-def option_sets(precision: str | None, zero, recompute) -> list[TrainingOptions]:
-    """Plain first, then by ZeRO stage, then with recomputation."""
+def option_sets(precision: str | None, zero, recompute, cluster=None, mode: str = "train"
+                ) -> list[TrainingOptions]:
+    """Plain first, then by ZeRO stage, then with recomputation. ``precision`` None: training
+    takes ``core.strategy.default_precision(cluster)`` (the rule the hierarchical path uses),
+    inference and a call without a cluster fp32."""
+    if precision is None:
+        precision = default_precision(cluster) if (cluster is not None and mode == "train") else "fp32"
     zs = [0, 1, 2, 3] if zero == "auto" else [int(zero)]
-    rcs = [False, True] if recompute == "auto" else [bool(recompute)]
-    return [TrainingOptions(z, precision or "fp32", rc) for rc in rcs for z in zs]
+    # recomputation: none, then every 4th, every 2nd, every block (each more memory saved for
+    # more forward run again); ``recompute`` True is every block, an int k every k-th
+    rcs = ([(False, 1)] + [(True, k) for k in SPARSE] + [(True, 1)] if recompute == "auto"
+           else [(bool(recompute), max(1, int(recompute)))])
+    return [TrainingOptions(z, precision, rc, k) for rc, k in rcs for z in zs]
+
+
+SPARSE = (4, 2)  # every k-th block recomputed, the sparsest first
+
+
+def dominators(opts: TrainingOptions) -> list[TrainingOptions]:
+    """The option sets no slower than ``opts`` on every config, whose plans need more memory:
+    the same with sparser recomputation (recomputing a block only adds its forward: every block
+    is dominated by every 2nd, that by every 4th, that by none), and for ZeRO-2/3 the stage below
+    (ZeRO-2 moves ZeRO-1's bytes, once per microbatch; ZeRO-3 adds the parameter gathers). So
+    where memory does not bind a dominator's best plan, ``opts`` cannot beat it. ZeRO-1 has none:
+    it moves plain data parallelism's bytes and steps the optimizer on a 1/d shard, so it can be
+    faster without any memory pressure."""
+    out = []
+    if opts.recompute:  # the next sparser recomputation (every 2k-th block, or none)
+        sparser = [k for k in SPARSE if k > opts.every and k % opts.every == 0]
+        out.append(TrainingOptions(opts.zero, opts.precision, True, min(sparser)) if sparser
+                   else TrainingOptions(opts.zero, opts.precision, False))
+    if opts.zero >= 2:
+        out.append(TrainingOptions(opts.zero - 1, opts.precision, opts.recompute, opts.every))
+    return out
 
 
 @dataclass
@@ -69,25 +100,22 @@ class FlatOptions:
     def solve(self, run) -> tuple[TrainingOptions, Graph, CostTables, Solution]:
         """The fastest plan that fits over the option sets, by the rule of the module docstring;
         InfeasibleError (from the plain tables) when none fits."""
-        plain = self.sets[0]
-        g, t = self.tables_for(plain)
         best, error = None, None
-        try:
-            best = (plain, g, t, run(t))
-        except InfeasibleError as e:
-            error = e
-        if len(self.sets) == 1 or (best is not None and not self._binding(t, best[3], run)):
-            if best is None:
-                raise error
-            return best
-        for opts in self.sets[1:]:
-            g2, t2 = self.tables_for(opts)
-            try:
-                sol = run(t2)
-            except InfeasibleError:
+        slack: dict[TrainingOptions, bool] = {}  # searched or skipped: True where memory does not bind it
+        for opts in self.sets:
+            if any(slack.get(d, False) for d in dominators(opts)):
+                slack[opts] = True  # no faster than a set whose best plan memory does not bind
                 continue
+            g, t = self.tables_for(opts)
+            try:
+                sol = run(t)
+            except InfeasibleError as e:
+                error = error or e
+                slack[opts] = False
+                continue
+            slack[opts] = not self._binding(t, sol, run)
             if best is None or sol.cost < best[3].cost * (1 - 1e-12):
-                best = (opts, g2, t2, sol)
+                best = (opts, g, t, sol)
         if best is None:
             raise error
         return best
@@ -130,5 +158,5 @@ def strategy_of(graph: Graph, opts: TrainingOptions, assignment: dict) -> Strate
             axes.update(cfg.mesh_axes[[d.name for d in node.dims].index(b)])
     notes = [NOTE] if (opts.zero == 3 or opts.recompute) else []
     return Strategy(options=opts, zero_axes=tuple(sorted(axes)) if opts.zero else (),
-                    recompute=tuple(b.path for b in repeated_blocks(graph)) if opts.recompute else (),
+                    recompute=recomputed_blocks(graph, opts),
                     notes=notes)

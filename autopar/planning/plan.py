@@ -73,7 +73,8 @@ class SearchInfo:
         if self.status == "optimal":
             return "proven optimal under the cost model" + (f" ({self.detail})" if self.detail else "")
         if self.status == "bound":
-            return f"not proven optimal: at most {self.gap:.3%} above the optimum (proven lower bound)"
+            of = " of its space" if self.name == "hierarchical" else ""
+            return f"not proven optimal: at most {self.gap:.3%} above the optimum{of} (proven lower bound)"
         if self.status == "fixed":
             return "a fixed strategy, priced, not searched"
         return "heuristic, no optimality bound" + (f" ({self.detail})" if self.detail else "")

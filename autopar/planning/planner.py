@@ -21,6 +21,7 @@ from autopar.core.fingerprint import fingerprint
 from autopar.core.ir import Graph
 from autopar.core.resolve import resolve_cluster  # noqa: F401  (also imported from here)
 from autopar.core.tables import CostTables, Solution
+from autopar.core.strategy import Strategy, TrainingOptions
 from autopar.planning import baselines as base_plans
 from autopar.planning import breakdown, registry
 from autopar.planning.notices import mesh_axis_notices
@@ -103,8 +104,9 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     ``pipeline``: True searches pipeline stages too, False never; "auto" when the cluster has
     several nodes or no single-stage plan fits; a pipeline is taken only when predicted faster or
     the only plan that fits. ``explain``: keep every term's arithmetic in the plan.
-    ``precision`` ("fp32", "bf16", "fp16"; None: fp32 on the flat path, the devices' fastest
-    mixed precision on the hierarchical one), ``zero`` (0-3 or "auto"), ``recompute`` (bool or
+    ``precision`` ("fp32", "bf16", "fp16"; None: for training, the devices' fastest mixed precision
+    where it beats fp32, on both paths: ``core.strategy.default_precision``; fp32 on the ``cpu``
+    preset), ``zero`` (0-3 or "auto"), ``recompute`` (bool, k: every k-th block, or
     "auto"): the training options (``autopar.core.strategy``). ``hierarchical``: plan by degrees
     per cluster level (``planning/hierarchical.py``); "auto" when the cluster has more than 64
     devices or several pods, or a ``pin`` ("tensor=8,pipeline=64,data=6") is given, which adds
@@ -205,14 +207,16 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
     model = entry.make(graph, cluster, mode, optimizer)
     # training options (planning/options.py): the plain set's tables; ZeRO / recompute when memory binds
     flat = FlatOptions(graph, cluster, model, mode, optimizer, memory_capacity,
-                       option_sets(*training.choices))
+                       option_sets(*training.choices, cluster=cluster, mode=mode))
     priced, tables = flat.tables_for(flat.sets[0])
     unsupported = {n.name: n.unsupported for n in graph.nodes if n.unsupported}
     base = _mesh_baselines(priced, tables, cluster, common, unsupported, flat) if searching.baselines else {}
     from autopar.planning.whole import kept_whole
 
     whole = frozenset(kept_whole(graph))
-    ctx = dict(graph=graph, cluster=cluster, training=training, model=model, searching=searching,
+    # pipelines are priced in the plain option set's precision, as the single-stage plans are
+    ctx = dict(graph=flat.graph_for(flat.sets[0]), precision=flat.sets[0].precision, cluster=cluster,
+               training=training, model=model, searching=searching,
                common=common, unsupported=unsupported, base=base, units=tables.units, whole=whole)
     start = time.perf_counter()
     try:
@@ -276,7 +280,10 @@ def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math
     stages = [Stage(names[a:b], sol.devices, t, y, m)
               for (a, b), t, y, m in zip(sol.stages, sol.stage_time, syncs, sol.memory)]
     sub = cluster.with_devices(sol.devices)
+    precision = ctx.get("precision", "fp32")
+    strategy = Strategy(options=TrainingOptions(precision=precision)) if precision != "fp32" else None
     return Plan(**ctx["common"], assignment=stage_assignment(option, graph), cost=sol.cost, units=ctx["units"],
+                strategy=strategy,
                 memory_per_device=max(sol.memory),
                 search=SearchInfo("dp + pipeline", time.perf_counter() - start, status="heuristic",
                                   detail=_pipeline_detail(settings.follow)),

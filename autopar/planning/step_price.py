@@ -26,12 +26,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.core.cluster import Cluster
-from autopar.core.strategy import Degrees
+from autopar.core.strategy import ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time, zero_sync_time
 from autopar.planning.units import UnitStats
 from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
+
+
+# Pipeline schedules (torch.distributed.pipelining's classes, codegen/pipeline.py): name ->
+# (stages per rank v, the bubble as a fraction of 1F1B's (p - 1) slowest-rank microbatch times).
+# 1F1B (Narayanan et al. 2021): (p - 1) t. Interleaved 1F1B, v stages per rank (same paper,
+# section 2.2): (p - 1) t / v, for v times the send/recv and a little more in flight on the first
+# rank. Zero bubble (Qi et al. 2024, ZB-H1, torch's ScheduleInterleavedZeroBubble on one stage per
+# rank): the backward split into input and weight gradients, the weight half filling the bubble:
+# (p - 1)(F + B - W) = (p - 1) t / 3 where F = B = W = t / 3 (the backward at twice the forward),
+# at 1F1B's peak memory.
+SCHEDULES = {"1f1b": (1, 1.0), "zero-bubble": (1, 1.0 / 3.0), "interleaved-1f1b": (2, 0.5)}
 
 
 @dataclass(frozen=True)
@@ -41,11 +52,23 @@ class Candidate:
     zero: int = 0
     zero_inner: bool = False
     recompute: bool = False
+    schedule: str = "1f1b"  # with one pipeline stage: nothing to schedule
 
     def describe(self) -> str:
-        z = f"ZeRO-{self.zero}" + (" (inside pods)" if self.zero_inner else "") if self.zero else "no ZeRO"
-        return (f"{self.degrees.describe()}; {self.microbatches} microbatch(es); {z}; "
+        z = ZERO_NAMES[self.zero] + (" (inside pods: HSDP)" if self.zero_inner else "") if self.zero else "no ZeRO"
+        sched = f"; {self.schedule}" if self.degrees.p > 1 else ""
+        return (f"{self.degrees.describe()}; {self.microbatches} microbatch(es){sched}; {z}; "
                 f"{'recompute' if self.recompute else 'no recompute'}")
+
+    @property
+    def virtual(self) -> int:
+        """Stages per rank of its schedule."""
+        return SCHEDULES[self.schedule][0]
+
+    @property
+    def rounds(self) -> float:
+        """Slowest-rank microbatch times per step: ``m`` and the schedule's bubble."""
+        return self.microbatches + SCHEDULES[self.schedule][1] * (self.degrees.p - 1)
 
 
 @dataclass
@@ -117,47 +140,86 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         bw, lat = level_link(cluster, pipeline_level(deg))
         cut = 2 * (lat + cluster.call_latency + s.boundary / bw)
     costs = StageCosts(cluster.devices // p, m, s.time, s.sync, static, s.acts, cut)
-    sol = best_cuts(costs, p, capacity - transient, "1f1b")
-    fits = sol is not None
-    if sol is None:  # priced as written, not fitting
-        sol = best_cuts(costs, p, math.inf, "1f1b")
+    if c.virtual > 1:
+        sol = interleaved_cuts(costs, p, c.virtual, c.rounds)
+        fits = sol is not None and max(sol.memory) + transient <= capacity
+    else:
+        sol = best_cuts(costs, p, capacity - transient, "1f1b")
+        fits = sol is not None
+        if sol is None:  # priced as written, not fitting
+            sol = best_cuts(costs, p, math.inf, "1f1b")
+        if c.schedule != "1f1b":  # the same cuts and memory, a smaller bubble
+            sol.cost += (c.rounds - (m + p - 1)) * max(sol.stage_time)
     states = optimizer_states(optimizer)
     dp, opt = [], []
-    for a, b in sol.stages:
-        dp.append(float(dp_sync(c.zero, float(np.sum(s.grads[a:b])), float(np.sum(s.params[a:b])), m,
-                                cluster, deg, c.zero_inner)))
-        opt.append(optimizer_step_time(float(np.sum(s.numel[a:b])) / fo, itemsize, states, master,
-                                       cluster.memory_bandwidth))
+    ranks = [sol.stages[r::p] for r in range(p)] if c.virtual > 1 else [[st] for st in sol.stages]
+    for held_spans in ranks:
+        grads, params, numel = (sum(float(np.sum(arr[a:b])) for a, b in held_spans)
+                                for arr in (s.grads, s.params, s.numel))
+        dp.append(float(dp_sync(c.zero, grads, params, m, cluster, deg, c.zero_inner)))
+        opt.append(optimizer_step_time(numel / fo, itemsize, states, master, cluster.memory_bandwidth))
     k = int(np.argmax(sol.stage_time))
     a, b = sol.stages[k]
     cut_full = np.concatenate([[0.0], cut, [0.0]])
     t_max = sol.stage_time[k]
+    mine = sol.stages[k::p] if c.virtual > 1 else [(a, b)]  # the slowest rank's stages
     terms = {
-        "compute": m * float(np.sum(s.compute[a:b])),
-        "tensor-parallel communication": m * float(np.sum(s.comm[a:b])),
-        "pipeline send/recv": m * float(cut_full[a] + cut_full[b]),
-        "pipeline bubble": (p - 1) * t_max,
+        "compute": m * sum(float(np.sum(s.compute[x:y])) for x, y in mine),
+        "tensor-parallel communication": m * sum(float(np.sum(s.comm[x:y])) for x, y in mine),
+        "pipeline send/recv": m * sum(float(cut_full[x] + cut_full[y]) for x, y in mine),
+        "pipeline bubble": (c.rounds - m) * t_max,
         "gradient sync inside the tensor group": max(sol.sync) if sol.sync else 0.0,
         "data-parallel sync": max(dp),
         "optimizer step": max(opt),
     }
     cost = sol.cost + max(dp) + max(opt)
     w = int(np.argmax(sol.memory))
-    a, b = sol.stages[w]
-    held = min(m, p - w)
+    held = in_flight(c, w)
+    spans_w = sol.stages[w::p] if c.virtual > 1 else [sol.stages[w]]
+
+    def held_sum(arr) -> float:
+        return sum(float(np.sum(arr[x:y])) for x, y in spans_w)
+
     memory_terms = {
-        "parameters": float(np.sum(s.params[a:b] / fp)),
-        "gradients": float(np.sum(s.grads[a:b] / fg)),
-        "optimizer state + master weights": float(np.sum(s.optimizer[a:b] / fo)),
-        "activations in flight": held * float(np.sum(s.acts[a:b])),
+        "parameters": held_sum(s.params / fp),
+        "gradients": held_sum(s.grads / fg),
+        "optimizer state + master weights": held_sum(s.optimizer / fo),
+        "activations in flight": held * held_sum(s.acts),
         "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
     }
     a, b = sol.stages[k]
     units = f"{names[a]} .. {names[b - 1]}" if names and b - a > 1 else (names[a] if names else f"units {a}-{b - 1}")
     bottleneck = (f"slowest stage: {b - a} unit(s) ({units}), {fmt(t_max)} per microbatch; fullest stage: "
-                  f"{held} microbatch(es) of activations in flight")
+                  f"{held:.3g} microbatch(es) of activations in flight")
     return Priced(c, cost, max(sol.memory) + transient, fits and max(sol.memory) + transient <= capacity,
                   sol, terms, memory_terms, bottleneck)
+
+
+def in_flight(c: Candidate, rank: int) -> float:
+    """Microbatches of a rank's activations held at its peak: 1F1B's ``min(m, p - rank)`` (zero
+    bubble's too); interleaved adds ``(p - 1) / v`` on every rank (Narayanan et al. 2021, 2.2:
+    the first rank holds ``p (1 + (p - 1) / (p v))``), counted in whole-rank microbatches."""
+    p, m = c.degrees.p, c.microbatches
+    extra = (p - 1) / c.virtual if c.virtual > 1 else 0.0
+    return min(float(m), p - rank + extra)
+
+
+def interleaved_cuts(costs: StageCosts, p: int, v: int, rounds: float) -> PipelineSolution | None:
+    """``p * v`` stages over the units, rank r running stages r, r + p, ...: cut where the slowest
+    of the ``p * v`` stages is fastest (``best_cuts``, exact for that), then each rank's time,
+    syncs and memory are the sums over its stages. Not exact over cuts for the ranks' sums nor
+    with memory (a plan that does not fit is priced as written; the bound covers any cut)."""
+    sol = best_cuts(costs, p * v, math.inf, "1f1b")
+    if sol is None:
+        return None
+    times = [sum(sol.stage_time[r::p]) for r in range(p)]
+    syncs = [sum(sol.sync[r::p]) for r in range(p)]
+    c = Candidate(Degrees((1,), (p,), (1,)), costs.microbatches, schedule="interleaved-1f1b")
+    mems = [sum(float(np.sum(costs.static_memory[a:b])) for a, b in sol.stages[r::p])
+            + in_flight(c, r) * sum(float(np.sum(costs.activation_memory[a:b])) for a, b in sol.stages[r::p])
+            for r in range(p)]
+    return PipelineSolution(sol.stages, costs.devices, costs.microbatches, "interleaved-1f1b",
+                            rounds * max(times) + max(syncs), times, mems, syncs)
 
 
 def fmt(seconds: float) -> str:
@@ -169,7 +231,7 @@ class Totals:
     """Whole-model figures the lower bounds need (per step, at the global batch)."""
 
     train_flops: float  # forward x (1 + backward factor)
-    forward_flops: float
+    forward_flops: float  # what recomputation runs again: the repeated blocks' forward
     param_bytes: float  # parameters in their (compute) dtype, each once
     numel: float
 
@@ -181,7 +243,7 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     state; the memory of perfectly sharded state (activations left out)."""
     deg, m = c.degrees, c.microbatches
     flops = tot.train_flops + (tot.forward_flops if c.recompute else 0.0)
-    compute = (m + deg.p - 1) / m * flops / (cluster.devices * peak * eff)
+    compute = c.rounds / m * flops / (cluster.devices * peak * eff)
     per = deg.t * deg.p
     g, _, _, _ = data_groups(deg, c.zero_inner)
     grads = tot.param_bytes / per
@@ -200,8 +262,7 @@ def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute
     time ``T(b)`` of any layout has ``T(b)/b`` non-increasing in b (each term is affine in b with a
     non-negative constant: latencies, weights read), so ``T(b) >= b/b_ref T(b_ref)``, and the
     slowest of p stages takes at least ``T(b)/p``."""
-    deg, m = c.degrees, c.microbatches
-    return max(compute_lb, (m + deg.p - 1) / deg.p * group_time * b / b_ref) + rest_lb
+    return max(compute_lb, c.rounds / c.degrees.p * group_time * b / b_ref) + rest_lb
 
 
 def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | None, master: bool,
@@ -216,4 +277,24 @@ def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | N
                        c.zero_inner))
     opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, optimizer_states(optimizer), master,
                               cluster.memory_bandwidth)
-    return (m + p - 1) * t_max + float(np.sum(s.sync)) / p + dp + opt
+    return c.rounds * t_max + float(np.sum(s.sync)) / p + dp + opt
+
+
+def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float, rest_lb: float) -> float:
+    """A lower bound on ``price(c, ...)`` under *any* layout of the tensor group (the space's
+    layouts, not only the one its DP chose), so that it bounds the candidate's optimum.
+
+    ``s`` holds the group's exact DP optimum of the per-microbatch time ``T* = sum(s.time)``, the
+    least any layout takes. With p stages cut at unit boundaries, the stages' per-microbatch times
+    add up to the whole graph's plus each of the p - 1 cuts twice (the stages on both sides send
+    and receive it), and a cut's cost does not depend on the layout (Megatron's 1/t slices of what
+    crosses it), so the slowest stage takes at least ``(T* + 2 x (the p - 1 cheapest cuts)) / p``.
+    The syncs inside the group are at least 0; data-parallel sync and the optimizer step at least
+    ``rest_lb`` (perfectly sharded state: ``lower_bound``), and the compute at least ``compute_lb``."""
+    deg, p = c.degrees, c.degrees.p
+    total = float(np.sum(s.time))
+    if p > 1 and len(s.boundary):
+        bw, lat = level_link(cluster, pipeline_level(deg))
+        cut = np.sort(2 * (lat + cluster.call_latency + np.asarray(s.boundary, dtype=float) / bw))
+        total += 2 * float(np.sum(cut[:p * c.virtual - 1]))
+    return max(compute_lb, c.rounds * total / p) + rest_lb

@@ -5,7 +5,7 @@ the model's own loss (so the cut, the tensors carried through stages and the rec
 arithmetic are right), and plans that cannot run are refused with one-line errors.
 
 On 2 gloo processes (one launch for every case, process start-up being the slow part): 2 stages x
-1 device, GPipe and 1F1B with 2 and 4 microbatches, against the single-device run of
+1 device, GPipe, 1F1B and zero bubble with 2 and 4 microbatches, against the single-device run of
 ``tests/helpers/numerics.py``: the loss of each of 3 AdamW steps (on every rank), every parameter's
 gradient after the first backward, every parameter after the last step. On 4 gloo processes the
 same check for 2 stages x 2 devices, each stage Megatron-split (DTensor) on its own sub-mesh.
@@ -37,6 +37,7 @@ CASES = [
     ("mlp-1f1b-4", "mlp", "1f1b", 4, True),
     ("gpt-gpipe-2", "gpt", "gpipe", 2, False),
     ("gpt-1f1b-4", "gpt", "1f1b", 4, True),
+    ("gpt-zero-bubble-4", "gpt", "zero-bubble", 4, True),
 ]
 # 2 stages x 2 devices on 4 processes, each stage Megatron-split on its own 2-device sub-mesh
 WIDE_CASES = [

@@ -61,7 +61,7 @@ def worker(rank, world, docs, made):
     out = {}
     for kind, doc in docs.items():
         res = out[kind] = {}
-        for rc in (False, True):  # recomputation: gradients and kept bytes
+        for rc in (False, True, 2):  # recomputation (every block, every 2nd): gradients and kept bytes
             model, inputs = gpt()
             module = autopar.compile(model, inputs, plan=Plan.from_json(doc), recompute=rc)
             loss, kept = _saved_bytes(module, inputs)
@@ -145,6 +145,14 @@ def test_recompute_matches_one_device_and_keeps_fewer_activations(run):
             assert r[kind]["rc1"]["loss"] == pytest.approx(ref["loss"], rel=1e-6)
         # the two blocks keep only their inputs (the embeddings, head and loss keep theirs either way)
         assert rc["kept"] < 0.8 * plain["kept"], (kind, rc["kept"], plain["kept"])
+        # every 2nd block: block 0 recomputed, block 1 not; the same numbers, half the saving
+        half = ranks[0][kind]["rc2"]
+        assert half["recomputed"] == (SIZES["layers"] + 1) // 2, kind
+        assert half["kept"] - rc["kept"] == pytest.approx((plain["kept"] - rc["kept"]) / 2, rel=1e-9), kind
+        for r in ranks:
+            _close(r[kind]["rc2"]["grads"], ref["grads"], f"{kind} every 2nd recomputed, {world} ranks",
+                   rtol=1e-5, atol=1e-9)
+            assert r[kind]["rc2"]["loss"] == pytest.approx(ref["loss"], rel=1e-6)
 
 
 @pytest.mark.dist

@@ -27,7 +27,7 @@ def gpt(dtype=torch.float64):
 def make_plans(world: int) -> dict[str, dict]:
     """{"dp": ..., "hybrid" (4 devices only): ...} as plan JSON documents (they pickle to ranks)."""
     model, inputs = gpt(torch.float32)
-    plans = autopar.plan(model, inputs, Cluster(devices=world)).baselines
+    plans = autopar.plan(model, inputs, Cluster(devices=world), precision="fp32").baselines
     out = {"dp": plans["data_parallel"]}
     if world == 4:  # axis 0: the batch; axis 1: the 2-device Megatron plan
         graph = autopar.trace(model, inputs)

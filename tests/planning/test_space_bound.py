@@ -1,0 +1,114 @@
+"""The hierarchical plan's gap is against the optimum of its space (docs/bound.md): on a graph
+small enough to price every candidate under every layout of its tensor group, the stated lower
+bound is never above that brute-force optimum, the plan never below it, and the gap the plan
+reports is the distance between the two it states."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+
+import autopar
+from autopar.core.cluster import Cluster
+from autopar.core.margin import device_memory_for, usable_memory
+from autopar.core.tables import Solution
+from autopar.planning import hierarchical as H
+from autopar.planning.units import unit_stats
+from autopar.search.dp import dp
+
+CLUSTER = Cluster.preset("2xA100")  # one level of 2: tensor x pipeline x data in {1, 2}
+ZEROS = (0, 1, 2, 3)
+SCHEDULES = tuple(H.SCHEDULES)
+
+
+class Residual(nn.Module):
+    def __init__(self, width=16, blocks=2):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + b(x)
+        return self.head(x).square().mean()
+
+
+@pytest.fixture(scope="module")
+def toy():
+    model = Residual().to("meta")
+    inputs = (torch.empty(2, 16, device="meta"),)
+    return model, inputs, autopar.trace(model, inputs)
+
+
+def brute_force(search: H.Search) -> list:
+    """Every candidate of the space priced under every layout of its tensor group (each node any
+    config of the group's space, no search), as ``step_price.price`` prices a plan."""
+    groups: dict[tuple, list] = {}
+    for _, _, _, c in search.candidates(None, ZEROS, (False,), SCHEDULES):
+        groups.setdefault((search._tensor(c), c.degrees.d * c.microbatches), []).append(c)
+    out = []
+    graph = search.training_graph(False)
+    for (tensor, micro), cands in groups.items():
+        sizes = [len(k) for k in search._stats(tensor, micro, False).tables.configs]
+        for choice in itertools.product(*(range(k) for k in sizes)):
+            fixed = lambda t, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
+            s = unit_stats(graph, search.spans, CLUSTER, tensor, micro, search.objective, fixed, "train", "adam")
+            out += [H.price(c, s, CLUSTER, search.capacity, "adam", search.master, search.itemsize) for c in cands]
+    return out
+
+
+@pytest.fixture(scope="module")
+def roomy(toy):
+    _, _, g = toy
+    s = H.Search(g, CLUSTER, "bf16", "adam", "train", usable_memory(CLUSTER.memory_capacity), lambda t: dp(t))
+    return s, brute_force(s)
+
+
+def _plan(toy, capacity=None):
+    model, inputs, g = toy
+    device = None if capacity is None else device_memory_for(capacity)
+    return autopar.plan(model, inputs, CLUSTER, graph=g, hierarchical=True, precision="bf16", recompute=False,
+                        memory_capacity=device, baselines=False)
+
+
+def test_without_memory_pressure_the_bound_certifies_the_optimum(toy, roomy):
+    """Every layout priced: the plan is the optimum of the space, and the bound closes on it (the
+    compute bound of any plan, what the gap was once measured against, is far below it)."""
+    _, every = roomy
+    optimum = min(p.cost for p in every if p.fits)
+    plan = _plan(toy)
+    assert plan.cost == pytest.approx(optimum, rel=1e-12)
+    assert plan.search.status == "bound" and plan.search.gap <= 1e-9
+    assert "best plan of that space" in plan.search.detail
+
+
+def test_under_memory_pressure_bound_optimum_and_plan_are_in_order(toy, roomy):
+    """A capacity a third of the layouts fit: the bound the plan states, cost / (1 + gap), is at
+    most the brute-force optimum, which is at most the plan."""
+    search, every = roomy
+    capacity = sorted(p.memory for p in every)[len(every) // 3]
+    search.capacity = capacity
+    every = brute_force(search)
+    fitting = [p.cost for p in every if p.fits]
+    assert fitting and len(fitting) < len(every)
+    optimum = min(fitting)
+    plan = _plan(toy, capacity)
+    assert plan.memory_per_device <= capacity
+    bound = plan.cost / (1 + plan.search.gap)
+    assert bound <= optimum * (1 + 1e-9)
+    assert optimum <= plan.cost * (1 + 1e-12)
+    best, _, _, closed = search.best(None, ZEROS, (False,), schedules=SCHEDULES)
+    assert closed and best.cost == pytest.approx(plan.cost, rel=1e-12)
+    assert search.space_bound == pytest.approx(bound, rel=1e-9)
+
+
+def test_every_candidates_first_bound_is_below_its_price(toy):
+    """The compute bound counts the recomputed forward of the blocks only (the head and the
+    embedding are not run again): with recomputation too, no candidate is priced below it."""
+    _, _, g = toy
+    s = H.Search(g, CLUSTER, "bf16", "adam", "train", usable_memory(CLUSTER.memory_capacity), lambda t: dp(t))
+    for comp, rest, _, c in s.candidates(None, ZEROS, (False, True), SCHEDULES):
+        assert comp + rest <= s.price(c).cost * (1 + 1e-9), c.describe()
