@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
-from autopar.core.ir import Node, TensorSpec
+from autopar.core.ir import Node, TensorSpec, carried_dim
 from autopar.core.tables import Config
 
 Placements = tuple[Placement, ...]
@@ -88,6 +88,8 @@ def tensor_placements(spec: TensorSpec, owner: list[str | None], node: Node,
             out.append(Replicate())
             continue
         axis, major = _axis_of(spec, dim)
+        if axis is None and carried_dim(node, dim) is not None:  # expert parallelism: tokens stay cut
+            axis, major = _axis_of(spec, carried_dim(node, dim))
         if axis is not None and major:
             out.append(Shard(axis))
         elif output and (axis is not None or node.dim(dim).reduction):

@@ -34,6 +34,7 @@ from .batchnorm import needs_sync, needs_sync_op
 from .built import Program
 from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
 from .devices import constant_on, makes_on_device, on_device, rank_device
+from .experts import experts_module, runs_experts
 from .inplace import IN_PLACE, STATE_WRITE, Writes, aliasing, refusal, through_storage, write_state, written_argument
 from .op_fixes import causal_rows, mean_scale, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
@@ -329,6 +330,12 @@ class _Builder:
                 canon = self.canonical.get(qualified, qualified)
                 args.append(self._reshard(_Value(self._state(qualified), self.stored[canon]), use, param=canon))
                 uses.append(use)
+        if runs_experts(node):  # its local experts and their token exchange (experts.py)
+            name = self._free(n.name)
+            self.root.add_module(name, experts_module(self.model, n, node, layout, self.mesh))
+            self.made_by[out := self.new.call_module(name, tuple(args))] = node
+            self.env[n] = _Value(out, layout.outputs[0])
+            return
         index = lambda dim, lay=layout: chunk_index(dim, lay.axis_dims, self.shape, self.coord)
         written = written_argument(n, module)
         in_place = written is not None and through_storage(n, written, self.writes, self.order, self._node_of,

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from autopar.cost_models.batchnorm_stats import bn_stats, bn_stats_many
+from autopar.cost_models.experts import exchange_many, exchange_seconds
 from autopar.cost_models.comm import collective, collective_time, reshard_matrix_codes, reshard_steps
 from autopar.cost_models.optimizer_step import OPTIMIZER_PASSES, local_elements, optimizer_step
 from autopar.cost_models.reshard_table import StructureCache
@@ -172,6 +173,10 @@ class AnalyticModel:
                  f"{self.memory_efficiency:g}) = {t_mem:.4g} s) = {fwd:.4g} s "
                  f"[{'compute' if t_flops >= t_mem else 'memory'}-bound]")
         out.terms.append(Term("compute forward", fwd, f))
+        exchange, f = exchange_seconds(node, cfg, mesh, cluster, mode)
+        if exchange:
+            out.terms.append(Term("expert parallelism: tokens to their experts' ranks and back", exchange, f,
+                                  "exchange"))
         if mode == "inference":
             return out
         out.terms.append(Term("compute backward", self.backward_factor * fwd,
@@ -248,12 +253,13 @@ class AnalyticModel:
         t_flops = node.flops / parts / (cluster.peak(dtype) * self.efficiency(cluster))
         t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
         cost = np.maximum(t_flops, t_mem)
+        exchange = exchange_many(node, configs, mesh, cluster, mode)
         if mode == "train":
             again = 1.0 if node_training(node).recompute else 0.0
             sync = self._grad_sync(node, own, mesh, cluster) * self.sync_scale if self.sync_scale else 0.0
             cost = (cost * (1.0 + self.backward_factor + again) + sync + bn_stats_many(node, own, mesh, cluster)
                     + optimizer_step(self.optimizer, node, own, mesh, cluster, self.memory_efficiency))
-        return np.where(ok, cost, math.inf)
+        return np.where(ok, cost + exchange, math.inf)
 
     def _grad_sync(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
         """Weight-gradient all-reduces per distinct group of mesh axes. The runtime sums them in

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, check_mode
 from autopar.cost_models.batchnorm_stats import bn_stats
-from autopar.cost_models.comm import Collective, collective, reshard_steps
+from autopar.cost_models.comm import Collective, collective, collective_time, group_of, reshard_steps
+from autopar.cost_models.experts import exchange_axes, exchanges
 
 from autopar.core.buckets import make_buckets
 from autopar.core.cluster import Cluster
@@ -40,7 +41,8 @@ class Item:
     """One predicted collective (for a grad-sync bucket: one priced collective over ``tensors``).
 
     ``where``: "edge" (a reshard between two nodes), "grad-sync" (a node's weight gradients),
-    "bn-stats" (a batch norm's global statistics) or "output" (a graph output left partial). ``tensors``: the tensors it moves, e.g.
+    "bn-stats" (a batch norm's global statistics), "experts" (a mixture of experts' token
+    exchange) or "output" (a graph output left partial). ``tensors``: the tensors it moves, e.g.
     ``("layers_0:0 -> relu:0",)`` or ``("param:layers_0.weight", "param:layers_0.bias")``.
     ``nbytes`` of each tensor per device, as the formula's N (for a bucket: the sum).
     """
@@ -94,7 +96,7 @@ class Collectives:
         for it in self.items:
             if it.phase == phase:
                 op = it.op
-                if backend == "gloo" and op == "all_to_all_single":
+                if backend == "gloo" and op == "all_to_all_single" and it.where != "experts":
                     op = "all_gather_into_tensor"
                 c[op] += 1
         return c
@@ -161,6 +163,7 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
                     out.items.append(Item(phase, "edge", n.name, (name,), step))
                 if nested_order_conflict(a, b):
                     out.nested.append(Reshard(phase, name, a, b))
+        out.items += _experts(n, cfg_of(n.name), mesh, cluster, mode)
         if mode == "train":
             stats = bn_stats(n, cfg_of(n.name), mesh, cluster)
             if stats is not None:  # AnalyticModel.node_breakdown's "batch-norm statistics"
@@ -181,6 +184,22 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
             if c.p > 1:
                 out.items.append(Item("forward", "output", name, (f"{name}:{idx}",), c))
     return out
+
+
+def _experts(node, cfg: Config, mesh, cluster: Cluster, mode: str) -> list[Item]:
+    """A ``moe_experts`` node's own all-to-alls (``experts.exchanges``), priced as it prices them
+    (c10d's all_to_all_single on every backend, not DTensor's all-gather fallback)."""
+    steps = exchanges(node, cfg, mesh, mode)
+    if not steps:
+        return []
+    axes = exchange_axes(node, cfg, mesh)
+    p, cross = group_of(axes, mesh)
+    bw, lat = cluster.kind_link("all-to-all", *cluster.link(cross))
+    return [Item(phase, "experts", node.name, (f"{node.name}:{what}",),
+                 Collective("all-to-all", axes, p, float(n), bw, lat, cross,
+                            collective_time("all-to-all", n, p, bw, lat, cluster.call_latency), "", 0.0,
+                            cluster.call_latency))
+            for phase, what, n in steps]
 
 
 def _grad_sync(graph: Graph, cfg_of, mesh, cluster: Cluster, lifted: dict[str, tuple[int, ...]]) -> list[Item]:

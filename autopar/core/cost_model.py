@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from autopar.core.tables import Config
 
-TERM_KINDS = ("compute", "sync", "stats", "optimizer", "infeasible")
+TERM_KINDS = ("compute", "sync", "stats", "exchange", "optimizer", "infeasible")
 
 
 @dataclass(frozen=True)

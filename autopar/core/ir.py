@@ -106,6 +106,18 @@ class Operand:
 # ``y``), as ``(source, output)`` pairs: in any layout, never resharded, never an operand.
 METADATA_READS = "metadata_reads"
 
+# Node.attrs key: ``{dim: carried}``: a mesh axis that cuts ``dim`` also shards the tensors indexed
+# by ``carried`` (which no split of ``dim`` indexes), as if it cut ``carried``. A mixture of experts'
+# expert dim carries its token dim: under expert parallelism the weights are split by expert and the
+# tokens stay split as they came, each rank's tokens sent to their experts' ranks and back inside
+# the node (an all-to-all), so its operands keep their token shards.
+CARRIES = "carries"
+
+
+def carried_dim(node: "Node", dim: str) -> str | None:
+    """The dim whose tensors a cut of ``dim`` shards as well (``CARRIES``), or None."""
+    return node.attrs.get(CARRIES, {}).get(dim) if node.attrs else None
+
 
 @dataclass
 class Node:

@@ -24,7 +24,7 @@ from typing import Union
 
 import numpy as np
 
-from autopar.core.ir import Node, TensorSpec
+from autopar.core.ir import Node, TensorSpec, carried_dim
 from autopar.core.tables import Config, Mesh
 
 
@@ -74,9 +74,11 @@ def dim_placements(node: Node, spec: TensorSpec, output: bool = False) -> list[P
     out: list[Placement] = []
     for dim in node.dims:
         place: Placement = P if (output and dim.reduction) else R
-        for t, names in enumerate(spec.axes):
-            if dim.name in names:
-                k = names.index(dim.name)
+        for name in (dim.name, carried_dim(node, dim.name)):
+            found = next(((t, names) for t, names in enumerate(spec.axes) if name and name in names), None)
+            if found is not None:
+                t, names = found
+                k = names.index(name)
                 place = Shard(t, math.prod(sizes.get(n, 1) for n in names[:k]))
                 break
         out.append(place)

@@ -35,6 +35,7 @@ from autopar.core.ir import Graph
 from autopar.core.weight_views import mark_weight_views
 from autopar.frontend.build import Builder, Dropped, bind, concrete, output_leaves, tensor
 from autopar.frontend.cycles import collect_after_export
+from autopar.frontend.experts import fold_experts
 from autopar.frontend.failures import DATA_DEPENDENT, Failure, user_frame
 from autopar.frontend.inputs import ExampleCall
 from autopar.frontend.rules.base import Tensor
@@ -63,6 +64,7 @@ class ExportFrontend(Builder):
         sig = ep.graph_signature
         state = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
         gm = ep.graph_module
+        self.notes += fold_experts(gm, self.model, state)
         live = _live(gm)
         out_node = None
         for node in gm.graph.nodes:

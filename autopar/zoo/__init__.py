@@ -22,6 +22,7 @@ _MODELS = {
     "rnnlm": "autopar.zoo.rnnlm:rnnlm",
     "transformer": "autopar.zoo.transformer:transformer",
     "palm": "autopar.zoo.palm:palm",
+    "moe": "autopar.zoo.moe:moe",
     # the largest published trainings (published.py: shapes and what their papers ran)
     "megatron_8b": "autopar.zoo.published:megatron_8b",
     "megatron_1t": "autopar.zoo.published:megatron_1t",

@@ -40,6 +40,18 @@ from tests.helpers.plans import data_parallel
 # big enough that autopar's own plan splits on the cpu preset (a tiny one stays replicated)
 GPT = dict(layers=1, batch=16, seq=32, width=128, heads=4, vocab=128)
 CNN = dict(batch=4, channels=4, image=8, blocks=1)
+MOE = dict(batch=4, seq=8, width=16, hidden=24, experts=4, layers=1)
+
+
+def experts_split(graph, mesh) -> dict:
+    """Data parallelism, and every ``moe_experts`` node's experts over the whole mesh."""
+    assignment = data_parallel(graph, tuple(mesh.shape))
+    every = tuple(range(len(mesh.shape)))
+    for n in graph.nodes:
+        if n.op == "moe_experts":
+            assignment[n.name] = Config(tuple(mesh.size if d.name == "experts" else 1 for d in n.dims),
+                                        tuple(every if d.name == "experts" else () for d in n.dims))
+    return assignment
 
 
 def _case(model, inputs, graph, assignment, cluster: Cluster) -> dict:
@@ -69,6 +81,11 @@ def build_cases() -> dict[int, dict[str, dict]]:
         cluster = Cluster.preset("cpu", devices=world)
         cases[world]["poslookup/data_parallel"] = _case(model, inputs, graph,
                                                         data_parallel(graph, tuple(cluster.mesh().shape)), cluster)
+    model, inputs = autopar.zoo.get("moe", **MOE)
+    graph = autopar.trace(model, inputs)
+    for world in (2, 4):  # experts split over every rank: their own all-to-alls (cost_models/experts.py)
+        cluster = Cluster.preset("cpu", devices=world)
+        cases[world]["moe/experts"] = _case(model, inputs, graph, experts_split(graph, cluster.mesh()), cluster)
     model, inputs = autopar.zoo.get("gpt", **GPT)
     for world in (2, 4):
         plan = autopar.plan(model, inputs, Cluster.preset("cpu", devices=world), pipeline=False)
@@ -119,9 +136,9 @@ def predicted(case) -> Collectives:
 
 CASE_IDS = [(w, n) for w, names in (
     (2, ["mlp/data_parallel", "mlp/megatron", "mlp/reduction_split", "cnn/data_parallel",
-         "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel"]),
+         "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel", "moe/experts"]),
     (4, ["mlp/data_parallel", "mlp/dp_x_megatron", "mlp/reduction_split", "cnn/data_parallel",
-         "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel"])) for n in names]
+         "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel", "moe/experts"])) for n in names]
 
 # Where the module issues other collectives than the plan predicts, one entry per reshard:
 # (phase, edge, change of counts issued - predicted), each to be flagged by ``Collectives.nested``
@@ -265,6 +282,8 @@ def test_the_list_is_what_the_model_prices(cases):
                 mine = sum(it.collective.seconds for it in pred.of("bn-stats", n.name))
                 assert mine == pytest.approx(sum(stats)), (name, n.name)
                 assert bool(stats) == bool(pred.of("bn-stats", n.name)), (name, n.name)
+                exchange = sum(t.seconds for t in terms if t.kind == "exchange")  # a mixture of experts' all-to-alls
+                assert sum(it.collective.seconds for it in pred.of("experts", n.name)) == pytest.approx(exchange)
             for node_name, idx in graph.outputs:
                 out = float(model.output_cost(graph.node(node_name), idx, [cfg[node_name]],
                                               cluster)[0])

@@ -26,7 +26,7 @@ class Collectives:
 # the c10d ops the fast moves (``autopar.codegen.moves``) and the gradient buckets call, under the names of the
 # functional collectives DTensor's redistribute calls for the same move
 C10D_NAMES = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather_into_tensor",
-              "_reduce_scatter_base_": "reduce_scatter_tensor"}
+              "_reduce_scatter_base_": "reduce_scatter_tensor", "alltoall_base_": "all_to_all_single"}
 
 
 def counts(mode: CommDebugMode) -> dict[str, int]:

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from autopar.frontend.rules.base import Tensor, signature
+from autopar.frontend.rules.moe import experts_call, is_experts
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ SDPA = "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale
 CE = ("input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean', "
       "label_smoothing=0.0")
 
+EXPERTS = "hidden, top_k_index, top_k_weights, *weights, module=''"
 FACTORY = "creates a new tensor (factory op); made whole on every device (replicated)"
 
 UNARY = ("relu gelu silu sigmoid tanh exp log log1p sqrt rsqrt abs neg erf sin cos leaky_relu elu selu celu "
@@ -209,6 +211,7 @@ def _functions() -> dict[Callable, Site]:
         table[getattr(operator, name)] = _site(name, entry, f"operator.{name}")
     table[operator.matmul] = _site("matmul", COMMON["matmul"], "operator.matmul")
     table[operator.getitem] = Site("slice", signature("input, index"), "operator.getitem")
+    table[experts_call] = Site("moe_experts", signature(EXPERTS), "experts")
     return table
 
 
@@ -323,6 +326,11 @@ def _adapt_module(m: nn.Module, x: list, kwargs: dict, param: Callable[[str], Te
                            "key_padding_mask": arg(3, "key_padding_mask"), "attn_mask": arg(5, "attn_mask"),
                            "weights": [param("in_proj_weight"), param("in_proj_bias"),
                                        param("out_proj.weight"), param("out_proj.bias")]})
+    if is_experts(m):
+        return ModuleCall(site("moe_experts", name), {
+            "hidden": first, "top_k_index": x[1] if len(x) > 1 else kwargs.get("top_k_index"),
+            "top_k_weights": x[2] if len(x) > 2 else kwargs.get("top_k_weights"),
+            "weights": [param(n) for n, _ in m.named_parameters(recurse=False)]})
     if isinstance(m, nn.CrossEntropyLoss):
         return ModuleCall(site("cross_entropy", name), {
             "input": first, "target": x[1] if len(x) > 1 else kwargs.get("target"), "weight": param("weight"),

@@ -1,0 +1,77 @@
+"""moe_experts: a mixture of experts' routed experts, one node for the whole computation.
+
+What the experts module computes, ``out[t] = sum_j w[t, j] * expert_{i[t, j]}(x[t])`` over a
+token's top-k experts ``i`` and router weights ``w``, is one op here (whatever ops its code runs:
+transformers' ``grouped_mm`` over sorted tokens, a loop over experts), because its useful split is
+one no op inside it has: the experts' stacked weights cut along the expert axis, each token sent to
+its experts' ranks and back (an all-to-all each way). Its iteration space:
+
+* ``tokens``: the tokens (rows of ``x``, ``i``, ``w`` and the output), splittable like a batch;
+* ``experts``: the experts (axis 0 of every weight), splittable: expert parallelism. ``experts``
+  *carries* ``tokens`` (``core.ir.CARRIES``): a mesh axis that cuts the experts leaves the tokens cut as they
+  came, so the operands keep their token shards and the node exchanges them itself;
+* ``h``: the hidden features, whole (tensor parallelism inside an expert is not offered).
+
+FLOPs are the routed work: every token runs ``k`` experts, each a matmul per weight, so
+``2 * t * k * (weight elements of one expert)``, not every expert on every token. Routing is
+assumed uniform (each expert receives ``t * k / e`` tokens), which is what a split by experts
+divides evenly; a skewed router makes the busiest rank slower than priced.
+
+An experts module (``is_experts``): ``num_experts`` experts, every direct parameter stacked along
+axis 0 (``[num_experts, ...]``, some of them matrices), called as ``(hidden [t, h], top_k_index [t, k], top_k_weights
+[t, k])`` and returning ``[t, h]``: transformers' experts classes (Mixtral, Qwen2-MoE, ...) and
+``autopar.zoo.moe``'s. Its call reaches the rule as ``experts_call`` (the torch.export front end
+folds the module's ops into one such call) or as a leaf module (torch.fx).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from autopar.core.ir import CARRIES, Dim
+from autopar.frontend.rules.base import Call, Result
+
+TOKENS, EXPERTS = "tokens", "experts"  # dim names, as the report writes a split ("experts/8")
+SITES: dict = {}  # reached through ``sites.FUNCTIONS[experts_call]`` and the leaf-module table
+
+
+def is_experts(module: nn.Module) -> bool:
+    """Whether ``module`` is a stack of routed experts this rule understands (see the docstring)."""
+    e = getattr(module, "num_experts", None)
+    params = list(module.named_parameters(recurse=False))
+    if not isinstance(e, int) or e < 1 or not params:
+        return False
+    if any(p.dim() < 2 or p.shape[0] != e for _, p in params) or not any(p.dim() >= 3 for _, p in params):
+        return False  # a router's [e, h] weight is no stack of matrices
+    return not any(True for c in module.children() for _ in c.parameters())  # activations only
+
+
+def experts_call(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, *weights,
+                 module: str = "") -> torch.Tensor:
+    """The torch.export graph's stand-in for an experts module's ops (``frontend/experts.py``):
+    on meta or fake tensors its result's shape; the compiled program runs the module itself."""
+    if hidden.device.type == "meta" or type(hidden).__name__ == "FakeTensor":
+        return torch.empty_like(hidden)
+    raise RuntimeError(f"the experts of {module or 'a mixture of experts'} are run by autopar.compile's "
+                       "program, not by the traced graph: compile the model to run it")
+
+
+def moe_experts(call: Call) -> Result:
+    x, index, weights = call.args["hidden"], call.args["top_k_index"], call.args["top_k_weights"]
+    params = list(call.args["weights"])
+    if x.ndim != 2 or index.ndim != 2 or weights.shape != index.shape or index.shape[0] != x.shape[0]:
+        raise ValueError(f"experts take hidden [t, h] and top-k [t, k], got {x.shape}, {index.shape}, "
+                         f"{weights.shape}")
+    experts = params[0].shape[0]
+    if any(p.shape[0] != experts for p in params):
+        raise ValueError("expert weights must all be stacked along axis 0")
+    tokens, hidden = x.shape
+    k = index.shape[1]
+    dims = [Dim(TOKENS, tokens), Dim(EXPERTS, experts), Dim("h", hidden, splittable=False)]
+    reads = [(x, ((TOKENS,), ("h",))), (index, ((TOKENS,), ())), (weights, ((TOKENS,), ()))]
+    reads += [(p, ((EXPERTS,),) + ((),) * (p.ndim - 1)) for p in params]
+    per_token = sum(p.numel for p in params) // experts  # weight elements of one expert
+    attrs = {"experts": experts, "top_k": k, CARRIES: {EXPERTS: TOKENS}, "module": call.args.get("module", "")}
+    return Result("moe_experts", dims, reads, [((TOKENS,), ("h",))], 2 * tokens * k * per_token, attrs)
+
