@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, check_mode
 from autopar.cost_models.batchnorm_stats import bn_stats
+from autopar.cost_models.loss_count import loss_count
 from autopar.cost_models.comm import Collective, collective, reshard_steps
 
 from autopar.core.buckets import make_buckets
@@ -40,7 +41,7 @@ class Item:
     """One predicted collective (for a grad-sync bucket: one priced collective over ``tensors``).
 
     ``where``: "edge" (a reshard between two nodes), "grad-sync" (a node's weight gradients),
-    "bn-stats" (a batch norm's global statistics) or "output" (a graph output left partial). ``tensors``: the tensors it moves, e.g.
+    "bn-stats" (a batch norm's global statistics), "loss-count" (a mean loss's count of counted targets) or "output" (a graph output left partial). ``tensors``: the tensors it moves, e.g.
     ``("layers_0:0 -> relu:0",)`` or ``("param:layers_0.weight", "param:layers_0.bias")``.
     ``nbytes`` of each tensor per device, as the formula's N (for a bucket: the sum).
     """
@@ -161,6 +162,9 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
                     out.items.append(Item(phase, "edge", n.name, (name,), step))
                 if nested_order_conflict(a, b):
                     out.nested.append(Reshard(phase, name, a, b))
+        count = loss_count(n, cfg_of(n.name), mesh, cluster)
+        if count is not None:  # AnalyticModel.node_breakdown's count of counted targets
+            out.items.append(Item("forward", "loss-count", n.name, (f"{n.name}:count",), count))
         if mode == "train":
             stats = bn_stats(n, cfg_of(n.name), mesh, cluster)
             if stats is not None:  # AnalyticModel.node_breakdown's "batch-norm statistics"
