@@ -1,4 +1,4 @@
-"""Context parallelism: a long-sequence HF Llama with its sequence split trains like one device.
+"""Context and sequence parallelism train like one device.
 
 The plan is forced: the token embedding splits its sequence dim over every mesh axis and each
 later node follows the split it reads (``tests/helpers/plans.follow``), so norms, linears,
@@ -10,6 +10,12 @@ head: too few heads to split over 4 devices). On 2 and 4 gloo processes: the los
 every gradient and every parameter after 3 AdamW steps equal the single-device run's. The
 shifted labels end in an ignored position, which the split puts on the last rank alone
 (``op_fixes.counted_mean`` keeps the loss the whole batch's mean).
+
+The zoo's gpt (``is_causal=True`` attention: the local call masks by its rows' global positions,
+``op_fixes.causal_rows``) under the same sequence split, and under Megatron's tensor parallelism
+with sequence parallelism (``tests/helpers/plans.sequence_parallel``), the same way; on 4
+processes the sequence goes over one mesh axis and the batch over the other. That these plans
+issue the collectives their cost predicts is ``test_codegen_collectives``'s.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ import torch
 import autopar
 from autopar.planning.plan import Plan
 from tests.helpers.dist_utils import run_gloo
-from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import follow
+from tests.helpers.numerics import check_module, check_rank, reference_run
+from tests.helpers.plans import follow, sequence_parallel, sequence_split
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -85,3 +91,26 @@ def test_the_forced_plan_splits_attention_by_query_rows(world):
 def test_sequence_split_llama_trains_like_one_device(world):
     _, _, plan, ref = _case(world)
     run_gloo(_rank, world, plan.to_json(), ref)
+
+
+GPT = dict(batch=4, seq=16, width=16, heads=2, layers=2, vocab=32)
+
+
+def _gpt_rank(rank, world, model, inputs, graph, plans, mesh, ref):
+    for assignment in plans.values():
+        check_rank(rank, world, model, inputs, graph, assignment, mesh, ref)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world", [2, 4])
+def test_gpt_with_context_and_sequence_parallelism_trains_like_one_device(world):
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("gpt", **GPT)
+    model = model.double()
+    graph = autopar.trace(model, inputs)
+    mesh = (2,) if world == 2 else (2, 2)
+    last, dp = (len(mesh) - 1,), tuple(range(len(mesh) - 1))
+    plans = {"context": sequence_split(graph, mesh, last, dp), "sequence_parallel": sequence_parallel(graph, mesh, last, dp)}
+    attention = next(n for n in graph.nodes if n.op == "sdpa")
+    assert attention.attrs["is_causal"] and plans["context"][attention.name].splits[2] == 2  # l, causal
+    run_gloo(_gpt_rank, world, model, inputs, graph, plans, mesh, reference_run(model, inputs))
