@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import autopar
+from autopar.core.margin import usable_memory
 from autopar.core.sequence import sequence_dims
 from autopar.cost_models.collectives import predicted_collectives
 
@@ -95,3 +96,42 @@ def test_sequence_dims_follow_the_tokens():
     by_module = {n.module: seq[n.name] for n in graph.nodes if n.op in ("sdpa", "linear", "embedding")}
     assert by_module["tok"] == {"s"} and by_module["blocks.0.fc1"] == {"s"} and by_module["head"] == {"s"}
     assert [seq[n.name] for n in graph.nodes if n.op == "sdpa"] == [{"l", "m"}]
+
+
+@functools.lru_cache(maxsize=None)
+def _wide(memory_gib: float | None):
+    """A 2-layer Llama of width 4096 with 32 heads over 8,192 tokens (batch 1) on 8xH100, planned
+    with the device's memory (None) or ``memory_gib`` of it."""
+    import transformers as T
+
+    from tests.helpers.hf_models import transformers_quiet
+
+    transformers_quiet()
+    cfg = T.LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=16384, num_hidden_layers=2,
+                        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=8192,
+                        attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = T.LlamaForCausalLM(cfg).train()
+    ids = torch.zeros((1, 8192), dtype=torch.long, device="meta")
+    memory = {} if memory_gib is None else {"memory_capacity": memory_gib * 2 ** 30}
+    return autopar.plan(model, dict(input_ids=ids, labels=ids.clone()), autopar.Cluster.preset("8xH100"),
+                        pipeline=False, **memory)
+
+
+def _sequence_split_linears(plan) -> int:
+    seq = sequence_dims(plan.graph)
+    return sum(any(s > 1 and d.name in seq[n.name] for d, s in zip(n.dims, plan.assignment[n.name].splits))
+               for n in plan.graph.nodes if n.op == "linear")
+
+
+@pytest.mark.slow
+def test_sequence_splits_grow_where_activation_memory_binds():
+    """With 32 heads, attention splits by heads; with the whole device's memory most linears
+    split only their features (Megatron). With 4 GiB a device (3.1 GiB usable after the margin)
+    the Megatron plan no longer fits, and the plan that does splits more linears along the
+    sequence: their activations are cut t ways, for the same bytes moved."""
+    roomy, tight = _wide(None), _wide(4.0)
+    usable = usable_memory(4.0 * 2 ** 30)
+    assert tight.baselines["expert"].memory_per_device > usable >= tight.memory_per_device
+    assert _sequence_split_linears(tight) > _sequence_split_linears(roomy)
+    assert all(r.split.startswith("h/") for r in tight.rows if r.op == "sdpa")
