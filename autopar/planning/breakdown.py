@@ -55,11 +55,12 @@ def keys_arrive_split(graph: Graph, node: Node, assignment: dict[str, Config]) -
     return False
 
 
-def split_kind(node: Node, config: Config, batch_dim: str | None) -> str:
+def split_kind(node: Node, config: Config, batch_dim: str | None, seq: set[str] = frozenset()) -> str:
     split = [d for d, s in zip(node.dims, config.splits) if s > 1]
     if not split:
         return "replicated"
-    kinds = {"reduction" if d.reduction else "data" if d.name == batch_dim else "tensor" for d in split}
+    kinds = {"reduction" if d.reduction else "data" if d.name == batch_dim else "sequence" if d.name in seq
+             else "tensor" for d in split}
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
@@ -122,7 +123,7 @@ def mesh_rows(graph: Graph, tables: CostTables, assignment: dict[str, Config], m
         rows.append(NodeRow(
             name=node.name, module=node.module or node.name, op=node.op,
             split=split_words(node, cfg, seq[node.name], node.op == "sdpa" and keys_arrive_split(graph, node, assignment)),
-            split_kind=split_kind(node, cfg, batch.get(node.name)), params=params, outputs=outs,
+            split_kind=split_kind(node, cfg, batch.get(node.name), seq[node.name]), params=params, outputs=outs,
             compute=compute, comm=other + red + float(into[i]) + (0.0 if sync_apart else sync),
             memory=mem, sync=sync if sync_apart else 0.0, replicated_why=node.unsupported or "",
             terms=terms))

@@ -62,6 +62,9 @@ def test_long_sequence_attention_is_split_along_the_sequence_and_reported_so():
             kinds = {(it.phase, it.kind) for it in into}
             assert {("forward", "all-gather"), ("backward", "reduce-scatter")} <= kinds, kinds
     assert "seq/" in plan.report()
+    # a row split along the sequence alone is of the "sequence" kind (the picture's colour)
+    alone = {r.split_kind for r in plan.rows if r.split.startswith("seq/") and "," not in r.split and r.op != "cross_entropy"}
+    assert alone == {"sequence"}  # the loss averages over its tokens: a reduction
 
 
 def test_the_mlp_runs_megatron_sequence_parallelism():
