@@ -26,7 +26,8 @@ Graph outputs left Partial are all-reduced (forward only).
 
 A training batch norm whose batch dim is split runs with global statistics
 (``codegen/batchnorm.py``): two forward all-reduces of its ``C`` (local) channel statistics over
-the mesh axes that cut the batch (``bn_stats``); their backward is free.
+the mesh axes that cut the batch (``bn_stats``); their backward is free. A mean cross-entropy over
+class indices with its items split all-reduces their count (``loss_count``), forward only.
 
 ``explain`` prints every term with its arithmetic, so a reader can redo the sum by hand.
 """
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from autopar.cost_models.batchnorm_stats import bn_stats, bn_stats_many
 from autopar.cost_models.experts import exchange_many, exchange_seconds
+from autopar.cost_models.loss_count import loss_count, loss_count_many
 from autopar.cost_models.comm import collective, collective_time, reshard_matrix_codes, reshard_steps
 from autopar.cost_models.optimizer_step import OPTIMIZER_PASSES, local_elements, optimizer_step
 from autopar.cost_models.reshard_table import StructureCache
@@ -177,6 +179,10 @@ class AnalyticModel:
         if exchange:
             out.terms.append(Term("expert parallelism: tokens to their experts' ranks and back", exchange, f,
                                   "exchange"))
+        count = loss_count(node, cfg, mesh, cluster)
+        if count is not None:
+            out.terms.append(Term("loss's count of counted targets (all-reduce)", count.seconds,
+                                  count.formula() if text else "", "stats"))
         if mode == "inference":
             return out
         out.terms.append(Term("compute backward", self.backward_factor * fwd,
@@ -254,12 +260,13 @@ class AnalyticModel:
         t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
         cost = np.maximum(t_flops, t_mem)
         exchange = exchange_many(node, configs, mesh, cluster, mode)
+        count = loss_count_many(node, own, mesh, cluster)
         if mode == "train":
             again = 1.0 if node_training(node).recompute else 0.0
             sync = self._grad_sync(node, own, mesh, cluster) * self.sync_scale if self.sync_scale else 0.0
             cost = (cost * (1.0 + self.backward_factor + again) + sync + bn_stats_many(node, own, mesh, cluster)
                     + optimizer_step(self.optimizer, node, own, mesh, cluster, self.memory_efficiency))
-        return np.where(ok, cost + exchange, math.inf)
+        return np.where(ok, cost + exchange + count, math.inf)
 
     def _grad_sync(self, node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -> np.ndarray:
         """Weight-gradient all-reduces per distinct group of mesh axes. The runtime sums them in

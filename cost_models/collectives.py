@@ -12,6 +12,7 @@ from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, check_mode
 from autopar.cost_models.batchnorm_stats import bn_stats
 from autopar.cost_models.comm import Collective, collective, collective_time, group_of, reshard_steps
 from autopar.cost_models.experts import exchange_axes, exchanges
+from autopar.cost_models.loss_count import loss_count
 
 from autopar.core.buckets import make_buckets
 from autopar.core.cluster import Cluster
@@ -42,7 +43,8 @@ class Item:
 
     ``where``: "edge" (a reshard between two nodes), "grad-sync" (a node's weight gradients),
     "bn-stats" (a batch norm's global statistics), "experts" (a mixture of experts' token
-    exchange) or "output" (a graph output left partial). ``tensors``: the tensors it moves, e.g.
+    exchange), "loss-count" (a mean loss's count of counted targets) or "output" (a graph output left
+    partial). ``tensors``: the tensors it moves, e.g.
     ``("layers_0:0 -> relu:0",)`` or ``("param:layers_0.weight", "param:layers_0.bias")``.
     ``nbytes`` of each tensor per device, as the formula's N (for a bucket: the sum).
     """
@@ -164,6 +166,9 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
                 if nested_order_conflict(a, b):
                     out.nested.append(Reshard(phase, name, a, b))
         out.items += _experts(n, cfg_of(n.name), mesh, cluster, mode)
+        count = loss_count(n, cfg_of(n.name), mesh, cluster)
+        if count is not None:  # AnalyticModel.node_breakdown's count of counted targets
+            out.items.append(Item("forward", "loss-count", n.name, (f"{n.name}:count",), count))
         if mode == "train":
             stats = bn_stats(n, cfg_of(n.name), mesh, cluster)
             if stats is not None:  # AnalyticModel.node_breakdown's "batch-norm statistics"

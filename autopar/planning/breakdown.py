@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from autopar.core.batch import batch_dims
+from autopar.core.sequence import sequence_dims
 from autopar.core.ir import Graph, Node
 from autopar.core.layout import format_layout, node_layouts, to_mesh
 from autopar.core.tables import Config, CostTables
@@ -23,17 +24,43 @@ from autopar.planning.rows import CostTerm, NodeRow, StageRow
 _NOT_COMM = ("compute", "optimizer", "infeasible")
 
 
-def split_words(node: Node, config: Config) -> str:
-    """'b/4, n/2' from a config; 'replicated' when nothing is split."""
-    words = [f"{d.name}/{s}" for d, s in zip(node.dims, config.splits) if s > 1]
+def split_words(node: Node, config: Config, seq: set[str] = frozenset(), gathered: bool = False) -> str:
+    """'b/4, n/2' from a config; 'replicated' when nothing is split. A dim along the sequence
+    (``seq``: ``core.sequence``) reads 'seq/4'; an attention's query rows 'seq/4 all-gather K/V'
+    where its keys and values arrive split along the sequence (``gathered``: the reshard into it
+    all-gathers them, and reduce-scatters their gradients), 'seq/4 K/V whole' where they do not."""
+    words = []
+    for d, s in zip(node.dims, config.splits):
+        if s == 1:
+            continue
+        if node.op == "sdpa" and d.name == "l":
+            words.append(f"seq/{s} " + ("all-gather K/V" if gathered else "K/V whole"))
+        else:
+            words.append(f"seq/{s}" if d.name in seq else f"{d.name}/{s}")
     return ", ".join(words) if words else "replicated"
 
 
-def split_kind(node: Node, config: Config, batch_dim: str | None) -> str:
+def keys_arrive_split(graph: Graph, node: Node, assignment: dict[str, Config]) -> bool:
+    """Does an sdpa node's key (or value) come from a node that splits the dim indexing the key
+    positions? Then running the query rows split all-gathers them."""
+    for op in node.inputs[1:3]:
+        axis = next((i for i, dims in enumerate(op.spec.axes) if "m" in dims), None)
+        cfg = assignment.get(op.source)
+        if axis is None or cfg is None or op.source.startswith(("input:", "param:")):
+            continue
+        src = graph.node(op.source)
+        out_axes = src.outputs[op.output].axes
+        if axis < len(out_axes) and any(s > 1 for d, s in zip(src.dims, cfg.splits) if d.name in out_axes[axis]):
+            return True
+    return False
+
+
+def split_kind(node: Node, config: Config, batch_dim: str | None, seq: set[str] = frozenset()) -> str:
     split = [d for d, s in zip(node.dims, config.splits) if s > 1]
     if not split:
         return "replicated"
-    kinds = {"reduction" if d.reduction else "data" if d.name == batch_dim else "tensor" for d in split}
+    kinds = {"reduction" if d.reduction else "data" if d.name == batch_dim else "sequence" if d.name in seq
+             else "tensor" for d in split}
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
@@ -59,6 +86,7 @@ def mesh_rows(graph: Graph, tables: CostTables, assignment: dict[str, Config], m
     choice = choice_of(tables, assignment)
     into = incoming(tables, choice)
     batch = batch_dims(graph)
+    seq = sequence_dims(graph)
     outputs: dict[str, list[int]] = {}
     for name, idx in graph.outputs:
         outputs.setdefault(name, []).append(idx)
@@ -93,8 +121,9 @@ def mesh_rows(graph: Graph, tables: CostTables, assignment: dict[str, Config], m
         mem = memory[i] if memory is not None else (
             float(tables.memory[i][choice[i]]) if tables.memory else None)
         rows.append(NodeRow(
-            name=node.name, module=node.module or node.name, op=node.op, split=split_words(node, cfg),
-            split_kind=split_kind(node, cfg, batch.get(node.name)), params=params, outputs=outs,
+            name=node.name, module=node.module or node.name, op=node.op,
+            split=split_words(node, cfg, seq[node.name], node.op == "sdpa" and keys_arrive_split(graph, node, assignment)),
+            split_kind=split_kind(node, cfg, batch.get(node.name), seq[node.name]), params=params, outputs=outs,
             compute=compute, comm=other + red + float(into[i]) + (0.0 if sync_apart else sync),
             memory=mem, sync=sync if sync_apart else 0.0, replicated_why=node.unsupported or "",
             terms=terms))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-SPLIT_KINDS = ("replicated", "data", "tensor", "reduction", "mixed")
+SPLIT_KINDS = ("replicated", "data", "tensor", "sequence", "reduction", "mixed")
 
 
 @dataclass

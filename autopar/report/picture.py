@@ -19,6 +19,7 @@ KINDS = {
     "replicated": "#b0b0b0",
     "data": "#4c72b0",
     "tensor": "#dd8452",
+    "sequence": "#55a868",
     "reduction": "#c44e52",
     "mixed": "#8172b3",
 }

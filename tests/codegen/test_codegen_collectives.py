@@ -35,7 +35,7 @@ from tests.helpers.dist_utils import run_gloo
 from tests.helpers.mlp import MLP, mlp_graph
 from tests.helpers.models import PositionLookup
 from tests.helpers.mlp import plans as mlp_plans
-from tests.helpers.plans import data_parallel
+from tests.helpers.plans import data_parallel, sequence_parallel, sequence_split
 
 # big enough that autopar's own plan splits on the cpu preset (a tiny one stays replicated)
 GPT = dict(layers=1, batch=16, seq=32, width=128, heads=4, vocab=128)
@@ -92,6 +92,15 @@ def build_cases() -> dict[int, dict[str, dict]]:
         for name, p in [("autopar", plan), *plan.baselines.items()]:
             cases[world][f"gpt/{name}"] = _case(model, inputs, plan.graph, p.assignment,
                                                 Cluster(**p.cluster))
+        # the sequence over the last mesh axis (the first one, if any, data parallel): attention by
+        # query rows with K/V all-gathered; Megatron's sequence parallelism around its linears
+        mesh = tuple(plan.mesh.shape)
+        last, dp = (len(mesh) - 1,), tuple(range(len(mesh) - 1))
+        cluster = Cluster(**plan.cluster)
+        cases[world]["gpt/context"] = _case(model, inputs, plan.graph, sequence_split(plan.graph, mesh, last, dp),
+                                            cluster)
+        cases[world]["gpt/sequence_parallel"] = _case(model, inputs, plan.graph,
+                                                      sequence_parallel(plan.graph, mesh, last, dp), cluster)
     return cases
 
 
@@ -136,9 +145,11 @@ def predicted(case) -> Collectives:
 
 CASE_IDS = [(w, n) for w, names in (
     (2, ["mlp/data_parallel", "mlp/megatron", "mlp/reduction_split", "cnn/data_parallel",
-         "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel", "moe/experts"]),
+         "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel", "moe/experts",
+         "gpt/context", "gpt/sequence_parallel"]),
     (4, ["mlp/data_parallel", "mlp/dp_x_megatron", "mlp/reduction_split", "cnn/data_parallel",
-         "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel", "moe/experts"])) for n in names]
+         "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel", "moe/experts",
+         "gpt/context", "gpt/sequence_parallel"])) for n in names]
 
 # Where the module issues other collectives than the plan predicts, one entry per reshard:
 # (phase, edge, change of counts issued - predicted), each to be flagged by ``Collectives.nested``

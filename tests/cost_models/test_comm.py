@@ -272,3 +272,20 @@ def test_both_ways_of_finding_the_ids_that_occur_agree(monkeypatch, dense):
     for i, j in [(0, 0), (5, 7), (79, 69)]:
         a, b = _layout(src[i]), _layout(dst[j])
         assert reference[i, j] == pytest.approx(reshard_cost(2e6, a, b, mesh, cluster), rel=1e-12)
+
+
+def test_sequence_parallelism_moves_what_tensor_parallelism_all_reduces():
+    """Megatron's sequence parallelism swaps the all-reduce of a row-parallel linear's partial
+    output (P -> R) for a reduce-scatter along the sequence (P -> S(1)) and, before the next
+    column-parallel linear, an all-gather (S(1) -> R): the same bytes and latencies in two calls.
+    The ring formulas by hand, over the 8 devices of one node."""
+    mesh, nbytes, p = FLAT.mesh(), 64 * MB, 8
+    axes = (0, 1, 2)
+    tp = reshard_steps(nbytes, (P, P, P), (R, R, R), mesh, FLAT)
+    scatter = reshard_steps(nbytes, (P, P, P), (Shard(1),) * 3, mesh, FLAT)
+    gather = reshard_steps(nbytes, (Shard(1),) * 3, (R, R, R), mesh, FLAT)
+    assert [c.kind for c in tp] == ["all-reduce"] and tp[0].axes == axes
+    assert [c.kind for c in scatter] == ["reduce-scatter"] and [c.kind for c in gather] == ["all-gather"]
+    one_way = (p - 1) / p * nbytes / BW + (p - 1) * LAT
+    assert scatter[0].seconds == pytest.approx(one_way) and gather[0].seconds == pytest.approx(one_way)
+    assert tp[0].seconds == pytest.approx(2 * one_way)

@@ -77,6 +77,39 @@ def _follow_inputs(node: Node, layouts, cuts: dict, mesh_shape) -> None:
                 used |= set(mesh_axes)
 
 
+def sequence_split(graph: Graph, mesh_shape, axes: tuple[int, ...], dp: tuple[int, ...] = ()) -> dict[str, Config]:
+    """Context parallelism by hand: the token embedding (the first node) splits its sequence dim
+    ``s`` over ``axes`` and everything follows, so attention runs its query rows split with the
+    keys and values gathered whole."""
+    return follow(graph, mesh_shape, {graph.nodes[0].name: {"s": axes}, **_whole_logits(graph)}, dp)
+
+
+def _whole_logits(graph: Graph) -> dict[str, dict]:
+    """The flattening of (batch, seq, vocab) logits to (batch * seq, vocab) before the loss, kept
+    whole: the sequence split would be a minor cut of its merged axis (a strided layout);
+    whole, the logits are all-gathered into it along the sequence."""
+    loss = next((n for n in graph.nodes if n.op == "cross_entropy"), None)
+    return {loss.inputs[0].source: {}} if loss is not None and not loss.inputs[0].source.startswith("input:") else {}
+
+
+def sequence_parallel(graph: Graph, mesh_shape, tp: tuple[int, ...], dp: tuple[int, ...] = ()) -> dict[str, Config]:
+    """Megatron-LM's tensor parallelism with sequence parallelism, by hand, for the zoo's gpt:
+    column-parallel ``qkv``/``fc1`` (output features over ``tp``), attention by heads,
+    row-parallel ``proj``/``fc2`` (input features), and the embedding, norms and residual
+    stream split along the sequence over the same axes: an all-gather into each
+    column-parallel linear, a reduce-scatter out of each row-parallel one."""
+    pins: dict[str, dict[str, tuple[int, ...]]] = {graph.nodes[0].name: {"s": tp}, **_whole_logits(graph)}
+    for node in graph.nodes:
+        module = node.module or ""
+        if node.op == "linear" and module.endswith(("qkv", "fc1")):
+            pins[node.name] = {"n": tp}
+        elif node.op == "linear" and module.endswith(("proj", "fc2")):
+            pins[node.name] = {"k": tp}
+        elif node.op == "sdpa":
+            pins[node.name] = {"h": tp}
+    return follow(graph, mesh_shape, pins, dp)
+
+
 def split_everything(graph, mesh) -> dict:
     def score(node, config):
         cut = [d for d, s in zip(node.dims, config.splits) if s > 1]

@@ -16,6 +16,7 @@ import pytest
 
 import autopar
 from autopar.core.batch import scale_batch
+from autopar.core.sequence import sequence_dims
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.cost_models.memory import node_memory
 from autopar.core.tables import Config
@@ -151,13 +152,16 @@ def test_intra_stage_configs_are_in_words_on_the_stage_mesh(piped_gpt):
     plan, cluster = piped_gpt.plan, piped_gpt.cluster
     _, sub, local = _stage_setup(plan, cluster)
     text = plan.report()
-    # a split node's words, from the graph's dim names and the plan's splits
+    # a split node's words, from the graph's dim names (``seq`` for those along the sequence)
+    # and the plan's splits
     split = [(n, plan.assignment[n.name]) for n in plan.graph.nodes
              if any(x > 1 for x in plan.assignment[n.name].splits)]
     assert split, "the stages split some nodes"
+    seq = sequence_dims(plan.graph)
     for node, cfg in split:
-        words = ", ".join(f"{d.name}/{x}" for d, x in zip(node.dims, cfg.splits) if x > 1)
-        assert words in text
+        for d, x in zip(node.dims, cfg.splits):
+            if x > 1:
+                assert f"{'seq' if d.name in seq[node.name] else d.name}/{x}" in text, (node.name, d.name)
     # stage-local configs use only the stage mesh's axes
     assert plan.stage_mesh == sub.mesh().shape
     assert all(a < len(plan.stage_mesh) for c in local.values() for ax in c.mesh_axes for a in ax)
