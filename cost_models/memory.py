@@ -19,6 +19,14 @@ of the parameter's data-parallel group (the mesh axes along which its gradient i
 a recomputed node saves only the block inputs it is the first to read (``saved_inputs``).
 The arithmetic is ``cost_models/training.py``'s.
 
+A loss also holds, while its backward runs, the gradients that backward makes (``transient``):
+the backward starts at the loss with every saved activation still alive, so the step's peak is
+there unless a later working set is bigger. ``cross_entropy`` is log-softmax then the negative
+log-likelihood (ATen's decomposition): the NLL's backward writes the gradient of the
+log-probabilities, and log-softmax's backward, reading it, writes the gradient of the logits,
+both the logits' size and layout (``LOSS_GRADIENTS``). The term is per node and added like the
+others, so the searches' memory constraint and the plan's total carry it.
+
 Inference holds the parameters only (activations live one layer at a time). A parameter read by
 several nodes is counted at the first of them (``skip``), so a plan's total is a plain sum.
 """
@@ -46,6 +54,9 @@ SAVES_NOTHING = {
 }
 LINEAR_FNS = {"add", "sub", "neg", "iadd", "isub"}  # ``elementwise`` nodes whose backward needs no input
 SAVES_OUTPUT = {"softmax", "log_softmax", "sigmoid", "tanh", "exp"}
+# Gradient buffers, each the size and layout of the loss's float input, alive together at the
+# peak of the loss's backward (see the module's docstring).
+LOSS_GRADIENTS = {"cross_entropy": 2}
 
 
 def _saves(node: Node) -> bool:
@@ -67,10 +78,11 @@ class MemoryBreakdown:
     grads: float = 0.0
     optimizer: float = 0.0
     activations: float = 0.0
+    transient: float = 0.0  # the loss's backward working set (``LOSS_GRADIENTS``)
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations
+        return self.params + self.grads + self.optimizer + self.activations + self.transient
 
 
 def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
@@ -103,7 +115,12 @@ def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
         else:
             saved = ((op.spec, l) for op, l in zip(node.inputs, lay.inputs))
         acts = sum(spec.nbytes / shard_factor(l, mesh) for spec, l in saved)
-    return MemoryBreakdown(params, grads, opt, acts)
+    transient = 0.0
+    if train and node.op in LOSS_GRADIENTS:
+        transient = LOSS_GRADIENTS[node.op] * sum(op.spec.nbytes / shard_factor(l, mesh)
+                                                  for op, l in zip(node.inputs, lay.inputs)
+                                                  if op.spec.dtype in FLOAT_DTYPES)
+    return MemoryBreakdown(params, grads, opt, acts, transient)
 
 
 def _data_group(node: Node, cfg: Config, layout, mesh: Mesh) -> int:
@@ -150,6 +167,10 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
             saved = [(op.spec, False) for op in node.inputs]
         for spec, out in saved:
             total += spec.nbytes / shard_factors(node, spec, own, mesh, out)
+    if train and node.op in LOSS_GRADIENTS:
+        for op in node.inputs:
+            if op.spec.dtype in FLOAT_DTYPES:
+                total += LOSS_GRADIENTS[node.op] * op.spec.nbytes / shard_factors(node, op.spec, own, mesh)
     return np.where(ok, total, np.inf)
 
 

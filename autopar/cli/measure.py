@@ -9,10 +9,14 @@ machine's device (CUDA when present, else the CPU).
 
 What is compared, and why it is fair:
 
-* compute: the median wall time of a training step (collectives take no time on the fake group)
+* compute: the median time of a training step (collectives take no time on the fake group)
   against the sum of the plan's per-node ``compute`` terms (forward, backward, recomputation and
   the optimizer update; the resharding and gradient sync the plan prices are left out on both
   sides). The first step is a warm-up (the optimizer allocates its state, kernels are chosen).
+  The clock is the profiled cost model's (``cost_models/op_runner.clock``): on a CPU running torch
+  on one thread, this thread's CPU time (the step runs on the calling thread, so that is its work
+  on the core, memory stalls included, without the time the OS gave the core to other processes);
+  CUDA and several threads: wall time, the device synchronised after each step.
 * memory: the peak bytes this rank holds during the steps. CUDA: ``torch.cuda.max_memory_allocated``
   less what was allocated before the module was built (the unsplit model, kept by the caller).
   CPU: the batch, plus the peak during two training steps of the running sum of every allocation
@@ -60,6 +64,7 @@ class Measurement:
     predicted_compute: float
     measured_compute: float
     step_times: list[float]
+    clock: str = "wall time"  # what the step times read
 
     def lines(self) -> list[str]:
         """The report: predicted beside measured, the method, and last the two ratios."""
@@ -69,7 +74,7 @@ class Measurement:
                 f"peak memory: measured {fmt_bytes(self.measured_memory)}, predicted "
                 f"{fmt_bytes(self.predicted_memory)} ({self.memory_method})",
                 f"compute per step: measured {self.measured_compute * 1e3:.2f} ms (median of steps after the first: "
-                f"{', '.join(ms)} ms), predicted {self.predicted_compute * 1e3:.2f} ms (the plan's compute terms)",
+                f"{', '.join(ms)} ms; {self.clock}), predicted {self.predicted_compute * 1e3:.2f} ms (the plan's compute terms)",
                 f"memory measured/predicted: {self.memory_ratio:.2f}; "
                 f"compute measured/predicted: {self.compute_ratio:.2f}"]
 
@@ -127,7 +132,7 @@ def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: d
             module = _build(model, plan, inputs)
             optimizer = module.optimizer(torch.optim.AdamW, lr=lr)
             torch.cuda.reset_peak_memory_stats()
-            times = _steps(module, optimizer, inputs, steps, torch.cuda.synchronize)
+            times = _steps(module, optimizer, inputs, steps, torch.cuda.synchronize, _clock(device))
             peak = torch.cuda.max_memory_allocated() - before
             method = "CUDA: torch.cuda.max_memory_allocated, less the unsplit model"
         else:  # the build and two steps profiled for memory, then the steps timed without the profiler
@@ -136,15 +141,16 @@ def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: d
                 module = _build(model, plan, inputs)
                 optimizer = module.optimizer(torch.optim.AdamW, lr=lr)
                 with torch.profiler.record_function(_STEPS):
-                    _steps(module, optimizer, inputs, 2, None)
+                    _steps(module, optimizer, inputs, 2, None, time.perf_counter)
             peak = _tensor_bytes(inputs) + _peak_during(prof, _STEPS)
-            times = _steps(module, optimizer, inputs, steps, None)
+            times = _steps(module, optimizer, inputs, steps, None, _clock(device))
             method = ("CPU: the batch + the peak, during two steps, of the running sum of torch.profiler's "
                       "allocation events since the module's build began")
         params = sum(_local(p.detach()).nbytes for p in module.parameters())
         state = _state_bytes([*module.parameters(), *module.buffers(), *_optimizer_tensors(optimizer)])
     return Measurement(rank, plan.devices, device, method, float(plan.memory_per_device), float(peak),
-                       float(state), float(params), predicted_compute(plan), statistics.median(times[1:]), times)
+                       float(state), float(params), predicted_compute(plan), statistics.median(times[1:]), times,
+                       "this thread's CPU time" if _clock(device) is time.thread_time else "wall time")
 
 
 def _build(model, plan, inputs):
@@ -159,16 +165,22 @@ def _build(model, plan, inputs):
                            f"{' '.join(str(e).split())[:300]}") from None
 
 
-def _steps(module, optimizer, inputs, steps: int, sync) -> list[float]:
+def _clock(device: str):
+    from autopar.cost_models.op_runner import clock
+
+    return clock(device)
+
+
+def _steps(module, optimizer, inputs, steps: int, sync, now) -> list[float]:
     out = []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0 = now()
         module.train_step(*inputs)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if sync is not None:
             sync()
-        out.append(time.perf_counter() - t0)
+        out.append(now() - t0)
     return out
 
 

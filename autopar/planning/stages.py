@@ -115,7 +115,7 @@ def price_option(graph: Graph, cluster: Cluster, stages: int, axes: int, micro: 
                 nc = model.node_breakdown(node, cfg, sub, mode, text=False)
                 s = sum(term.seconds for term in nc.terms if term.kind in ("sync", "optimizer"))
             mb = node_memory(node, cfg, mesh, mode, optimizer)
-            seen[key] = (s, mb.params + mb.grads + mb.optimizer, mb.activations)
+            seen[key] = (s, mb.params + mb.grads + mb.optimizer + mb.transient, mb.activations)
         sync[i], static[i], acts[i] = seen[key]
     time -= sync  # the per-microbatch part; sync happens once per step
     cut = cut_times(g, sub, cluster, stages)

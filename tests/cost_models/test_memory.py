@@ -86,3 +86,52 @@ def test_traced_elementwise_add_saves_nothing_but_gelu_does():
                 attrs={"fn": "gelu"})
     assert node_memory(add, Config((1, 1), ((), ())), MESH).total == 0
     assert node_memory(gelu, Config((1, 1), ((), ())), MESH).activations == spec.nbytes
+
+
+def _backward_peak(loss) -> int:
+    """Highest bytes the CPU allocator holds during ``loss.backward()`` above what it held before
+    (torch.profiler's allocation events): the backward's own working set, measured."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss.backward()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    running = peak = 0
+    for _, nbytes in events:
+        running += nbytes
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_cross_entropy_backward_working_set_matches_the_allocator(split):
+    """The loss's backward holds the gradient of the log-probabilities and of the logits at once:
+    the model's ``transient`` (per node and in the config vector the searches read) is what the
+    allocator measures on a local shard of the logits."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from autopar.core.space import configs_for
+    from autopar.cost_models.memory import node_memory_vector
+    from autopar.frontend.trace import trace
+
+    rows, vocab = 64, 512
+
+    class Loss(torch.nn.Module):
+        def forward(self, logits, target):
+            return F.cross_entropy(logits, target)
+
+    graph = trace(Loss(), (torch.randn(rows, vocab), torch.randint(0, vocab, (rows,))))
+    node = next(n for n in graph.nodes if n.op == "cross_entropy")
+    mesh = Mesh((2,), (0,))
+    configs = [c for c in configs_for(node, mesh) if c.splits[0] == split and all(s == 1 for s in c.splits[1:])]
+    assert configs, "no config splits the rows alone"
+    torch.manual_seed(0)
+    logits = torch.randn(rows // split, vocab, requires_grad=True)
+    measured = _backward_peak(F.cross_entropy(logits, torch.randint(0, vocab, (rows // split,))))
+    model = node_memory(node, configs[0], mesh)
+    assert model.transient == pytest.approx(measured, rel=0.01)
+    assert node_memory_vector(node, configs[:1], mesh)[0] == pytest.approx(model.total)
+    assert np.isclose(model.total - model.activations - model.params, model.transient)
