@@ -8,9 +8,11 @@ Training (the default) holds, per device:
 * optimizer state: Adam keeps two fp32 moments per parameter element (``exp_avg``,
   ``exp_avg_sq``), SGD with momentum one fp32 buffer, plain SGD / ``None`` nothing;
 * activations saved for backward: the tensors the op's backward reads, sharded per the config's
-  layouts. Shape-only and additive ops save nothing, ops whose gradient is a function of their
-  output (softmax, sigmoid, tanh, exp) save the output, every other op saves its data inputs
-  (a linear needs ``x`` for ``dW``, a norm its input, a matmul both operands).
+  layouts. Shape-only and additive ops, a product with a Python number, a mean or sum and a
+  dropout with p = 0 save nothing (their derivative formulas read no tensor), ops whose gradient
+  is a function of their output (softmax, sigmoid, tanh, exp) save the output, every other op
+  its data inputs (a linear needs ``x`` for ``dW``, a norm its input, a matmul both operands, a
+  dropout its mask: on a CPU in the input's dtype; CUDA's is bool, a quarter of that for fp32).
 
 Training options (``node.attrs["train"]``, ``autopar.core.strategy.NodeTraining``): mixed
 precision adds fp32 master weights (4 bytes per element) to the optimizer state; ZeRO stage z
@@ -59,10 +61,24 @@ SAVES_OUTPUT = {"softmax", "log_softmax", "sigmoid", "tanh", "exp"}
 LOSS_GRADIENTS = {"cross_entropy": 2}
 
 
+SHAPE_FNS = {"expand", "expand_as", "repeat", "broadcast_to"}  # ``elementwise`` shape ops
+SCALED_FNS = {"mul", "div", "truediv"}  # by a Python number: the backward scales by it, saves nothing
+SUMS = {"mean", "sum"}  # ``reduce``: the gradient is the output's, spread (the input's shape only)
+
+
 def _saves(node: Node) -> bool:
+    """Whether the node's backward reads any tensor (autograd's derivative formulas)."""
     if node.op in SAVES_NOTHING:
         return False
-    return not (node.op == "elementwise" and node.attrs.get("fn") in LINEAR_FNS)
+    fn = node.attrs.get("fn")
+    if node.op == "elementwise" and (fn in LINEAR_FNS or fn in SHAPE_FNS):
+        return False
+    if node.op == "elementwise" and fn in SCALED_FNS and len(node.inputs) == 1 and not node.params:
+        return False
+    if node.op == "reduce" and fn in SUMS:
+        return False
+    return not (node.op == "dropout" and not (node.attrs.get("training", True) and node.attrs.get("p", 0.5)))
+
 
 
 def optimizer_states(optimizer: str | None) -> int:

@@ -135,3 +135,42 @@ def test_cross_entropy_backward_working_set_matches_the_allocator(split):
     assert model.transient == pytest.approx(measured, rel=0.01)
     assert node_memory_vector(node, configs[:1], mesh)[0] == pytest.approx(model.total)
     assert np.isclose(model.total - model.activations - model.params, model.transient)
+
+
+def test_saved_activations_match_what_autograd_saves():
+    """A mean, a product with a number, an expand and a dropout with p = 0 save nothing; a dropout
+    with p > 0 its mask (on a CPU in the input's dtype); a linear its input: the model's activations are the bytes autograd's
+    saved-tensor hooks see (each storage once, the parameters left out)."""
+    import torch
+    import torch.nn.functional as F
+
+    from autopar.frontend.trace import trace
+
+    class Ops(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 48)
+
+        def forward(self, x):
+            h = self.lin(x)
+            a = h.mean(-1, keepdim=True)
+            d = F.dropout(F.dropout(h * 0.5, 0.0, True), 0.3, True)
+            return (d + a.expand_as(h)).sum()
+
+    model, x = Ops(), torch.randn(16, 24, 32)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    measured = sum(b for ptr, b in saved.items() if ptr not in params)
+    graph = trace(model, (x,))
+    one = Mesh((1,), (0,))
+    modelled = sum(node_memory(n, Config((1,) * len(n.dims), ((),) * len(n.dims)), one).activations
+                   for n in graph.nodes)
+    assert measured == x.nbytes + x.numel() // 32 * 48 * 4  # x for the linear's dW, the dropout's mask
+    assert modelled == measured
