@@ -29,6 +29,8 @@ log-probabilities, and log-softmax's backward, reading it, writes the gradient o
 both the logits' size and layout (``LOSS_GRADIENTS``). The term is per node and added like the
 others, so the searches' memory constraint and the plan's total carry it.
 
+A tensor several nodes save is counted at the first of them (``already_saved``).
+
 Inference holds the parameters only (activations live one layer at a time). A parameter read by
 several nodes is counted at the first of them (``skip``), so a plan's total is a plain sum.
 """
@@ -56,6 +58,11 @@ SAVES_NOTHING = {
 }
 LINEAR_FNS = {"add", "sub", "neg", "iadd", "isub"}  # ``elementwise`` nodes whose backward needs no input
 SAVES_OUTPUT = {"softmax", "log_softmax", "sigmoid", "tanh", "exp"}
+OUTPUT_FNS = {"sigmoid", "tanh", "exp", "rsqrt", "sqrt"}  # ``elementwise`` fns whose backward reads their result
+
+
+def _saves_output(node: Node) -> bool:
+    return node.op in SAVES_OUTPUT or (node.op == "elementwise" and node.attrs.get("fn") in OUTPUT_FNS)
 # Gradient buffers, each the size and layout of the loss's float input, alive together at the
 # peak of the loss's backward (see the module's docstring).
 LOSS_GRADIENTS = {"cross_entropy": 2}
@@ -81,6 +88,29 @@ def _saves(node: Node) -> bool:
 
 
 
+def already_saved(graph) -> dict[str, frozenset[int]]:
+    """Per node, the positions of the inputs it saves that an earlier node of ``graph`` saves too:
+    autograd keeps the one tensor once, however many backward formulas read it (a norm's input
+    read by its square and its product, the softmax's output read by the next matmul). Whether a
+    node saves an input depends on its op only, not on its config, so this is one pass over the
+    graph; a reader that gets the tensor resharded saves the new copy, which this does not count
+    (readers of one tensor mostly share its layout). Recomputed nodes are left as they are."""
+    seen: set[tuple[str, int]] = set()
+    out: dict[str, frozenset[int]] = {}
+    for n in graph.nodes:
+        if node_training(n).recompute or not _saves(n):
+            continue
+        if _saves_output(n):
+            seen.update((n.name, i) for i in range(len(n.outputs)))
+            continue
+        keys = [(o.source, o.output) for o in n.inputs]
+        dup = frozenset(i for i, k in enumerate(keys) if k in seen)
+        if dup:
+            out[n.name] = dup
+        seen.update(keys)
+    return out
+
+
 def optimizer_states(optimizer: str | None) -> int:
     key = (optimizer or "none").lower()
     if key not in OPTIMIZER_STATES:
@@ -103,8 +133,9 @@ class MemoryBreakdown:
 
 def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
                 optimizer: str | None = "adam", skip: frozenset[str] = frozenset(),
-                layouts: NodeLayouts | None = None) -> MemoryBreakdown:
-    """Bytes per device; parameters whose ``source`` is in ``skip`` are counted elsewhere."""
+                layouts: NodeLayouts | None = None, shared: frozenset[int] = frozenset()) -> MemoryBreakdown:
+    """Bytes per device; parameters whose ``source`` is in ``skip`` are counted elsewhere, and
+    so are the saved inputs at positions ``shared`` (``already_saved``)."""
     cfg = to_mesh(config, mesh)
     if cfg is None:
         return MemoryBreakdown(params=float("inf"))
@@ -126,10 +157,10 @@ def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
     if train and rec.recompute:
         acts = sum(node.inputs[i].spec.nbytes / shard_factor(lay.inputs[i], mesh) for i in rec.saved_inputs)
     elif train and _saves(node):
-        if node.op in SAVES_OUTPUT:
+        if _saves_output(node):
             saved = zip(node.outputs, lay.outputs)
         else:
-            saved = ((op.spec, l) for op, l in zip(node.inputs, lay.inputs))
+            saved = ((op.spec, l) for i, (op, l) in enumerate(zip(node.inputs, lay.inputs)) if i not in shared)
         acts = sum(spec.nbytes / shard_factor(l, mesh) for spec, l in saved)
     transient = 0.0
     if train and node.op in LOSS_GRADIENTS:
@@ -151,7 +182,7 @@ def _data_group(node: Node, cfg: Config, layout, mesh: Mesh) -> int:
 
 def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str = "train",
                        optimizer: str | None = "adam",
-                       skip: frozenset[str] = frozenset()) -> np.ndarray:
+                       skip: frozenset[str] = frozenset(), shared: frozenset[int] = frozenset()) -> np.ndarray:
     """``node_memory(...).total`` for every config at once (numpy over configs)."""
     own, ok = owner_matrix(configs, mesh)
     train = mode in ("train", "training")
@@ -177,10 +208,10 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
             spec = node.inputs[i].spec
             total += spec.nbytes / shard_factors(node, spec, own, mesh)
     elif train and _saves(node):
-        if node.op in SAVES_OUTPUT:
+        if _saves_output(node):
             saved = [(s, True) for s in node.outputs]
         else:
-            saved = [(op.spec, False) for op in node.inputs]
+            saved = [(op.spec, False) for i, op in enumerate(node.inputs) if i not in shared]
         for spec, out in saved:
             total += spec.nbytes / shard_factors(node, spec, own, mesh, out)
     if train and node.op in LOSS_GRADIENTS:
@@ -195,7 +226,9 @@ def plan_memory(graph, choice: dict[str, Config], mesh: Mesh, mode: str = "train
     """(total bytes per device, per-node breakdown) of a plan; shared parameters counted once."""
     seen: set[str] = set()
     per: dict[str, MemoryBreakdown] = {}
+    dup = already_saved(graph)
     for n in graph.nodes:
-        per[n.name] = node_memory(n, choice[n.name], mesh, mode, optimizer, frozenset(seen))
+        per[n.name] = node_memory(n, choice[n.name], mesh, mode, optimizer, frozenset(seen),
+                                  shared=dup.get(n.name, frozenset()))
         seen.update(p.source for p in n.params)
     return sum(b.total for b in per.values()), per

@@ -74,7 +74,7 @@ def test_shared_parameter_counted_once():
     g = Graph([a, b], {"x": TensorSpec((B, S, K), "float32", ((), (), ()))}, [("b", 0)])
     total, per = plan_memory(g, {"a": REPL, "b": REPL}, MESH)
     assert per["b"].params == 0 and per["a"].params == PARAM_BYTES
-    assert total == 4 * PARAM_BYTES + 2 * X_BYTES
+    assert total == 4 * PARAM_BYTES + X_BYTES  # x, read by both for dW, is one saved tensor
 
 
 def test_traced_elementwise_add_saves_nothing_but_gelu_does():
@@ -174,3 +174,44 @@ def test_saved_activations_match_what_autograd_saves():
                    for n in graph.nodes)
     assert measured == x.nbytes + x.numel() // 32 * 48 * 4  # x for the linear's dW, the dropout's mask
     assert modelled == measured
+
+
+def test_a_tensor_several_backward_formulas_read_is_saved_once():
+    """An RMS norm: its input is read by the square's and the product's backward, the reciprocal
+    root's result by its own backward and the product's: autograd keeps each once, and so does
+    the plan's memory (``plan_memory`` and the tables the searches read)."""
+    import torch
+
+    from autopar.core.cluster import Cluster
+    from autopar.cost_models.tables import build_tables
+    from autopar.frontend.trace import trace
+
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(32, 48), torch.nn.Linear(48, 16)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).sum()
+
+    model, x = Norm(), torch.randn(16, 24, 32)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    measured = sum(b for ptr, b in saved.items() if ptr not in params)
+    assert measured == 4 * 16 * 24 * (32 + 48 + 1 + 48)  # x, h, the root's result, the normed h
+    graph = trace(model, (x,))
+    cluster = Cluster.preset("cpu", devices=1)
+    choice = {n.name: Config((1,) * len(n.dims), ((),) * len(n.dims)) for n in graph.nodes}
+    total, per = plan_memory(graph, choice, cluster.mesh())
+    assert sum(b.activations for b in per.values()) == measured
+    tables = build_tables(graph, cluster, "analytic")
+    picks = [next(i for i, c in enumerate(cs) if all(s == 1 for s in c.splits)) for cs in tables.configs]
+    assert tables.total_memory(picks) == pytest.approx(total)
