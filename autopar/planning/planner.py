@@ -237,13 +237,17 @@ def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math
     stages = [Stage(names[a:b], sol.devices, t, y, m)
               for (a, b), t, y, m in zip(sol.stages, sol.stage_time, syncs, sol.memory)]
     sub = cluster.with_devices(sol.devices)
+    rows = breakdown.stage_rows(option, sol, model, sub, training.mode)
+    for stage, row in zip(stages, rows):  # per step: the microbatches' compute and the optimizer update once
+        stage.compute = sol.microbatches * row.compute + sum(t.seconds for r in row.nodes for t in r.terms
+                                                             if t.kind == "optimizer")
     return Plan(**ctx["common"], assignment=stage_assignment(option, graph), cost=sol.cost, units=ctx["units"],
                 memory_per_device=max(sol.memory),
                 search=SearchInfo("dp + pipeline", time.perf_counter() - start, status="heuristic",
                                   detail=_pipeline_detail(settings.follow)),
                 stages=stages, microbatches=sol.microbatches, schedule=sol.schedule,
                 unsupported=ctx["unsupported"], baselines=ctx["base"],
-                stage_rows=breakdown.stage_rows(option, sol, model, sub, training.mode),
+                stage_rows=rows,
                 stage_mesh=tuple(sub.mesh().shape), batch=batch_size_of(graph), graph=graph, tables=None)
 
 

@@ -374,3 +374,14 @@ def test_a_saved_pipelined_plan_keeps_each_stages_sync_and_memory(piped_gpt, tmp
     rows = _stage_table(loaded.report())
     for k, st in enumerate(loaded.stages):
         assert close3(value(rows[k][8]), st.sync) and close3(value(rows[k][9]), st.memory)
+
+
+def test_each_stage_records_its_compute_per_step(piped_gpt):
+    """``Stage.compute`` (what ``autopar measure`` compares a stage's step with): its microbatches'
+    compute and the optimizer update once; at least the microbatches' compute its rows list, and
+    the stage's time per microbatch never less than its compute per microbatch."""
+    plan = piped_gpt.plan
+    m = plan.microbatches
+    for stage, row in zip(plan.stages, plan.stage_rows):
+        assert stage.compute is not None and stage.compute >= m * row.compute > 0
+        assert stage.cost >= row.compute * (1 - 1e-9)
