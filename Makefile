@@ -59,6 +59,12 @@ bench-many: setup
 bench-scale: setup
 	$(PY) -m benchmarks.scale
 
+# The checks that need one H100/H200 (Llama 3 8B on 64 and 70B on 1,024 measured, op timings and
+# fused-vs-one-by-one on the GPU): writes benchmarks/gpu_check.md; without a GPU, one line, exit 2
+.PHONY: bench-gpu
+bench-gpu: setup
+	$(PY) -m benchmarks.gpu_check
+
 # autopar's module beside DDP, parallelize_module and fully_shard on 2 and 4 gloo processes:
 # writes benchmarks/runtime.md; run it on a quiet machine
 .PHONY: bench-runtime

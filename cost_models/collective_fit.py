@@ -113,8 +113,12 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     messages alone priced the buckets low.
     Each size is timed as a step meets it (``gap`` > 0, the default): ``burst`` collectives, each
     after about ``gap`` seconds of ``work`` (``compute_segment``: half matmul, half memory-bound
-    by default), minus the work alone, per collective; the median of
-    ``repeats`` such bursts. A collective alone in a tight loop hides what a step pays: on the benchmarks' machine
+    by default), each collective timed from its call to its return (the wait for a peer still
+    computing included, as a step pays it: ``in_step_time``), the median of ``repeats`` such
+    bursts' mean. (A burst's time less the work timed alone read the collective as the difference
+    of two medians; with other processes on the host the work alone could time longer than in the
+    burst, and the difference, clamped, priced every collective at nothing: 2 ranks, load 7 on 2
+    cores, the zoo mlp's fit came out 0.0 us and 10,000 GB/s.) A collective alone in a tight loop hides what a step pays: on the benchmarks' machine
     (benchmarks/README.md) a 128 KiB all-reduce took 0.44 ms at the median of a tight loop
     and 1.7 ms in the mean, 2.7 ms after 1 ms of compute (a process that slept in the collective
     is woken, a peer that computed longer is waited for), and the step pays the mean. The wait
@@ -146,7 +150,6 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     median = barrier_median(device)
     ops, via = _collective_ops(via, device)
     seg = compute_segment(gap, device, work) if gap > 0 else None
-    alone = median(lambda: [seg() for _ in range(burst)], repeats, 1) / burst if seg else 0.0
     lines = []
     for kind in ("all-reduce", "all-gather"):
         if kind not in kinds:
@@ -161,11 +164,7 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
             if seg is None:
                 ts.append(median(op, repeats, 2))
             else:
-                def in_step(op=op):
-                    for _ in range(burst):
-                        seg()
-                        op()
-                ts.append(max(median(in_step, repeats, 1) / burst - alone, 1e-7))
+                ts.append(in_step_time(op, seg, burst, repeats, dist.barrier, lambda: _sync(device)))
             xs.append(float(max(4 * p, n)))
         lines += list(fit_line(xs, ts))
     del ops
@@ -175,6 +174,29 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     c0, c1, g0, g1 = (float(x) for x in fit)
     gather = dict(gather_latency=g0 / (p - 1), gather_bandwidth=(p - 1) / p / g1) if g1 > 0 else {}
     return CommFit(latency=c0 / (2 * (p - 1)), bandwidth=2 * (p - 1) / p / c1, world=p, via=via, **gather)
+
+
+def in_step_time(op, seg, burst: int, repeats: int, barrier, sync, warmup: int = 1, clock=None) -> float:
+    """Median over ``repeats`` bursts (each started on every rank together: ``barrier``) of the
+    mean seconds of ``op`` from its call to its return, each call after ``seg`` (a step's compute
+    between blocking collectives), the device synced before and after each call."""
+    import time
+
+    clock = clock or time.perf_counter
+    means = []
+    for r in range(warmup + repeats):
+        barrier()
+        total = 0.0
+        for _ in range(burst):
+            seg()
+            sync()
+            t = clock()
+            op()
+            sync()
+            total += clock() - t
+        if r >= warmup:
+            means.append(total / burst)
+    return statistics.median(means)
 
 
 def compute_share(device: str = "cpu", seconds: float = 0.03, repeats: int = 9, work: str = "matmul") -> float:

@@ -8,9 +8,11 @@ Training (the default) holds, per device:
 * optimizer state: Adam keeps two fp32 moments per parameter element (``exp_avg``,
   ``exp_avg_sq``), SGD with momentum one fp32 buffer, plain SGD / ``None`` nothing;
 * activations saved for backward: the tensors the op's backward reads, sharded per the config's
-  layouts. Shape-only and additive ops save nothing, ops whose gradient is a function of their
-  output (softmax, sigmoid, tanh, exp) save the output, every other op saves its data inputs
-  (a linear needs ``x`` for ``dW``, a norm its input, a matmul both operands).
+  layouts. Shape-only and additive ops, a product with a Python number, a mean or sum and a
+  dropout with p = 0 save nothing (their derivative formulas read no tensor), ops whose gradient
+  is a function of their output (softmax, sigmoid, tanh, exp) save the output, every other op
+  its data inputs (a linear needs ``x`` for ``dW``, a norm its input, a matmul both operands, a
+  dropout its mask: on a CPU in the input's dtype; CUDA's is bool, a quarter of that for fp32).
 
 Training options (``node.attrs["train"]``, ``autopar.core.strategy.NodeTraining``): mixed
 precision adds fp32 master weights (4 bytes per element) to the optimizer state; ZeRO stage z
@@ -18,6 +20,16 @@ divides the optimizer state (z >= 1), the gradients (z >= 2) and the parameters 
 of the parameter's data-parallel group (the mesh axes along which its gradient is a partial sum);
 a recomputed node saves only the block inputs it is the first to read (``saved_inputs``).
 The arithmetic is ``cost_models/training.py``'s.
+
+A loss also holds, while its backward runs, the gradients that backward makes (``transient``):
+the backward starts at the loss with every saved activation still alive, so the step's peak is
+there unless a later working set is bigger. ``cross_entropy`` is log-softmax then the negative
+log-likelihood (ATen's decomposition): the NLL's backward writes the gradient of the
+log-probabilities, and log-softmax's backward, reading it, writes the gradient of the logits,
+both the logits' size and layout (``LOSS_GRADIENTS``). The term is per node and added like the
+others, so the searches' memory constraint and the plan's total carry it.
+
+A tensor several nodes save is counted at the first of them (``already_saved``).
 
 Inference holds the parameters only (activations live one layer at a time). A parameter read by
 several nodes is counted at the first of them (``skip``), so a plan's total is a plain sum.
@@ -46,12 +58,57 @@ SAVES_NOTHING = {
 }
 LINEAR_FNS = {"add", "sub", "neg", "iadd", "isub"}  # ``elementwise`` nodes whose backward needs no input
 SAVES_OUTPUT = {"softmax", "log_softmax", "sigmoid", "tanh", "exp"}
+OUTPUT_FNS = {"sigmoid", "tanh", "exp", "rsqrt", "sqrt"}  # ``elementwise`` fns whose backward reads their result
+
+
+def _saves_output(node: Node) -> bool:
+    return node.op in SAVES_OUTPUT or (node.op == "elementwise" and node.attrs.get("fn") in OUTPUT_FNS)
+# Gradient buffers, each the size and layout of the loss's float input, alive together at the
+# peak of the loss's backward (see the module's docstring).
+LOSS_GRADIENTS = {"cross_entropy": 2}
+
+
+SHAPE_FNS = {"expand", "expand_as", "repeat", "broadcast_to"}  # ``elementwise`` shape ops
+SCALED_FNS = {"mul", "div", "truediv"}  # by a Python number: the backward scales by it, saves nothing
+SUMS = {"mean", "sum"}  # ``reduce``: the gradient is the output's, spread (the input's shape only)
 
 
 def _saves(node: Node) -> bool:
+    """Whether the node's backward reads any tensor (autograd's derivative formulas)."""
     if node.op in SAVES_NOTHING:
         return False
-    return not (node.op == "elementwise" and node.attrs.get("fn") in LINEAR_FNS)
+    fn = node.attrs.get("fn")
+    if node.op == "elementwise" and (fn in LINEAR_FNS or fn in SHAPE_FNS):
+        return False
+    if node.op == "elementwise" and fn in SCALED_FNS and len(node.inputs) == 1 and not node.params:
+        return False
+    if node.op == "reduce" and fn in SUMS:
+        return False
+    return not (node.op == "dropout" and not (node.attrs.get("training", True) and node.attrs.get("p", 0.5)))
+
+
+
+def already_saved(graph) -> dict[str, frozenset[int]]:
+    """Per node, the positions of the inputs it saves that an earlier node of ``graph`` saves too:
+    autograd keeps the one tensor once, however many backward formulas read it (a norm's input
+    read by its square and its product, the softmax's output read by the next matmul). Whether a
+    node saves an input depends on its op only, not on its config, so this is one pass over the
+    graph; a reader that gets the tensor resharded saves the new copy, which this does not count
+    (readers of one tensor mostly share its layout). Recomputed nodes are left as they are."""
+    seen: set[tuple[str, int]] = set()
+    out: dict[str, frozenset[int]] = {}
+    for n in graph.nodes:
+        if node_training(n).recompute or not _saves(n):
+            continue
+        if _saves_output(n):
+            seen.update((n.name, i) for i in range(len(n.outputs)))
+            continue
+        keys = [(o.source, o.output) for o in n.inputs]
+        dup = frozenset(i for i, k in enumerate(keys) if k in seen)
+        if dup:
+            out[n.name] = dup
+        seen.update(keys)
+    return out
 
 
 def optimizer_states(optimizer: str | None) -> int:
@@ -67,16 +124,18 @@ class MemoryBreakdown:
     grads: float = 0.0
     optimizer: float = 0.0
     activations: float = 0.0
+    transient: float = 0.0  # the loss's backward working set (``LOSS_GRADIENTS``)
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations
+        return self.params + self.grads + self.optimizer + self.activations + self.transient
 
 
 def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
                 optimizer: str | None = "adam", skip: frozenset[str] = frozenset(),
-                layouts: NodeLayouts | None = None) -> MemoryBreakdown:
-    """Bytes per device; parameters whose ``source`` is in ``skip`` are counted elsewhere."""
+                layouts: NodeLayouts | None = None, shared: frozenset[int] = frozenset()) -> MemoryBreakdown:
+    """Bytes per device; parameters whose ``source`` is in ``skip`` are counted elsewhere, and
+    so are the saved inputs at positions ``shared`` (``already_saved``)."""
     cfg = to_mesh(config, mesh)
     if cfg is None:
         return MemoryBreakdown(params=float("inf"))
@@ -98,12 +157,17 @@ def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
     if train and rec.recompute:
         acts = sum(node.inputs[i].spec.nbytes / shard_factor(lay.inputs[i], mesh) for i in rec.saved_inputs)
     elif train and _saves(node):
-        if node.op in SAVES_OUTPUT:
+        if _saves_output(node):
             saved = zip(node.outputs, lay.outputs)
         else:
-            saved = ((op.spec, l) for op, l in zip(node.inputs, lay.inputs))
+            saved = ((op.spec, l) for i, (op, l) in enumerate(zip(node.inputs, lay.inputs)) if i not in shared)
         acts = sum(spec.nbytes / shard_factor(l, mesh) for spec, l in saved)
-    return MemoryBreakdown(params, grads, opt, acts)
+    transient = 0.0
+    if train and node.op in LOSS_GRADIENTS:
+        transient = LOSS_GRADIENTS[node.op] * sum(op.spec.nbytes / shard_factor(l, mesh)
+                                                  for op, l in zip(node.inputs, lay.inputs)
+                                                  if op.spec.dtype in FLOAT_DTYPES)
+    return MemoryBreakdown(params, grads, opt, acts, transient)
 
 
 def _data_group(node: Node, cfg: Config, layout, mesh: Mesh) -> int:
@@ -118,7 +182,7 @@ def _data_group(node: Node, cfg: Config, layout, mesh: Mesh) -> int:
 
 def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str = "train",
                        optimizer: str | None = "adam",
-                       skip: frozenset[str] = frozenset()) -> np.ndarray:
+                       skip: frozenset[str] = frozenset(), shared: frozenset[int] = frozenset()) -> np.ndarray:
     """``node_memory(...).total`` for every config at once (numpy over configs)."""
     own, ok = owner_matrix(configs, mesh)
     train = mode in ("train", "training")
@@ -144,12 +208,16 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
             spec = node.inputs[i].spec
             total += spec.nbytes / shard_factors(node, spec, own, mesh)
     elif train and _saves(node):
-        if node.op in SAVES_OUTPUT:
+        if _saves_output(node):
             saved = [(s, True) for s in node.outputs]
         else:
-            saved = [(op.spec, False) for op in node.inputs]
+            saved = [(op.spec, False) for i, op in enumerate(node.inputs) if i not in shared]
         for spec, out in saved:
             total += spec.nbytes / shard_factors(node, spec, own, mesh, out)
+    if train and node.op in LOSS_GRADIENTS:
+        for op in node.inputs:
+            if op.spec.dtype in FLOAT_DTYPES:
+                total += LOSS_GRADIENTS[node.op] * op.spec.nbytes / shard_factors(node, op.spec, own, mesh)
     return np.where(ok, total, np.inf)
 
 
@@ -158,7 +226,9 @@ def plan_memory(graph, choice: dict[str, Config], mesh: Mesh, mode: str = "train
     """(total bytes per device, per-node breakdown) of a plan; shared parameters counted once."""
     seen: set[str] = set()
     per: dict[str, MemoryBreakdown] = {}
+    dup = already_saved(graph)
     for n in graph.nodes:
-        per[n.name] = node_memory(n, choice[n.name], mesh, mode, optimizer, frozenset(seen))
+        per[n.name] = node_memory(n, choice[n.name], mesh, mode, optimizer, frozenset(seen),
+                                  shared=dup.get(n.name, frozenset()))
         seen.update(p.source for p in n.params)
     return sum(b.total for b in per.values()), per

@@ -21,7 +21,7 @@ from autopar.core.cost_model import CostModel
 from autopar.core.ir import Graph, Node, Operand
 from autopar.core.tables import CostTables
 from autopar.cost_models.analytic import AnalyticModel, check_mode
-from autopar.cost_models.memory import node_memory_vector
+from autopar.cost_models.memory import already_saved, node_memory_vector
 from autopar.core.space import Space, configs_for
 
 
@@ -98,12 +98,14 @@ def build_tables(graph: Graph, cluster: Cluster, model: CostModel | str = "analy
     memory = []
     mem_cache: dict[Any, np.ndarray] = {}
     seen: set[str] = set()
+    dup = already_saved(graph)
     for n, s, cfgs in zip(graph.nodes, sigs, configs):
         skip = frozenset(p.source for p in n.params if p.source in seen)
         skip_pos = tuple(i for i, p in enumerate(n.params) if p.source in skip)
-        key = (s, skip_pos)
+        shared = dup.get(n.name, frozenset())
+        key = (s, skip_pos, tuple(sorted(shared)))
         if key not in mem_cache:
-            mem_cache[key] = node_memory_vector(n, cfgs, mesh, mode, optimizer, skip)
+            mem_cache[key] = node_memory_vector(n, cfgs, mesh, mode, optimizer, skip, shared)
         memory.append(mem_cache[key])
         seen.update(p.source for p in n.params)
 

@@ -9,10 +9,14 @@ machine's device (CUDA when present, else the CPU).
 
 What is compared, and why it is fair:
 
-* compute: the median wall time of a training step (collectives take no time on the fake group)
+* compute: the median time of a training step (collectives take no time on the fake group)
   against the sum of the plan's per-node ``compute`` terms (forward, backward, recomputation and
   the optimizer update; the resharding and gradient sync the plan prices are left out on both
   sides). The first step is a warm-up (the optimizer allocates its state, kernels are chosen).
+  The clock is the profiled cost model's (``cost_models/op_runner.clock``): on a CPU running torch
+  on one thread, this thread's CPU time (the step runs on the calling thread, so that is its work
+  on the core, memory stalls included, without the time the OS gave the core to other processes);
+  CUDA and several threads: wall time, the device synchronised after each step.
 * memory: the peak bytes this rank holds during the steps. CUDA: ``torch.cuda.max_memory_allocated``
   less what was allocated before the module was built (the unsplit model, kept by the caller).
   CPU: the batch, plus the peak during two training steps of the running sum of every allocation
@@ -24,9 +28,8 @@ What is compared, and why it is fair:
 The module is built as ``autopar.compile`` builds it: from a model whose weights are all present
 (the whole model is initialised, then each parameter sharded onto this rank), which is fine for a
 model that fits one host's memory; a model that does not cannot be measured this way yet.
-Pipelined plans are refused: a stage built by codegen (torch's ``PipelineStage``) learns the
-shapes of its inputs by receiving them from the stage before it, and the fake group delivers
-nothing.
+Pipelined plans: the rank's stage module runs in the schedule's order on inputs made at the
+shapes the plan gives its stage (``measure_stage.py`` says how, and why not under the schedule).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class Measurement:
     predicted_compute: float
     measured_compute: float
     step_times: list[float]
+    clock: str = "wall time"  # what the step times read
 
     def lines(self) -> list[str]:
         """The report: predicted beside measured, the method, and last the two ratios."""
@@ -69,7 +73,7 @@ class Measurement:
                 f"peak memory: measured {fmt_bytes(self.measured_memory)}, predicted "
                 f"{fmt_bytes(self.predicted_memory)} ({self.memory_method})",
                 f"compute per step: measured {self.measured_compute * 1e3:.2f} ms (median of steps after the first: "
-                f"{', '.join(ms)} ms), predicted {self.predicted_compute * 1e3:.2f} ms (the plan's compute terms)",
+                f"{', '.join(ms)} ms; {self.clock}), predicted {self.predicted_compute * 1e3:.2f} ms (the plan's compute terms)",
                 f"memory measured/predicted: {self.memory_ratio:.2f}; "
                 f"compute measured/predicted: {self.compute_ratio:.2f}"]
 
@@ -82,8 +86,34 @@ class Measurement:
         return self.measured_compute / self.predicted_compute if self.predicted_compute else float("inf")
 
 
-def predicted_compute(plan) -> float:
-    """Seconds of compute per step the plan predicts for a device (its rows' compute terms)."""
+def stage_of(plan, rank: int) -> int | None:
+    """The pipeline stage rank ``rank`` runs (stages take consecutive ranks), None without stages."""
+    return rank // int(plan.stages[0].devices) if plan.stages else None
+
+
+def fullest_rank(plan) -> int:
+    """The first rank of the stage with the highest predicted memory per device (0 without stages)."""
+    if not plan.stages:
+        return 0
+    k = max(range(len(plan.stages)), key=lambda i: plan.stages[i].memory or 0.0)
+    return k * int(plan.stages[0].devices)
+
+
+def predicted_memory(plan, rank: int) -> float:
+    """Peak bytes the plan predicts for rank ``rank``'s device (its stage's, in a pipeline)."""
+    k = stage_of(plan, rank)
+    if k is not None and plan.stages[k].memory is not None:
+        return float(plan.stages[k].memory)
+    return float(plan.memory_per_device)
+
+
+def predicted_compute(plan, rank: int = 0) -> float:
+    """Seconds of compute per step the plan predicts for rank ``rank``'s device (its rows' compute
+    terms; in a pipeline its stage's ``compute``, nan where the plan does not record it)."""
+    k = stage_of(plan, rank)
+    if k is not None:
+        c = plan.stages[k].compute
+        return float("nan") if c is None else float(c)
     return float(sum(r.compute for r in plan.rows))
 
 
@@ -106,10 +136,6 @@ def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: d
             device: str | None = None, lr: float = 1e-3) -> Measurement:
     """Build rank ``rank``'s module of ``plan`` (a single-stage plan made for ``model`` and
     ``inputs``) over a fake group and train ``steps`` (>= 2) AdamW steps; see the module's docstring."""
-    if plan.stages:
-        raise ValueError(f"the plan is pipelined ({len(plan.stages)} stages): measure builds single-stage plans only "
-                         "for now (a pipeline stage learns its neighbours' shapes over the process group, which the "
-                         "fake group cannot carry); plan with --pipeline off --hierarchical off")
     if not 0 <= rank < plan.devices:
         raise ValueError(f"--rank {rank} is not a rank of the plan's {plan.devices} devices (0..{plan.devices - 1})")
     if steps < 2:
@@ -124,34 +150,54 @@ def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: d
         before = torch.cuda.memory_allocated()
     with fake_group(rank, plan.devices):
         if device == "cuda":
-            module = _build(model, plan, inputs)
-            optimizer = module.optimizer(torch.optim.AdamW, lr=lr)
+            module, optimizer, step = _build(model, plan, inputs, device, lr)
             torch.cuda.reset_peak_memory_stats()
-            times = _steps(module, optimizer, inputs, steps, torch.cuda.synchronize)
+            times = _steps(step, steps, torch.cuda.synchronize, _clock(device))
             peak = torch.cuda.max_memory_allocated() - before
             method = "CUDA: torch.cuda.max_memory_allocated, less the unsplit model"
         else:  # the build and two steps profiled for memory, then the steps timed without the profiler
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                         profile_memory=True) as prof:
-                module = _build(model, plan, inputs)
-                optimizer = module.optimizer(torch.optim.AdamW, lr=lr)
+                module, optimizer, step = _build(model, plan, inputs, device, lr)
                 with torch.profiler.record_function(_STEPS):
-                    _steps(module, optimizer, inputs, 2, None)
+                    _steps(step, 2, None, time.perf_counter)
             peak = _tensor_bytes(inputs) + _peak_during(prof, _STEPS)
-            times = _steps(module, optimizer, inputs, steps, None)
+            times = _steps(step, steps, None, _clock(device))
             method = ("CPU: the batch + the peak, during two steps, of the running sum of torch.profiler's "
                       "allocation events since the module's build began")
         params = sum(_local(p.detach()).nbytes for p in module.parameters())
         state = _state_bytes([*module.parameters(), *module.buffers(), *_optimizer_tensors(optimizer)])
-    return Measurement(rank, plan.devices, device, method, float(plan.memory_per_device), float(peak),
-                       float(state), float(params), predicted_compute(plan), statistics.median(times[1:]), times)
+    return Measurement(rank, plan.devices, device, method, predicted_memory(plan, rank), float(peak),
+                       float(state), float(params), predicted_compute(plan, rank), statistics.median(times[1:]), times,
+                       "this thread's CPU time" if _clock(device) is time.thread_time else "wall time")
 
 
-def _build(model, plan, inputs):
+def _build(model, plan, inputs, device: str, lr: float):
+    """(module, optimizer, one training step) of this rank."""
     from autopar.compiler import build_rank_module
 
+    if plan.stages and plan.schedule == "1f1b" and plan.microbatches < len(plan.stages):
+        import copy
+
+        # fewer microbatches than stages: 1F1B's order is GPipe's (each stage holds every microbatch
+        # it has), which torch's Schedule1F1B does not take; only the order of the stage's work is run
+        plan = copy.copy(plan)
+        plan.schedule = "gpipe"
     try:
-        return build_rank_module(model, plan, inputs)
+        module = build_rank_module(model, plan, inputs)
+        if plan.stages:
+            from autopar.cli.measure_stage import stage_run
+
+            run = stage_run(module, module.plan, module.plan.graph, inputs, device, lr)
+            return module, run.optimizer, run.step
+        optimizer = module.optimizer(torch.optim.AdamW, lr=lr)
+
+        def step():
+            module.train_step(*inputs)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return module, optimizer, step
     except (AutoparError, ValueError):
         raise
     except (RuntimeError, TypeError, NotImplementedError) as e:
@@ -159,16 +205,20 @@ def _build(model, plan, inputs):
                            f"{' '.join(str(e).split())[:300]}") from None
 
 
-def _steps(module, optimizer, inputs, steps: int, sync) -> list[float]:
+def _clock(device: str):
+    from autopar.cost_models.op_runner import clock
+
+    return clock(device)
+
+
+def _steps(step, steps: int, sync, now) -> list[float]:
     out = []
     for _ in range(steps):
-        t0 = time.perf_counter()
-        module.train_step(*inputs)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        t0 = now()
+        step()
         if sync is not None:
             sync()
-        out.append(time.perf_counter() - t0)
+        out.append(now() - t0)
     return out
 
 
@@ -240,14 +290,15 @@ def add_parser(sub) -> None:
                        "peak memory and compute time per step beside the plan's.")
     m.add_argument("model", metavar="MODEL", help="zoo:NAME[:key=value,...] or file.py:factory")
     m.add_argument("--plan", metavar="PLAN.json", help="measure a saved plan (autopar plan ... --json) without searching")
-    m.add_argument("--rank", type=int, default=0, help="the rank whose module is built (default 0)")
+    m.add_argument("--rank", default="0", help="the rank whose module is built (default 0), or 'fullest': the "
+                   "first rank of the pipeline stage with the highest predicted memory")
     m.add_argument("--devices", type=int, default=8, help="devices the plan is made for (default 8)")
     m.add_argument("--cluster", default=None,
                    help="cluster preset the plan is priced on (default: N devices each as fast as this process)")
     m.add_argument("--cost-model", default="analytic", choices=["analytic", "profiled"],
                    help="cost model of the search (default analytic)")
     m.add_argument("--pipeline", default="off", choices=["auto", "on", "off"],
-                   help="search pipeline stages too (default off: pipelined plans are not measured yet)")
+                   help="search pipeline stages in the flat mesh's search too (default off)")
     m.add_argument("--hierarchical", default="auto", choices=["auto", "on", "off"],
                    help="plan by tensor/pipeline/data degrees (auto: above 64 devices; its plans may be pipelined)")
     m.add_argument("--zero", default="auto", choices=["auto", "0", "1", "2", "3"], help="ZeRO stage (auto: searched)")
@@ -263,7 +314,12 @@ def run(args) -> int:
     from autopar.cli.model_spec import load_call
     from autopar.planning.plan import Plan
 
-    if args.rank < 0 or (not args.plan and args.rank >= args.devices):
+    if args.rank != "fullest":
+        try:
+            args.rank = int(args.rank)
+        except ValueError:
+            raise ValueError(f"--rank takes a rank (0, 1, ...) or 'fullest', not {args.rank!r}") from None
+    if args.rank != "fullest" and (args.rank < 0 or (not args.plan and args.rank >= args.devices)):
         raise ValueError(f"--rank {args.rank} is not a rank of {args.devices} devices (0..{args.devices - 1})")
     if args.steps < 2:
         raise ValueError(f"--steps must be at least 2 (the first is a warm-up), got {args.steps}")
@@ -289,7 +345,8 @@ def run(args) -> int:
         raise ValueError("the plan is for one device: measure a plan for several (--devices N)")
     if not torch.cuda.is_available():
         torch.set_num_threads(1)  # one device is one process of one core, as the cpu preset prices it
-    result = measure(model, tuple(inputs), plan, rank=args.rank, steps=args.steps, kwargs=kwargs)
+    rank = fullest_rank(plan) if args.rank == "fullest" else args.rank
+    result = measure(model, tuple(inputs), plan, rank=rank, steps=args.steps, kwargs=kwargs)
     if args.json:
         import json
         from dataclasses import asdict

@@ -331,6 +331,22 @@ def assignment_of(pr: Priced, s: UnitStats, graph: Graph) -> dict:
     return out
 
 
+def stage_compute(pr: Priced, s: UnitStats, search: Search, a: int, b: int) -> float:
+    """Seconds of compute per step on one device of the stage of units [a, b): its microbatches'
+    forward and backward (``s.compute`` is per microbatch) and its optimizer update, priced as
+    ``step_price.price`` prices the step's compute and optimizer terms."""
+    from autopar.cost_models.memory import optimizer_states
+    from autopar.cost_models.training import optimizer_step_time
+    from autopar.planning.step_price import zero_factors
+
+    c = pr.candidate
+    g, _, _, _ = data_groups(c.degrees, c.zero_inner)
+    fo = zero_factors(c.zero, g)[2]
+    update = optimizer_step_time(float(np.sum(s.numel[a:b])) / fo, search.itemsize, optimizer_states(search.optimizer),
+                                 search.master, search.cluster.memory_bandwidth)
+    return c.microbatches * float(np.sum(s.compute[a:b])) + float(update)
+
+
 def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baselines: dict,
             reference: dict | None = None) -> Plan:
     from autopar.core.tables import Mesh
@@ -346,7 +362,8 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
         lo, hi = spans[a][0], spans[b - 1][1]
         r = k % deg.p
         stages.append(Stage(names[lo:hi], search.cluster.devices // deg.p, pr.solution.stage_time[r],
-                            pr.solution.sync[r] if pr.solution.sync else 0.0, pr.solution.memory[r]))
+                            pr.solution.sync[r] if pr.solution.sync else 0.0, pr.solution.memory[r],
+                            stage_compute(pr, s, search, a, b)))
     g, _, _, _ = data_groups(deg, c.zero_inner)
     data_levels = [level[a] for a in roles["data"]]
     zero_axes = tuple(a for a, lvl in zip(roles["data"], data_levels)

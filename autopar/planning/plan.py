@@ -89,6 +89,9 @@ class Stage:
     cost: float = 0.0  # predicted time of one microbatch through the stage
     sync: float = 0.0  # its gradient sync, once per step
     memory: float | None = None  # peak bytes per device (None: not recorded, older plan files)
+    # predicted compute seconds per step of one of its devices: its microbatches' forward and
+    # backward and its optimizer update, communication left out (None: not recorded)
+    compute: float | None = None
 
 
 @dataclass

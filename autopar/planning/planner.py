@@ -282,6 +282,10 @@ def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math
     sub = cluster.with_devices(sol.devices)
     precision = ctx.get("precision", "fp32")
     strategy = Strategy(options=TrainingOptions(precision=precision)) if precision != "fp32" else None
+    rows = breakdown.stage_rows(option, sol, model, sub, training.mode)
+    for stage, row in zip(stages, rows):  # per step: the microbatches' compute and the optimizer update once
+        stage.compute = sol.microbatches * row.compute + sum(t.seconds for r in row.nodes for t in r.terms
+                                                             if t.kind == "optimizer")
     return Plan(**ctx["common"], assignment=stage_assignment(option, graph), cost=sol.cost, units=ctx["units"],
                 strategy=strategy,
                 memory_per_device=max(sol.memory),
@@ -289,7 +293,7 @@ def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math
                                   detail=_pipeline_detail(settings.follow)),
                 stages=stages, microbatches=sol.microbatches, schedule=sol.schedule,
                 unsupported=ctx["unsupported"], baselines=ctx["base"],
-                stage_rows=breakdown.stage_rows(option, sol, model, sub, training.mode),
+                stage_rows=rows,
                 stage_mesh=tuple(sub.mesh().shape), batch=batch_size_of(graph), graph=graph, tables=None)
 
 

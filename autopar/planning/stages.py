@@ -83,7 +83,7 @@ def price_option(graph: Graph, cluster: Cluster, stages: int, axes: int, micro: 
                  solve, model, g: Graph | None = None) -> PipelineOption | None:
     """One option priced: the graph at microbatch size (``g``, when the caller has it) on one
     stage's devices, solved exactly; None when the batch does not scale to that microbatch."""
-    from autopar.cost_models.memory import node_memory
+    from autopar.cost_models.memory import already_saved, node_memory
     from autopar.cost_models.tables import build_tables
 
     sub = cluster.with_devices(cluster.devices // stages)
@@ -106,16 +106,17 @@ def price_option(graph: Graph, cluster: Cluster, stages: int, axes: int, micro: 
     # Nodes of one signature share one config list (build_tables' cache) and price alike,
     # so each (config list, chosen config) is priced once.
     seen: dict[tuple[int, int], tuple[float, float, float]] = {}
+    dup = already_saved(g)
     for i, node in enumerate(g.nodes):
-        key = (id(t.configs[i]), choice[i])
+        key = (id(t.configs[i]), choice[i], dup.get(node.name))
         if key not in seen:
             cfg = t.configs[i][choice[i]]
             s = 0.0
             if node.params:
                 nc = model.node_breakdown(node, cfg, sub, mode, text=False)
                 s = sum(term.seconds for term in nc.terms if term.kind in ("sync", "optimizer"))
-            mb = node_memory(node, cfg, mesh, mode, optimizer)
-            seen[key] = (s, mb.params + mb.grads + mb.optimizer, mb.activations)
+            mb = node_memory(node, cfg, mesh, mode, optimizer, shared=dup.get(node.name, frozenset()))
+            seen[key] = (s, mb.params + mb.grads + mb.optimizer + mb.transient, mb.activations)
         sync[i], static[i], acts[i] = seen[key]
     time -= sync  # the per-microbatch part; sync happens once per step
     cut = cut_times(g, sub, cluster, stages)

@@ -40,7 +40,7 @@ from autopar.core.space import mesh_configs
 from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
 from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel
-from autopar.cost_models.memory import node_memory
+from autopar.cost_models.memory import already_saved, node_memory
 from autopar.cost_models.tables import build_tables
 
 
@@ -119,6 +119,7 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
     price = AnalyticModel(compute_efficiency=model.compute_efficiency, memory_efficiency=model.memory_efficiency,
                           backward_factor=model.backward_factor)  # the terms at face value
     cache: dict[tuple, tuple] = {}
+    dup = already_saved(g)
     seen_in_unit: list[set[str]] = [set() for _ in range(U)]
     param_units: dict[str, set[int]] = {}
     state_of: dict[tuple[str, int], float] = {}
@@ -126,18 +127,19 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         u = int(unit_of[i])
         cfg = tables.configs[i][choice[i]]
         skip = frozenset(p.source for p in node.params if p.source in seen_in_unit[u])
-        key = (id(tables.configs[i]), choice[i], skip)
+        shared = dup.get(node.name, frozenset())
+        key = (id(tables.configs[i]), choice[i], skip, shared)
         if key not in cache:
             nc = price.node_breakdown(node, cfg, sub, mode, text=False)
             comp = sum(t.seconds for t in nc.terms if t.kind == "compute")
             sync = sum(t.seconds for t in nc.terms if t.kind == "sync")
             other = sum(t.seconds for t in nc.terms if t.kind not in ("compute", "sync"))
-            mb = node_memory(node, cfg, mesh, mode, optimizer, skip)
+            mb = node_memory(node, cfg, mesh, mode, optimizer, skip, shared=shared)
             full = mb.activations
             if node_training(node).recompute:
                 rec = dataclasses.replace(node_training(node), recompute=False)
                 plain = dataclasses.replace(node, attrs={**node.attrs, "train": rec})
-                full = node_memory(plain, cfg, mesh, mode, optimizer, skip).activations
+                full = node_memory(plain, cfg, mesh, mode, optimizer, skip, shared=shared).activations
             mcfg = to_mesh(cfg, mesh)
             lay = node_layouts(node, mcfg, mesh)
             numel = sum(op.spec.numel / shard_factor(pl, mesh) for op, pl in zip(node.params, lay.params)

@@ -54,12 +54,54 @@ def test_a_rank_outside_the_plan_is_one_line():
     assert one_line_error(r) and "--rank 8" in r.stderr
 
 
-def test_a_pipelined_plan_is_refused_in_one_line_before_anything_is_built():
-    from types import SimpleNamespace
+@pytest.fixture(scope="module")
+def stage_measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("measure_stage") / "m.json"
+    # 512 devices: a pipelined (hierarchical) plan; the rank of its fullest stage
+    r = subprocess.run([sys.executable, "-m", "autopar", "measure", "zoo:gpt:layers=2,width=64,heads=4,seq=32,batch=64,"
+                        "vocab=1024", "--devices", "512", "--rank", "fullest", "--steps", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout, json.loads(out.read_text())
 
-    from autopar.cli.measure import measure
 
-    model, inputs = autopar.zoo.get("gpt")
-    with pytest.raises(ValueError, match="pipelined \\(2 stages\\)") as info:
-        measure(model, inputs, SimpleNamespace(stages=[object(), object()], devices=8))
-    assert len(str(info.value).splitlines()) == 1
+def test_a_pipelined_plan_measures_one_stage_of_the_rank(stage_measured):
+    stdout, m = stage_measured
+    assert LAST.fullmatch(stdout.strip().splitlines()[-1]), stdout
+    model, _ = autopar.zoo.get("gpt", layers=2, width=64, heads=4, seq=32, batch=64, vocab=1024)
+    whole = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert m["devices"] == 512 and m["rank"] > 0  # the fullest stage here is not the first
+    assert 0 < m["param_bytes"] < whole / 2  # one stage's shards, not the model
+    assert m["measured_memory"] >= 4 * m["param_bytes"]  # parameters, gradients, two Adam moments
+    assert m["predicted_compute"] > 0 and m["predicted_memory"] > 0
+
+
+@pytest.mark.parametrize("stage,stages,microbatches,schedule,held", [
+    (0, 4, 8, "1f1b", 4), (3, 4, 8, "1f1b", 1), (1, 4, 2, "1f1b", 2), (2, 4, 3, "gpipe", 3)])
+def test_a_stage_runs_its_microbatches_in_the_schedules_order(stage, stages, microbatches, schedule, held):
+    """1F1B: stage k of S holds at most min(M, S - k) microbatches' activations (forwards before
+    its first backward); GPipe all M. Counted on a stage whose forward records how many are alive."""
+    import torch
+
+    from autopar.cli.measure_stage import StageRun
+    from autopar.search.pipeline import in_flight
+
+    alive = []
+
+    class Count(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            alive.append(alive[-1] + 1 if alive else 1)
+            out = (x * self.w).sum()
+            out.register_hook(lambda g: alive.append(alive[-1] - 1))
+            return out if stage == stages - 1 else out.reshape(1)
+
+    module = Count()
+    run = StageRun(module, torch.optim.SGD(module.parameters(), lr=0.1), stage, stages, microbatches,
+                   in_flight(schedule, stage, stages, microbatches), [torch.ones(3)], {}, torch.device("cpu"))
+    run.step()
+    assert max(alive) == held and alive[-1] == 0
+    assert alive.count(max(alive)) >= 1 and len(alive) == 2 * microbatches

@@ -74,7 +74,7 @@ def test_shared_parameter_counted_once():
     g = Graph([a, b], {"x": TensorSpec((B, S, K), "float32", ((), (), ()))}, [("b", 0)])
     total, per = plan_memory(g, {"a": REPL, "b": REPL}, MESH)
     assert per["b"].params == 0 and per["a"].params == PARAM_BYTES
-    assert total == 4 * PARAM_BYTES + 2 * X_BYTES
+    assert total == 4 * PARAM_BYTES + X_BYTES  # x, read by both for dW, is one saved tensor
 
 
 def test_traced_elementwise_add_saves_nothing_but_gelu_does():
@@ -86,3 +86,132 @@ def test_traced_elementwise_add_saves_nothing_but_gelu_does():
                 attrs={"fn": "gelu"})
     assert node_memory(add, Config((1, 1), ((), ())), MESH).total == 0
     assert node_memory(gelu, Config((1, 1), ((), ())), MESH).activations == spec.nbytes
+
+
+def _backward_peak(loss) -> int:
+    """Highest bytes the CPU allocator holds during ``loss.backward()`` above what it held before
+    (torch.profiler's allocation events): the backward's own working set, measured."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss.backward()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    running = peak = 0
+    for _, nbytes in events:
+        running += nbytes
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_cross_entropy_backward_working_set_matches_the_allocator(split):
+    """The loss's backward holds the gradient of the log-probabilities and of the logits at once:
+    the model's ``transient`` (per node and in the config vector the searches read) is what the
+    allocator measures on a local shard of the logits."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from autopar.core.space import configs_for
+    from autopar.cost_models.memory import node_memory_vector
+    from autopar.frontend.trace import trace
+
+    rows, vocab = 64, 512
+
+    class Loss(torch.nn.Module):
+        def forward(self, logits, target):
+            return F.cross_entropy(logits, target)
+
+    graph = trace(Loss(), (torch.randn(rows, vocab), torch.randint(0, vocab, (rows,))))
+    node = next(n for n in graph.nodes if n.op == "cross_entropy")
+    mesh = Mesh((2,), (0,))
+    configs = [c for c in configs_for(node, mesh) if c.splits[0] == split and all(s == 1 for s in c.splits[1:])]
+    assert configs, "no config splits the rows alone"
+    torch.manual_seed(0)
+    logits = torch.randn(rows // split, vocab, requires_grad=True)
+    measured = _backward_peak(F.cross_entropy(logits, torch.randint(0, vocab, (rows // split,))))
+    model = node_memory(node, configs[0], mesh)
+    assert model.transient == pytest.approx(measured, rel=0.01)
+    assert node_memory_vector(node, configs[:1], mesh)[0] == pytest.approx(model.total)
+    assert np.isclose(model.total - model.activations - model.params, model.transient)
+
+
+def test_saved_activations_match_what_autograd_saves():
+    """A mean, a product with a number, an expand and a dropout with p = 0 save nothing; a dropout
+    with p > 0 its mask (on a CPU in the input's dtype); a linear its input: the model's activations are the bytes autograd's
+    saved-tensor hooks see (each storage once, the parameters left out)."""
+    import torch
+    import torch.nn.functional as F
+
+    from autopar.frontend.trace import trace
+
+    class Ops(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 48)
+
+        def forward(self, x):
+            h = self.lin(x)
+            a = h.mean(-1, keepdim=True)
+            d = F.dropout(F.dropout(h * 0.5, 0.0, True), 0.3, True)
+            return (d + a.expand_as(h)).sum()
+
+    model, x = Ops(), torch.randn(16, 24, 32)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    measured = sum(b for ptr, b in saved.items() if ptr not in params)
+    graph = trace(model, (x,))
+    one = Mesh((1,), (0,))
+    modelled = sum(node_memory(n, Config((1,) * len(n.dims), ((),) * len(n.dims)), one).activations
+                   for n in graph.nodes)
+    assert measured == x.nbytes + x.numel() // 32 * 48 * 4  # x for the linear's dW, the dropout's mask
+    assert modelled == measured
+
+
+def test_a_tensor_several_backward_formulas_read_is_saved_once():
+    """An RMS norm: its input is read by the square's and the product's backward, the reciprocal
+    root's result by its own backward and the product's: autograd keeps each once, and so does
+    the plan's memory (``plan_memory`` and the tables the searches read)."""
+    import torch
+
+    from autopar.core.cluster import Cluster
+    from autopar.cost_models.tables import build_tables
+    from autopar.frontend.trace import trace
+
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(32, 48), torch.nn.Linear(48, 16)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).sum()
+
+    model, x = Norm(), torch.randn(16, 24, 32)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    measured = sum(b for ptr, b in saved.items() if ptr not in params)
+    assert measured == 4 * 16 * 24 * (32 + 48 + 1 + 48)  # x, h, the root's result, the normed h
+    graph = trace(model, (x,))
+    cluster = Cluster.preset("cpu", devices=1)
+    choice = {n.name: Config((1,) * len(n.dims), ((),) * len(n.dims)) for n in graph.nodes}
+    total, per = plan_memory(graph, choice, cluster.mesh())
+    assert sum(b.activations for b in per.values()) == measured
+    tables = build_tables(graph, cluster, "analytic")
+    picks = [next(i for i, c in enumerate(cs) if all(s == 1 for s in c.splits)) for cs in tables.configs]
+    assert tables.total_memory(picks) == pytest.approx(total)

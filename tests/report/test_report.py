@@ -18,7 +18,7 @@ import autopar
 from autopar.core.batch import scale_batch
 from autopar.core.sequence import sequence_dims
 from autopar.cost_models.analytic import AnalyticModel
-from autopar.cost_models.memory import node_memory
+from autopar.cost_models.memory import already_saved, node_memory
 from autopar.core.tables import Config
 
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9,
@@ -134,12 +134,15 @@ def test_stage_memory_holds_the_schedules_in_flight_microbatches(piped_gpt):
     g, sub, local = _stage_setup(plan, cluster)
     s, m = len(plan.stages), plan.microbatches
     mems = []
+    shared = already_saved(g)  # a tensor several nodes save is held once
     for k, (a, b) in enumerate(_positions(plan)):
         held = m if plan.schedule == "gpipe" else min(m, s - k)  # 1F1B: stage k holds S - k
         total = 0.0
         for node in g.nodes[a:b + 1]:
-            mb = node_memory(node, local[node.name], sub.mesh(), plan.mode, "adam")
-            total += mb.params + mb.grads + mb.optimizer + held * mb.activations
+            mb = node_memory(node, local[node.name], sub.mesh(), plan.mode, "adam",
+                             shared=shared.get(node.name, frozenset()))
+            # the loss's backward working set is once per stage, not per microbatch in flight
+            total += mb.params + mb.grads + mb.optimizer + mb.transient + held * mb.activations
         mems.append((total, held))
     assert max(t for t, _ in mems) == pytest.approx(plan.memory_per_device, rel=1e-9)
     rows = _stage_table(plan.report())
@@ -375,3 +378,14 @@ def test_a_saved_pipelined_plan_keeps_each_stages_sync_and_memory(piped_gpt, tmp
     rows = _stage_table(loaded.report())
     for k, st in enumerate(loaded.stages):
         assert close3(value(rows[k][8]), st.sync) and close3(value(rows[k][9]), st.memory)
+
+
+def test_each_stage_records_its_compute_per_step(piped_gpt):
+    """``Stage.compute`` (what ``autopar measure`` compares a stage's step with): its microbatches'
+    compute and the optimizer update once; at least the microbatches' compute its rows list, and
+    the stage's time per microbatch never less than its compute per microbatch."""
+    plan = piped_gpt.plan
+    m = plan.microbatches
+    for stage, row in zip(plan.stages, plan.stage_rows):
+        assert stage.compute is not None and stage.compute >= m * row.compute > 0
+        assert stage.cost >= row.compute * (1 - 1e-9)

@@ -1,0 +1,131 @@
+"""One rank of a pipelined plan: its stage's module, run in this process in the schedule's order.
+
+A stage built by codegen runs under torch's pipelining schedule, which learns the shapes of what
+it receives from the stage before it over the process group; the fake group delivers nothing,
+so the schedule cannot run. What ``measure`` runs instead is the schedule's work on this rank:
+the stage's own module (``PipelinedModule.stage_module``, the one the schedule would call, built
+by the same codegen, sharded on the stage's sub-mesh) on microbatch-sized inputs, in the
+schedule's order. 1F1B: stage ``k`` of ``S`` runs ``min(M, S - k)`` forwards before its first
+backward and then one backward per forward, so at most that many microbatches' activations are
+alive at once; GPipe: all ``M`` forwards, then all backwards. What a stage receives is made here:
+a fresh buffer per microbatch (as a receive writes one) of the shape and dtype the traced graph
+gives at microbatch size (the whole microbatch: a stage of several devices takes its inputs whole
+and returns its outputs replicated, so that is what a receive brings; floats a constant,
+integers zeros, valid indices); the gradient each non-last stage receives for its outputs likewise. Then the optimizer steps this rank's
+parameters. The sends and receives themselves take no time and no memory here, as every
+collective on the fake group.
+
+Predicted, for the same rank: the stage's peak memory per device (``Stage.memory``: its state and
+its in-flight microbatches' activations) and its compute per step (``Stage.compute``: the
+microbatches' forward and backward and the optimizer update; plans that do not record it print
+the compute as not predicted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from autopar.core.meta import MetaProp, to_meta
+
+
+@dataclass
+class StageRun:
+    """This rank's stage and what it is fed: ``step()`` runs one training step of it."""
+
+    module: torch.nn.Module  # the stage module the schedule calls
+    optimizer: torch.optim.Optimizer
+    stage: int
+    stages: int
+    microbatches: int
+    in_flight: int
+    args: list  # per positional input: a meta tensor (received: made per microbatch) or a value
+    kwargs: dict
+    device: torch.device
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.stages - 1
+
+    def _received(self) -> tuple[tuple, dict]:
+        def fresh(v):
+            if not isinstance(v, torch.Tensor):
+                return v
+            if not v.is_meta:  # the model's own inputs, which every rank of a pipeline is given
+                return v
+            # a buffer per microbatch, as a receive writes one (a constant: as cheap to make as
+            # the receive's copy, and as dense for the kernels as any activation)
+            if v.is_floating_point():
+                return torch.full(v.shape, 0.5, dtype=v.dtype, device=self.device).requires_grad_(True)
+            return torch.zeros(v.shape, dtype=v.dtype, device=self.device)
+
+        return tuple(fresh(a) for a in self.args), {k: fresh(v) for k, v in self.kwargs.items()}
+
+    def _backward(self, out) -> None:
+        if self.is_last:
+            out.backward()
+            return
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
+                if isinstance(o, torch.Tensor) and o.requires_grad]
+        # the gradients received: a buffer each, a constant (drawing random numbers would be work a
+        # stage does not do, and at a whole microbatch's size it outweighs a small stage's compute)
+        torch.autograd.backward(outs, [torch.full_like(o, 1e-3) for o in outs])
+
+    def step(self) -> None:
+        pending = []
+        for _ in range(self.microbatches):
+            args, kwargs = self._received()
+            pending.append(self.module(*args, **kwargs))
+            if len(pending) >= self.in_flight:
+                self._backward(pending.pop(0))
+        while pending:
+            self._backward(pending.pop(0))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+class _Values(MetaProp):
+    """The traced graph on meta tensors, keeping every node's value (shapes and dtypes)."""
+
+    def __init__(self, gm) -> None:
+        super().__init__(gm)
+        self.values: dict[str, object] = {}
+
+    def run_node(self, n):
+        value = super().run_node(n)
+        self.values[n.name] = value
+        return value
+
+    def placeholder(self, target, args, kwargs):
+        return to_meta(super().placeholder(target, args, kwargs))
+
+
+def microbatch(inputs: tuple, microbatches: int) -> tuple:
+    """The first microbatch of the model's inputs (tensors cut along dim 0, as the schedule cuts)."""
+    return tuple(x.tensor_split(microbatches)[0] if isinstance(x, torch.Tensor) and x.dim() else x for x in inputs)
+
+
+def stage_run(module, plan, graph, inputs: tuple, device, lr: float) -> StageRun:
+    """What this rank runs of a pipelined plan: ``module`` is its ``PipelinedModule``."""
+    from autopar.codegen.stage_split import check_stages, split_stages
+    from autopar.search.pipeline import in_flight
+
+    gm = graph.fx_graph
+    stages = check_stages(plan.stages, [n.name for n in graph.nodes], plan.devices)
+    part = split_stages(gm, stages, inputs)[module.stage_index]
+    micro = microbatch(tuple(inputs), module.microbatches)
+    probe = _Values(gm)
+    probe.run(*micro)
+    names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    if module.is_first:
+        args, kwargs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in micro], {}
+    else:
+        args = [probe.values[v] for v in part.carried_in]  # meta: made per microbatch
+        kwargs = {k: x.to(device) if isinstance(x, torch.Tensor) else x for k, x in zip(names, micro)}
+    stage = module.stage_module
+    optimizer = (stage.optimizer(torch.optim.AdamW, lr=lr) if hasattr(stage, "optimizer")
+                 else torch.optim.AdamW(list(module.parameters()), lr=lr, foreach=True))
+    held = in_flight(plan.schedule or "gpipe", module.stage_index, module.num_stages, module.microbatches)
+    return StageRun(stage, optimizer, module.stage_index, module.num_stages, module.microbatches, held, args, kwargs,
+                    torch.device(device))
