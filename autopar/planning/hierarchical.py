@@ -37,7 +37,7 @@ from autopar.core.ir import Graph
 from autopar.core.margin import capacity_words, usable_memory
 from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions
 from autopar.cost_models.analytic import AnalyticModel
-from autopar.planning.degrees import Pin, divisors, level_degrees
+from autopar.planning.degrees import Pin, divisors, level_degrees, with_context
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.step_price import (Candidate, Priced, Totals, data_groups, lower_bound, price,
@@ -112,6 +112,7 @@ class Search:
         self._graphs: dict[bool, Graph] = {}
         self._windows: dict[bool, object] = {}
         self._memo: dict[tuple, UnitStats] = {}
+        self._kv: dict[bool, np.ndarray] = {}  # keys' and values' bytes per unit (context parallelism)
         self.solves = 0
         dtype = PRECISIONS[precision]
         self.peak = cluster.peak(dtype)
@@ -145,7 +146,19 @@ class Search:
         return tuple((c.degrees.tensor + (1, 1))[:2])
 
     def stats(self, c: Candidate) -> UnitStats:
-        return self._stats(self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
+        s = self._stats(self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
+        return self._context(c, s) if c.degrees.c > 1 else s
+
+    def _context(self, c: Candidate, s: UnitStats) -> UnitStats:
+        """``s`` for one rank of the candidate's context group (``planning/context.py``)."""
+        from autopar.planning.context import context_stats, kv_bytes
+
+        if c.recompute not in self._kv:
+            self._kv[c.recompute] = kv_bytes(self.training_graph(c.recompute), self.spans)
+        kv = self._kv[c.recompute] / (c.degrees.d * c.microbatches)
+        deg = c.degrees
+        bw, lat = self.cluster.link(min(max(l for l, k in enumerate(deg.context) if k > 1), 2))
+        return context_stats(s, kv, deg.c, deg.t, bw, lat, self.cluster.call_latency, c.recompute)
 
     def reference(self, c: Candidate) -> tuple[float, int]:
         """(T, b') for ``step_price.reference_bound``: of the group's solved microbatch sizes b'
@@ -179,7 +192,9 @@ class Search:
         """(compute bound, rest of the bound, memory floor, candidate) of the space or a pin's part."""
         out = []
         for deg in level_degrees(self.levels, self.max_tensor, max_pipeline=len(self.spans)):
-            if pin is not None and not pin.admits(deg):
+            if pin is not None and pin.context:
+                deg = with_context(deg, pin.context)
+            if deg is None or (pin is not None and not pin.admits(deg)):
                 continue
             if self.batch % deg.d:
                 continue
@@ -221,7 +236,7 @@ class Search:
             if level == 0:
                 b = self.batch // (c.degrees.d * c.microbatches)
                 t_ref, b_ref = self.reference(c)
-                tight = reference_bound(c, t_ref, b_ref, b, comp, rest)
+                tight = reference_bound(c, t_ref / c.degrees.c, b_ref, b, comp, rest)  # context: 1/c of the work
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
             if level == 1:
@@ -246,9 +261,10 @@ def mesh_of(deg: Degrees) -> tuple[tuple[int, ...], tuple[int, ...], dict]:
     axis of each axis of the tensor group's own mesh (``Cluster(t, t0).mesh()``: level 1 first)."""
     from autopar.core.cluster import prime_factors
 
-    shape, level, roles = [], [], {"pipeline": [], "data": [], "tensor_by_level": {}}
+    shape, level, roles = [], [], {"pipeline": [], "data": [], "context": [], "tensor_by_level": {}}
     for lvl in reversed(range(len(deg.tensor))):
-        for role, k in (("pipeline", deg.pipeline[lvl]), ("data", deg.data[lvl])):
+        ctx = deg.context[lvl] if deg.context else 1
+        for role, k in (("pipeline", deg.pipeline[lvl]), ("data", deg.data[lvl]), ("context", ctx)):
             if k > 1:
                 roles[role].append(len(shape))
                 shape.append(k)
@@ -317,7 +333,9 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                         peak_flops=search.peak, reference=dict(reference or {}),
                         notes=[pr.bottleneck, f"ZeRO group: {g} device(s)" if c.zero else "no ZeRO",
                                "tensor-group layouts minimise time (memory checked on the result)",
-                               "data-parallel sync and ZeRO gathers not overlapped with compute"])
+                               "data-parallel sync and ZeRO gathers not overlapped with compute"]
+                        + ([f"context parallelism over {deg.c} ranks priced (K/V gathers exposed, causal work "
+                            "balanced); the per-node layouts list the batch splits only"] if deg.c > 1 else []))
     common = dict(common, mesh=Mesh(shape, level))
     return Plan(**common, assignment=assignment_of(pr, s, search.graph), cost=pr.cost, units="s",
                 memory_per_device=pr.memory, search=info, stages=stages if deg.p > 1 else [],

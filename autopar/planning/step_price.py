@@ -65,20 +65,32 @@ def level_link(cluster: Cluster, level: int) -> tuple[float, float]:
 
 
 def data_groups(deg: Degrees, zero_inner: bool) -> tuple[int, int, int, int]:
-    """(ZeRO group size, outer group size, ZeRO group's top level, outer group's top level)."""
-    levels = [l for l, k in enumerate(deg.data) if k > 1]
+    """(ZeRO group size, outer group size, ZeRO group's top level, outer group's top level).
+    Gradients are reduced over the context ranks too (they hold the same parameters)."""
+    data = tuple(d * c for d, c in zip(deg.data, deg.context)) if deg.context else deg.data
+    levels = [l for l, k in enumerate(data) if k > 1]
     if not levels:
         return 1, 1, 0, 0
     if zero_inner and len(levels) > 1:
         top = levels[-1]
-        inner = math.prod(deg.data[:top])
-        return inner, deg.data[top], max(l for l in levels if l < top), top
-    return deg.d, 1, levels[-1], levels[-1]
+        inner = math.prod(data[:top])
+        return inner, data[top], max(l for l in levels if l < top), top
+    return math.prod(data), 1, levels[-1], levels[-1]
 
 
 def pipeline_level(deg: Degrees) -> int:
     levels = [l for l, k in enumerate(deg.pipeline) if k > 1]
     return levels[-1] if levels else 0
+
+
+def inner_ranks(deg: Degrees, top: int) -> int:
+    """Ranks of one data(-and-context) group inside one unit of level ``top - 1`` (a node when
+    ``top`` is 1). A ring ordered by unit crosses each unit's boundary once, so the unit's
+    ``devices / k`` rings share its ``devices`` links' worth of bandwidth at level ``top``: each
+    ring gets ``k`` devices' worth (NCCL's rings are built this way; Megatron-LM 2019's 8.3B run
+    has 2 data-parallel ranks per 16-GPU node, 8 rings sharing 8 adapters)."""
+    data = tuple(d * c for d, c in zip(deg.data, deg.context)) if deg.context else deg.data
+    return math.prod(data[:top])
 
 
 def zero_factors(zero: int, group: int) -> tuple[float, float, float]:
@@ -91,6 +103,8 @@ def dp_sync(zero: int, grads: float, params: float, m: int, cluster: Cluster, de
     """Seconds of one stage's data-parallel sync (numpy-friendly in grads/params)."""
     g, o, lg, lo = data_groups(deg, zero_inner)
     bw, lat = level_link(cluster, lg)
+    if lg > 0:  # the ring leaves each lower-level unit once: its k ranks there share one crossing
+        bw = min(bw * inner_ranks(deg, lg), level_link(cluster, lg - 1)[0])
     t = zero_sync_time(zero, grads, params, g, bw, lat, m, cluster=cluster)
     if o > 1:
         bw_o, lat_o = level_link(cluster, lo)
