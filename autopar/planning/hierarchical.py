@@ -212,19 +212,21 @@ class Search:
                                                      self.optimizer, self.master, self.itemsize), c))
         return out
 
-    def best(self, pin: Pin | None, zeros, recomputes, deadline: float | None = None
-             ) -> tuple[Priced | None, Priced | None, int, bool]:
+    def best(self, pin: Pin | None, zeros, recomputes, deadline: float | None = None,
+             incumbent: Priced | None = None) -> tuple[Priced | None, Priced | None, int, bool]:
         """(best fitting plan, least-memory plan priced when none fits, candidates priced, closed).
 
         Branch and bound over ever tighter bounds: a candidate is popped with the bound of its
         level -- 0: compute only; 1: its tensor group's optimum at the whole batch, scaled
         (``reference_bound``); 2: its group's exact unit costs (``stats_bound``) -- and pushed back
         with the next, until at level 3 it is priced. ``closed``: the next bound reached the best
-        fitting cost, so that plan is optimal over the space."""
+        fitting cost, so that plan is optimal over the space. ``incumbent``: a fitting plan of
+        the space already priced (a baseline), the best until one beats it: a search stopped at
+        its deadline is never worse than it."""
         cands = self.candidates(pin, zeros, recomputes)
         heap = [(comp + rest, i, 0) for i, (comp, rest, mem, c) in enumerate(cands) if mem <= self.capacity]
         heapq.heapify(heap)
-        best, priced, closed = None, 0, True
+        best, priced, closed = incumbent, 0, True
         while heap:
             lb, i, level = heapq.heappop(heap)
             if best is not None and lb >= best.cost * (1 - 1e-12):
@@ -368,7 +370,16 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
     recs = (False, True) if recompute == "auto" else (bool(recompute),)
     deadline = start + time_limit
-    best, least, priced, closed = search.best(None, zeros, recs, deadline)
+    seeds = []  # the baselines of this space, priced first: the search starts from the best that fits
+    if with_baselines:
+        seeds.append(search.best(Pin(tensor=1, pipeline=1), zeros, recs)[0])
+        if pin is not None:
+            seeds.append(search.best(pin, zeros if pin.zero is None else (pin.zero,),
+                                     recs if pin.recompute is None else (pin.recompute,))[0])
+    seeds = [x for x in seeds if x is not None and x.fits and x.candidate.zero in zeros
+             and x.candidate.recompute in recs and x.candidate.degrees.c == 1]
+    best, least, priced, closed = search.best(None, zeros, recs, deadline,
+                                              min(seeds, key=lambda x: x.cost) if seeds else None)
     common = dict(common, space="hierarchical")
     if best is None:
         need = least.memory / 2**30 if least else math.nan

@@ -112,6 +112,21 @@ def dp_sync(zero: int, grads: float, params: float, m: int, cluster: Cluster, de
     return t
 
 
+def cut_times(boundary: np.ndarray, deg: Degrees, cluster: Cluster) -> np.ndarray:
+    """Per microbatch, forward and backward, what crossing each cut costs a stage: each device of
+    the tensor group sends its 1/t slice to its peer in the next stage over the pipeline's link,
+    and the receivers all-gather the t slices over the tensor group's link to rebuild the tensor
+    (Megatron-LM's scatter/gather, Narayanan et al. 2021, section 4.1). ``boundary``: bytes per
+    device (the slice)."""
+    bw, lat = level_link(cluster, pipeline_level(deg))
+    send = lat + cluster.call_latency + boundary / bw
+    t_levels = [l for l, k in enumerate(deg.tensor) if k > 1]
+    if t_levels:
+        bw_t, lat_t = level_link(cluster, t_levels[-1])
+        send = send + collective_time("all-gather", boundary * deg.t, deg.t, bw_t, lat_t, cluster.call_latency)
+    return 2 * send
+
+
 def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimizer: str | None,
           master: bool, itemsize: int, names: list[str] | None = None) -> Priced:
     deg, m = c.degrees, c.microbatches
@@ -128,8 +143,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         transient += 2 * float(np.max(s.params))
     cut = np.zeros(max(len(s.spans) - 1, 0))
     if p > 1:
-        bw, lat = level_link(cluster, pipeline_level(deg))
-        cut = 2 * (lat + cluster.call_latency + s.boundary / bw)
+        cut = cut_times(s.boundary, deg, cluster)
     costs = StageCosts(cluster.devices // p, m, s.time, s.sync, static, s.acts, cut)
     sol = best_cuts(costs, p, capacity - transient, "1f1b")
     fits = sol is not None
