@@ -336,8 +336,9 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                         notes=[pr.bottleneck, f"ZeRO group: {g} device(s)" if c.zero else "no ZeRO",
                                "tensor-group layouts minimise time (memory checked on the result)",
                                "data-parallel sync and ZeRO gathers not overlapped with compute"]
-                        + ([f"context parallelism over {deg.c} ranks priced (K/V gathers exposed, causal work "
-                            "balanced); the per-node layouts list the batch splits only"] if deg.c > 1 else []))
+                        + ([f"context parallelism over {deg.c} ranks priced (causal work balanced; its K/V gathers, "
+                            "exposed, are in the tensor-parallel communication term); the per-node layouts list "
+                            "the batch splits only"] if deg.c > 1 else []))
     common = dict(common, mesh=Mesh(shape, level))
     return Plan(**common, assignment=assignment_of(pr, s, search.graph), cost=pr.cost, units="s",
                 memory_per_device=pr.memory, search=info, stages=stages if deg.p > 1 else [],
