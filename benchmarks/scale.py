@@ -59,6 +59,21 @@ RECIPES = {
 }
 
 
+# Why the rows outside 15% are outside, from the papers (the model's terms are in `autopar plan zoo:NAME
+# --published`'s report).
+NOT_WITHIN = [
+    "Where a prediction is outside 15%: mt_nlg_530b ran the shape that Megatron-LM itself ran at 52% of peak "
+    "(Narayanan et al. 2021, Table 1: tensor 8 x pipeline 35 x data 9 on 2520 A100, batch 2520), which this "
+    "model prices at 1.10x (tests/planning/test_published.py); MT-NLG's 36.2% with another code (DeepSpeed's "
+    "pipeline engine) on the same machines is the code's, not the plan's. llama3_405b and llama3_405b_long run "
+    "16 microbatches through 16 stages: as 1F1B, the bubble is 15/16 of the compute; Llama 3 ran an interleaved "
+    "schedule, sequence parallelism inside the tensor group (which spares the recomputation this space needs "
+    "to fit) and FSDP overlapped with compute, none of which the hierarchical space has yet."
+    " Context parallelism is priced for a pin only (the searched space has no context degree), so autopar's "
+    "own plan for llama3_405b_long is slower than the paper's.",
+]
+
+
 def _rss_bytes() -> int:
     import resource
 
@@ -219,7 +234,8 @@ def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
         f"{sum(r['published']['cost'] >= r['autopar']['cost'] and r['fits'] for r in ok)}/{len(published)}",
         f"paper's plan within 15% of its reported utilisation: "
         f"{sum(0.85 <= r['predicted'] / r['published_figure'] <= 1.15 for r in ok)}/{len(published)}"]) + ".",
-        "", "Search status of autopar's plans: " + "; ".join(f"{r['case']}: {r['autopar']['status']}" for r in ok), ""]
+        "", "Search status of autopar's plans: " + "; ".join(f"{r['case']}: {r['autopar']['status']}" for r in ok), "",
+        *NOT_WITHIN, ""]
     lines += ["## Sweep: a GPT-3-wide GPT (width 12288, 8 layers, batch 512) on DGX A100 nodes, hierarchical search", "",
               "| devices | automatic path | planning time | peak RSS | degrees | options | microbatch | step | MFU | "
               "flat exact DP (default options: fp32, no microbatches): time, peak RSS, step |",
