@@ -15,7 +15,10 @@ levels, the pods replicating: hybrid sharding) and per-block recomputation. Its 
 
 Transient memory on top of a stage's peak: one recomputed unit's full activations while its
 backward runs, and with ZeRO-3 two units' gathered parameters (one in use, one prefetched).
-Links: a group spanning several levels runs at the slowest level it spans.
+Links: a group spanning several levels runs at the slowest level it spans; a data-parallel ring
+with k ranks inside each unit below that level gets k devices' links there (``inner_ranks``). A
+pipeline cut costs the 1/t slice sent plus the receivers' all-gather (``cut_times``). Context
+parallelism (``Degrees.context``) is priced on the unit costs by ``planning/context.py``.
 """
 
 from __future__ import annotations
@@ -64,10 +67,15 @@ def level_link(cluster: Cluster, level: int) -> tuple[float, float]:
     return cluster.link(min(level, 2))
 
 
+def reducing(deg: Degrees) -> tuple[int, ...]:
+    """Per level, the ranks a gradient is reduced over: data x context."""
+    return tuple(d * c for d, c in zip(deg.data, deg.context)) if deg.context else deg.data
+
+
 def data_groups(deg: Degrees, zero_inner: bool) -> tuple[int, int, int, int]:
     """(ZeRO group size, outer group size, ZeRO group's top level, outer group's top level).
     Gradients are reduced over the context ranks too (they hold the same parameters)."""
-    data = tuple(d * c for d, c in zip(deg.data, deg.context)) if deg.context else deg.data
+    data = reducing(deg)
     levels = [l for l, k in enumerate(data) if k > 1]
     if not levels:
         return 1, 1, 0, 0
@@ -89,8 +97,7 @@ def inner_ranks(deg: Degrees, top: int) -> int:
     ``devices / k`` rings share its ``devices`` links' worth of bandwidth at level ``top``: each
     ring gets ``k`` devices' worth (NCCL's rings are built this way; Megatron-LM 2019's 8.3B run
     has 2 data-parallel ranks per 16-GPU node, 8 rings sharing 8 adapters)."""
-    data = tuple(d * c for d, c in zip(deg.data, deg.context)) if deg.context else deg.data
-    return math.prod(data[:top])
+    return math.prod(reducing(deg)[:top])
 
 
 def zero_factors(zero: int, group: int) -> tuple[float, float, float]:
