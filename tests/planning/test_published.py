@@ -6,7 +6,6 @@ the shapes, the links and the papers, not read back from the code under test."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
