@@ -10,7 +10,7 @@ autopar's degrees and options beside the paper's; the predicted utilisation of t
 beside the reported one (hardware FLOPs where the paper counts the recomputation, MFU for PaLM);
 autopar's predicted MFU and its speed-up over the paper's plan under the same cost model.
 Targets: each under 60 s and 4 GB; autopar no slower than the paper's plan and
-fitting; the paper's plan predicted within 1.5x of its reported utilisation.
+fitting; the paper's plan predicted within 15% of its reported utilisation.
 
 Part 2, the sweep: a GPT-3-wide GPT (width 12288, 96 heads, sequence 2048, 8 layers, vocabulary
 51200, batch 512) on DGX A100 nodes of 8 (``dgxa100``), 8 ... 4096 devices, with the
@@ -18,6 +18,11 @@ hierarchical search forced at every count (and the automatic choice noted: the f
 to 64 devices). Reported per count: planning time (median of ``repeat``, tracing excluded: it
 does not depend on the device count), peak memory, degrees and MFU. Target: time growing at most
 linearly with log(devices) from 64 to 4096.
+
+Part 3, torchtitan-style recipes (the hand plans users run for Llama 3: FSDP2 ``fully_shard``,
+i.e. ZeRO-3, with full activation checkpointing; + tensor parallelism 8 for 70B; + pipeline
+parallelism for 405B) pinned with ``--pin`` on the zoo's Llama 3 shapes (``zoo:llama3``), priced
+beside autopar's plan under the same cost model. Target: autopar's plan no slower and fitting.
 
 Each case runs in a fresh process (``--child``). Results: ``benchmarks/scale.md``.
 """
@@ -36,11 +41,37 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "scale.md"
-PUBLISHED = ("megatron_8b", "megatron_1t", "mt_nlg_530b", "palm_540b")
+PUBLISHED = ("megatron_8b", "megatron_1t", "mt_nlg_530b", "palm_540b", "llama3_405b", "llama3_405b_long")
 SWEEP = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 ISSUE_GPT = dict(width=12288, heads=96, seq=2048, layers=8, vocab=51200, batch=512, attention="manual",
                  device="meta")
 TARGET_S, TARGET_BYTES = 60.0, 4 * 10**9
+# name -> (zoo:llama3 sizes, cluster, torchtitan-style pin): FSDP (ZeRO-3) + full activation checkpointing
+RECIPES = {
+    "llama3-8b-fsdp-8": (dict(size="8b", seq=8192, batch=8), "1x8xh100", "tensor=1,pipeline=1,zero=3,recompute=1"),
+    "llama3-8b-fsdp-64": (dict(size="8b", seq=8192, batch=64), "8x8xh100", "tensor=1,pipeline=1,zero=3,recompute=1"),
+    "llama3-70b-fsdp-tp8-256": (dict(size="70b", seq=8192, batch=1024), "32x8xh100",
+                                "tensor=8,pipeline=1,zero=3,recompute=1"),
+    "llama3-70b-fsdp-tp8-1024": (dict(size="70b", seq=8192, batch=1024), "128x8xh100",
+                                 "tensor=8,pipeline=1,zero=3,recompute=1"),
+    "llama3-405b-fsdp-tp8-pp16-16384": (dict(size="405b", seq=8192, batch=2048), "2048x8xh100",
+                                        "tensor=8,pipeline=16,zero=3,recompute=1,microbatch=1"),
+}
+
+
+# Why the rows outside 15% are outside, from the papers (the model's terms are in `autopar plan zoo:NAME
+# --published`'s report).
+NOT_WITHIN = [
+    "Where a prediction is outside 15%: mt_nlg_530b ran the shape that Megatron-LM itself ran at 52% of peak "
+    "(Narayanan et al. 2021, Table 1: tensor 8 x pipeline 35 x data 9 on 2520 A100, batch 2520), which this "
+    "model prices at 1.10x (tests/planning/test_published.py); MT-NLG's 36.2% with another code (DeepSpeed's "
+    "pipeline engine) on the same machines is the code's, not the plan's. llama3_405b and llama3_405b_long run "
+    "16 microbatches through 16 stages: as 1F1B, the bubble is 15/16 of the compute; Llama 3 ran an interleaved "
+    "schedule, sequence parallelism inside the tensor group (which spares the recomputation this space needs "
+    "to fit) and FSDP overlapped with compute, none of which the hierarchical space has yet."
+    " Context parallelism is priced for a pin only (the searched space has no context degree), so autopar's "
+    "own plan for llama3_405b_long is slower than the paper's.",
+]
 
 
 def _rss_bytes() -> int:
@@ -117,6 +148,48 @@ def child_sweep(devices: int, repeat: int) -> dict:
             else "flat exact DP", **_summary(plan)}
 
 
+def child_recipe(name: str, repeat: int) -> dict:
+    import autopar
+    from autopar.core.cluster import Cluster
+
+    sizes, cluster_name, pin = RECIPES[name]
+    model, inputs = autopar.zoo.get("llama3", **sizes)
+    cluster = Cluster.preset(cluster_name)
+    walls, plan = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        graph = autopar.trace(model, inputs)
+        plan = autopar.plan(model, inputs, cluster, graph=graph, hierarchical=True, pin=pin, precision="bf16",
+                            model_name=name)
+        walls.append(time.perf_counter() - start)
+    pinned = plan.baselines["published"]
+    capacity = plan.cluster["memory_capacity"]
+    return {"case": name, "cluster": cluster_name, "pin": pin, "wall": statistics.median(walls),
+            "rss_peak": _rss_bytes(), "autopar": _summary(plan), "recipe": _summary(pinned),
+            "fits": plan.memory_per_device <= capacity, "recipe_fits": pinned.memory_per_device <= capacity}
+
+
+def write_recipes(rows: list[dict]) -> list[str]:
+    lines = ["## torchtitan-style recipes pinned (`--pin`) beside autopar's plan, zoo:llama3 shapes, bf16", "",
+             "| case | cluster | recipe pin | recipe: degrees, options, microbatch | step | MFU | fits | "
+             "autopar: degrees, options, microbatch | step | MFU | fits | speed-up | time (trace + plan) | peak RSS |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | error: {r['error']} |" + " |" * 12)
+            continue
+        a, p = r["autopar"], r["recipe"]
+        lines.append(f"| {r['case']} | {r['cluster']} | `{r['pin']}` | {p['degrees']}; {p['options']}; {p['microbatch']} | "
+                     f"{p['cost']:.3g} s | {p['mfu']:.1%} | {'yes' if r['recipe_fits'] else 'NO'} | {a['degrees']}; "
+                     f"{a['options']}; {a['microbatch']} | {a['cost']:.3g} s | {a['mfu']:.1%} | "
+                     f"{'yes' if r['fits'] else 'NO'} | {p['cost'] / a['cost']:.3f}x | {r['wall']:.1f} s | "
+                     f"{r['rss_peak'] / 1e9:.2f} GB |")
+    ok = [r for r in rows if "error" not in r]
+    lines += ["", f"autopar no slower than the recipe and fitting: "
+                  f"{sum(r['recipe']['cost'] >= r['autopar']['cost'] and r['fits'] for r in ok)}/{len(rows)}.", ""]
+    return lines
+
+
 def run(args_list: list[str], timeout: float = 1200.0) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.scale", "--child", *args_list]
     try:
@@ -137,7 +210,7 @@ def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
     lines = ["# Planning the largest published trainings", "",
              f"`make bench-scale` (benchmarks/scale.py), {time.strftime('%Y-%m-%d')}, the benchmark machine "
              f"(benchmarks/README.md), OMP_NUM_THREADS=1; times are medians of {repeat} runs in one fresh process per case.", "",
-             "## The four published trainings, `autopar plan zoo:NAME --published`", "",
+             "## The published trainings, `autopar plan zoo:NAME --published`", "",
              "| model | cluster | time (trace + plan) | peak RSS | autopar: degrees, options, microbatch | step | MFU | "
              "paper: degrees, options | paper's plan priced | reported | predicted for it | ratio | autopar speed-up | fits |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -159,9 +232,10 @@ def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
         f"under 4 GB: {sum(r['rss_peak'] < TARGET_BYTES for r in ok)}/{len(published)}",
         f"autopar no slower than the paper's plan and fitting: "
         f"{sum(r['published']['cost'] >= r['autopar']['cost'] and r['fits'] for r in ok)}/{len(published)}",
-        f"paper's plan within 1.5x of its reported utilisation: "
-        f"{sum(1 / 1.5 <= r['predicted'] / r['published_figure'] <= 1.5 for r in ok)}/{len(published)}"]) + ".",
-        "", "Search status of autopar's plans: " + "; ".join(f"{r['case']}: {r['autopar']['status']}" for r in ok), ""]
+        f"paper's plan within 15% of its reported utilisation: "
+        f"{sum(0.85 <= r['predicted'] / r['published_figure'] <= 1.15 for r in ok)}/{len(published)}"]) + ".",
+        "", "Search status of autopar's plans: " + "; ".join(f"{r['case']}: {r['autopar']['status']}" for r in ok), "",
+        *NOT_WITHIN, ""]
     lines += ["## Sweep: a GPT-3-wide GPT (width 12288, 8 layers, batch 512) on DGX A100 nodes, hierarchical search", "",
               "| devices | automatic path | planning time | peak RSS | degrees | options | microbatch | step | MFU | "
               "flat exact DP (default options: fp32, no microbatches): time, peak RSS, step |",
@@ -194,7 +268,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.child:
         kind, what = a.child[0], a.child[1]
-        out = child_published(what, a.repeat) if kind == "published" else child_sweep(int(what), a.repeat)
+        out = (child_published(what, a.repeat) if kind == "published" else child_recipe(what, a.repeat)
+               if kind == "recipe" else child_sweep(int(what), a.repeat))
         print(json.dumps(out))
         return 0
     only = set(a.only or [])
@@ -204,7 +279,10 @@ def main(argv=None) -> int:
     sweep = [run(["sweep", str(p), "--repeat", str(a.repeat)]) for p in SWEEP if not only or str(p) in only]
     for r in sweep:
         print(json.dumps(r)[:300], flush=True)
-    text = write(published, sweep, a.repeat)
+    recipes = [run(["recipe", n, "--repeat", str(a.repeat)]) for n in RECIPES if not only or n in only]
+    for r in recipes:
+        print(json.dumps(r)[:300], flush=True)
+    text = write(published, sweep, a.repeat) + "\n" + "\n".join(write_recipes(recipes))
     print(text)
     if not a.no_write:
         RESULTS.write_text(text)

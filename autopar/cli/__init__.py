@@ -56,8 +56,10 @@ def _plan(args, model_arg=None, **overrides):
         kwargs.setdefault("precision", kwargs.get("precision") or record.precision)
         kwargs["pin"] = kwargs.get("pin") or (
             f"tensor={record.tensor},pipeline={record.pipeline},data={record.data},zero={record.zero},"
-            f"recompute={int(record.recompute)},microbatch={record.microbatch_size}"
-            + (",zero_inner=1" if record.zero_inner else ""))
+            f"microbatch={record.microbatch_size}"
+            + (f",recompute={int(record.recompute)}" if record.recompute is not None else "")
+            + (",zero_inner=1" if record.zero_inner else "")
+            + (f",context={record.context}" if record.context > 1 else ""))
     cluster = _cluster(args)
     from autopar.frontend.depth import trace_for_planning
 
@@ -284,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="price a plan fixed by its degrees beside autopar's, e.g. tensor=8,pipeline=64,data=6 "
                        "(also zero=, recompute=, microbatch=)")
         c.add_argument("--published", action="store_true",
-                       help="for zoo:megatron_8b, megatron_1t, mt_nlg_530b, palm_540b: plan on the paper's "
+                       help="for zoo:megatron_8b, megatron_1t, mt_nlg_530b, palm_540b, llama3_405b(_long): plan on the paper's "
                        "cluster and price the paper's plan and its reported utilisation beside autopar's")
         c.set_defaults(func=func)
         if cmd == "plan":

@@ -103,15 +103,21 @@ def node_training(node) -> NodeTraining:
 @dataclass(frozen=True)
 class Degrees:
     """Degrees of tensor, pipeline and data parallelism per cluster level, innermost level first
-    (in-node, across nodes, across pods): ``tensor[l] * pipeline[l] * data[l]`` is level l's size."""
+    (in-node, across nodes, across pods): ``tensor[l] * pipeline[l] * data[l]`` is level l's size,
+    times ``context[l]`` when given: context parallelism, each sequence split over that many ranks
+    (attention gathers keys and values over them; parameters are replicated, gradients reduced
+    over context x data)."""
 
     tensor: tuple[int, ...]
     pipeline: tuple[int, ...]
     data: tuple[int, ...]
+    context: tuple[int, ...] = ()  # () = no context parallelism
 
     def __post_init__(self) -> None:
         if not (len(self.tensor) == len(self.pipeline) == len(self.data)):
             raise ValueError("Degrees: tensor, pipeline and data need one entry per level")
+        if self.context and len(self.context) != len(self.data):
+            raise ValueError("Degrees: context needs one entry per level (or none)")
 
     @property
     def t(self) -> int:
@@ -126,8 +132,12 @@ class Degrees:
         return math.prod(self.data)
 
     @property
+    def c(self) -> int:
+        return math.prod(self.context) if self.context else 1
+
+    @property
     def devices(self) -> int:
-        return self.t * self.p * self.d
+        return self.t * self.c * self.p * self.d
 
     def describe(self, level_names=("in-node", "across nodes", "across pods")) -> str:
         def one(name, per):
@@ -136,15 +146,17 @@ class Degrees:
                      for l, k in enumerate(per) if k > 1]
             return f"{name} {total}" + (f" ({', '.join(where)})" if len(where) > 1 else
                                         f" ({where[0].split(' ', 1)[1]})" if where else "")
-        return " x ".join(one(n, v) for n, v in (("tensor", self.tensor), ("pipeline", self.pipeline),
-                                                  ("data", self.data)))
+        parts = (("tensor", self.tensor),) + ((("context", self.context),) if self.c > 1 else ()) + (
+            ("pipeline", self.pipeline), ("data", self.data))
+        return " x ".join(one(n, v) for n, v in parts)
 
     def to_json(self) -> dict:
-        return {"tensor": list(self.tensor), "pipeline": list(self.pipeline), "data": list(self.data)}
+        out = {"tensor": list(self.tensor), "pipeline": list(self.pipeline), "data": list(self.data)}
+        return out | ({"context": list(self.context)} if self.c > 1 else {})
 
     @classmethod
     def from_json(cls, d: dict) -> "Degrees":
-        return cls(tuple(d["tensor"]), tuple(d["pipeline"]), tuple(d["data"]))
+        return cls(tuple(d["tensor"]), tuple(d["pipeline"]), tuple(d["data"]), tuple(d.get("context", ())))
 
 
 @dataclass

@@ -11,7 +11,10 @@ link and more on the slow one is never the better group, and keeping it out spar
 the tensor DPs of those groups).
 
 ``Pin`` fixes what a published plan states (``tensor=8 pipeline=64 data=6``, optionally
-``zero=1``, ``recompute=1``, ``microbatch=1``); the rest is searched under the same cost model.
+``zero=1``, ``recompute=1``, ``microbatch=1``, ``context=16``); the rest is searched under the same
+cost model. The searched space has no context parallelism; a pinned context degree is carved out
+of the data-parallel degrees, innermost level first (``with_context``: the sequence's ranks sit
+next to the tensor group, where the keys' and values' gathers are cheapest).
 """
 
 from __future__ import annotations
@@ -62,16 +65,33 @@ class Pin:
     recompute: bool | None = None
     microbatch: int | None = None  # sequences per microbatch
     zero_inner: bool | None = None  # ZeRO over the data parallelism inside a pod only
+    context: int | None = None  # ranks each sequence is split over (context parallelism)
 
     def admits(self, deg: Degrees) -> bool:
         return ((self.tensor is None or deg.t == self.tensor) and (self.pipeline is None or deg.p == self.pipeline)
-                and (self.data is None or deg.d == self.data))
+                and (self.data is None or deg.d == self.data) and deg.c == (self.context or 1))
 
     def describe(self) -> str:
         return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) is not None)
 
 
-_KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int,
+def with_context(deg: Degrees, context: int) -> Degrees | None:
+    """``deg`` with ``context`` ranks taken out of its data degrees, innermost level first; None
+    when the data degrees do not factor that way (each level gives gcd(what is left, its data))."""
+    if context <= 1:
+        return deg
+    left, ctx, data = context, [], []
+    for k in deg.data:
+        g = math.gcd(left, k)
+        ctx.append(g)
+        data.append(k // g)
+        left //= g
+    if left != 1:
+        return None
+    return Degrees(deg.tensor, deg.pipeline, tuple(data), tuple(ctx))
+
+
+_KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int, "context": int,
          "recompute": lambda v: v.lower() in ("1", "true", "yes", "on"),
          "zero_inner": lambda v: v.lower() in ("1", "true", "yes", "on")}
 

@@ -40,7 +40,7 @@ from autopar.core.ir import Graph
 from autopar.core.margin import capacity_words, usable_memory
 from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions, default_precision
 from autopar.cost_models.analytic import AnalyticModel
-from autopar.planning.degrees import Pin, divisors, level_degrees
+from autopar.planning.degrees import Pin, divisors, level_degrees, with_context
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, in_flight,
@@ -114,6 +114,7 @@ class Search:
         self._graphs: dict[bool, Graph] = {}
         self._windows: dict[bool, object] = {}
         self._memo: dict[tuple, UnitStats] = {}
+        self._kv: dict[bool, np.ndarray] = {}  # keys' and values' bytes per unit (context parallelism)
         self.solves = 0
         self.space_bound = math.inf  # set by ``best``: a lower bound on the optimum of its space
         dtype = PRECISIONS[precision]
@@ -148,7 +149,19 @@ class Search:
         return tuple((c.degrees.tensor + (1, 1))[:2])
 
     def stats(self, c: Candidate) -> UnitStats:
-        return self._stats(self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
+        s = self._stats(self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
+        return self._context(c, s) if c.degrees.c > 1 else s
+
+    def _context(self, c: Candidate, s: UnitStats) -> UnitStats:
+        """``s`` for one rank of the candidate's context group (``planning/context.py``)."""
+        from autopar.planning.context import context_stats, kv_bytes
+
+        if c.recompute not in self._kv:
+            self._kv[c.recompute] = kv_bytes(self.training_graph(c.recompute), self.spans)
+        kv = self._kv[c.recompute] / (c.degrees.d * c.microbatches)
+        deg = c.degrees
+        bw, lat = self.cluster.link(min(max(l for l, k in enumerate(deg.context) if k > 1), 2))
+        return context_stats(s, kv, deg.c, deg.t, bw, lat, self.cluster.call_latency, c.recompute)
 
     def reference(self, c: Candidate) -> tuple[float, int]:
         """(T, b') for ``step_price.reference_bound``: of the group's solved microbatch sizes b'
@@ -203,7 +216,9 @@ class Search:
         pipelined degrees once per schedule of ``schedules`` that has enough units to cut."""
         out = []
         for deg in level_degrees(self.levels, self.max_tensor, max_pipeline=len(self.spans)):
-            if pin is not None and not pin.admits(deg):
+            if pin is not None and pin.context:
+                deg = with_context(deg, pin.context)
+            if deg is None or (pin is not None and not pin.admits(deg)):
                 continue
             if self.batch % deg.d:
                 continue
@@ -226,22 +241,24 @@ class Search:
                                                          self.optimizer, self.master, self.itemsize), c))
         return out
 
-    def best(self, pin: Pin | None, zeros, recomputes, deadline: float | None = None, schedules=("1f1b",)
-             ) -> tuple[Priced | None, Priced | None, int, bool]:
+    def best(self, pin: Pin | None, zeros, recomputes, deadline: float | None = None, schedules=("1f1b",),
+             incumbent: Priced | None = None) -> tuple[Priced | None, Priced | None, int, bool]:
         """(best fitting plan, least-memory plan priced when none fits, candidates priced, closed).
 
         Branch and bound over ever tighter bounds: a candidate is popped with the bound of its
         level -- 0: compute only; 1: its tensor group's optimum at the whole batch, scaled
         (``reference_bound``); 2: its group's exact unit costs (``stats_bound``) -- and pushed back
         with the next, until at level 3 it is priced. ``closed``: the next bound reached the best
-        fitting cost, so that plan is optimal over the space."""
+        fitting cost, so that plan is optimal over the space. ``incumbent``: a fitting plan of
+        the space already priced (a baseline), the best until one beats it: a search stopped at
+        its deadline is never worse than it."""
         cands = self.candidates(pin, zeros, recomputes, schedules)
         heap = [(comp + rest, i, 0) for i, (comp, rest, mem, c) in enumerate(cands) if mem <= self.capacity]
         heapq.heapify(heap)
         # per candidate whose memory floor fits, the tightest bound valid under any tensor-group
         # layout (docs/bound.md); their minimum bounds the optimum of the space
         valid = {i: lb for lb, i, _ in heap}
-        best, priced, closed = None, 0, True
+        best, priced, closed = incumbent, 0, True
         while heap:
             lb, i, level = heapq.heappop(heap)
             if best is not None and lb >= best.cost * (1 - 1e-12):
@@ -253,7 +270,7 @@ class Search:
             if level == 0:
                 b = self.batch // (c.degrees.d * c.microbatches)
                 t_ref, b_ref = self.reference(c)
-                tight = reference_bound(c, t_ref, b_ref, b, comp, rest)
+                tight = reference_bound(c, t_ref / c.degrees.c, b_ref, b, comp, rest)  # context: 1/c of the work
                 valid[i] = max(valid[i], tight)
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
@@ -289,9 +306,10 @@ def mesh_of(deg: Degrees) -> tuple[tuple[int, ...], tuple[int, ...], dict]:
     axis of each axis of the tensor group's own mesh (``Cluster(t, t0).mesh()``: level 1 first)."""
     from autopar.core.cluster import prime_factors
 
-    shape, level, roles = [], [], {"pipeline": [], "data": [], "tensor_by_level": {}}
+    shape, level, roles = [], [], {"pipeline": [], "data": [], "context": [], "tensor_by_level": {}}
     for lvl in reversed(range(len(deg.tensor))):
-        for role, k in (("pipeline", deg.pipeline[lvl]), ("data", deg.data[lvl])):
+        ctx = deg.context[lvl] if deg.context else 1
+        for role, k in (("pipeline", deg.pipeline[lvl]), ("data", deg.data[lvl]), ("context", ctx)):
             if k > 1:
                 roles[role].append(len(shape))
                 shape.append(k)
@@ -380,7 +398,10 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                                *([f"pipeline schedule {c.schedule} ({c.virtual} stage(s) per rank)"]
                                  if deg.p > 1 else []),
                                "tensor-group layouts minimise time (memory checked on the result)",
-                               "data-parallel sync and ZeRO gathers not overlapped with compute"])
+                               "data-parallel sync and ZeRO gathers not overlapped with compute"]
+                        + ([f"context parallelism over {deg.c} ranks priced (causal work balanced; its K/V gathers, "
+                            "exposed, are in the tensor-parallel communication term); the per-node layouts list "
+                            "the batch splits only"] if deg.c > 1 else []))
     common = dict(common, mesh=Mesh(shape, level))
     return Plan(**common, assignment=assignment_of(pr, s, search.graph), cost=pr.cost, units="s",
                 memory_per_device=pr.memory, search=info, stages=stages if deg.p > 1 else [],
@@ -413,8 +434,19 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
     recs = (False, True) if recompute == "auto" else (bool(recompute),)
     deadline = start + time_limit
+    seeds = []  # the baselines of this space, priced first: the search starts from the best that fits
+    seeded = time.perf_counter()
+    if with_baselines:
+        seeds.append(search.best(Pin(tensor=1, pipeline=1), zeros, recs)[0])
+        if pin is not None:
+            seeds.append(search.best(pin, zeros if pin.zero is None else (pin.zero,),
+                                     recs if pin.recompute is None else (pin.recompute,))[0])
+    seeds = [x for x in seeds if x is not None and x.fits and x.candidate.zero in zeros
+             and x.candidate.recompute in recs and x.candidate.degrees.c == 1]
+    deadline += time.perf_counter() - seeded  # the baselines are priced anyway: not the search's time
     # every schedule for autopar's plan; the baselines (data parallelism, a paper's plan) as written: 1F1B
-    best, least, priced, closed = search.best(None, zeros, recs, deadline, tuple(SCHEDULES))
+    best, least, priced, closed = search.best(None, zeros, recs, deadline, tuple(SCHEDULES),
+                                              min(seeds, key=lambda x: x.cost) if seeds else None)
     common = dict(common, space="hierarchical")
     if best is None:
         need = least.memory / 2**30 if least else math.nan

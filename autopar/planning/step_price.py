@@ -15,7 +15,10 @@ levels, the pods replicating: hybrid sharding) and per-block recomputation. Its 
 
 Transient memory on top of a stage's peak: one recomputed unit's full activations while its
 backward runs, and with ZeRO-3 two units' gathered parameters (one in use, one prefetched).
-Links: a group spanning several levels runs at the slowest level it spans.
+Links: a group spanning several levels runs at the slowest level it spans; a data-parallel ring
+with k ranks inside each unit below that level gets k devices' links there (``inner_ranks``). A
+pipeline cut costs the 1/t slice sent plus the receivers' all-gather (``cut_times``). Context
+parallelism (``Degrees.context``) is priced on the unit costs by ``planning/context.py``.
 """
 
 from __future__ import annotations
@@ -87,21 +90,37 @@ def level_link(cluster: Cluster, level: int) -> tuple[float, float]:
     return cluster.link(min(level, 2))
 
 
+def reducing(deg: Degrees) -> tuple[int, ...]:
+    """Per level, the ranks a gradient is reduced over: data x context."""
+    return tuple(d * c for d, c in zip(deg.data, deg.context)) if deg.context else deg.data
+
+
 def data_groups(deg: Degrees, zero_inner: bool) -> tuple[int, int, int, int]:
-    """(ZeRO group size, outer group size, ZeRO group's top level, outer group's top level)."""
-    levels = [l for l, k in enumerate(deg.data) if k > 1]
+    """(ZeRO group size, outer group size, ZeRO group's top level, outer group's top level).
+    Gradients are reduced over the context ranks too (they hold the same parameters)."""
+    data = reducing(deg)
+    levels = [l for l, k in enumerate(data) if k > 1]
     if not levels:
         return 1, 1, 0, 0
     if zero_inner and len(levels) > 1:
         top = levels[-1]
-        inner = math.prod(deg.data[:top])
-        return inner, deg.data[top], max(l for l in levels if l < top), top
-    return deg.d, 1, levels[-1], levels[-1]
+        inner = math.prod(data[:top])
+        return inner, data[top], max(l for l in levels if l < top), top
+    return math.prod(data), 1, levels[-1], levels[-1]
 
 
 def pipeline_level(deg: Degrees) -> int:
     levels = [l for l, k in enumerate(deg.pipeline) if k > 1]
     return levels[-1] if levels else 0
+
+
+def inner_ranks(deg: Degrees, top: int) -> int:
+    """Ranks of one data(-and-context) group inside one unit of level ``top - 1`` (a node when
+    ``top`` is 1). A ring ordered by unit crosses each unit's boundary once, so the unit's
+    ``devices / k`` rings share its ``devices`` links' worth of bandwidth at level ``top``: each
+    ring gets ``k`` devices' worth (NCCL's rings are built this way; Megatron-LM 2019's 8.3B run
+    has 2 data-parallel ranks per 16-GPU node, 8 rings sharing 8 adapters)."""
+    return math.prod(reducing(deg)[:top])
 
 
 def zero_factors(zero: int, group: int) -> tuple[float, float, float]:
@@ -114,11 +133,28 @@ def dp_sync(zero: int, grads: float, params: float, m: int, cluster: Cluster, de
     """Seconds of one stage's data-parallel sync (numpy-friendly in grads/params)."""
     g, o, lg, lo = data_groups(deg, zero_inner)
     bw, lat = level_link(cluster, lg)
+    if lg > 0:  # the ring leaves each lower-level unit once: its k ranks there share one crossing
+        bw = min(bw * inner_ranks(deg, lg), level_link(cluster, lg - 1)[0])
     t = zero_sync_time(zero, grads, params, g, bw, lat, m, cluster=cluster)
     if o > 1:
         bw_o, lat_o = level_link(cluster, lo)
         t = t + collective_time("all-reduce", grads / (g if zero >= 1 else 1), o, bw_o, lat_o, cluster.call_latency)
     return t
+
+
+def cut_times(boundary: np.ndarray, deg: Degrees, cluster: Cluster) -> np.ndarray:
+    """Per microbatch, forward and backward, what crossing each cut costs a stage: each device of
+    the tensor group sends its 1/t slice to its peer in the next stage over the pipeline's link,
+    and the receivers all-gather the t slices over the tensor group's link to rebuild the tensor
+    (Megatron-LM's scatter/gather, Narayanan et al. 2021, section 4.1). ``boundary``: bytes per
+    device (the slice)."""
+    bw, lat = level_link(cluster, pipeline_level(deg))
+    send = lat + cluster.call_latency + boundary / bw
+    t_levels = [l for l, k in enumerate(deg.tensor) if k > 1]
+    if t_levels:
+        bw_t, lat_t = level_link(cluster, t_levels[-1])
+        send = send + collective_time("all-gather", boundary * deg.t, deg.t, bw_t, lat_t, cluster.call_latency)
+    return 2 * send
 
 
 def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimizer: str | None,
@@ -137,8 +173,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         transient += 2 * float(np.max(s.params))
     cut = np.zeros(max(len(s.spans) - 1, 0))
     if p > 1:
-        bw, lat = level_link(cluster, pipeline_level(deg))
-        cut = 2 * (lat + cluster.call_latency + s.boundary / bw)
+        cut = cut_times(s.boundary, deg, cluster)
     costs = StageCosts(cluster.devices // p, m, s.time, s.sync, static, s.acts, cut)
     if c.virtual > 1:
         sol = interleaved_cuts(costs, p, c.virtual, c.rounds)

@@ -23,15 +23,19 @@ _MODELS = {
     "transformer": "autopar.zoo.transformer:transformer",
     "palm": "autopar.zoo.palm:palm",
     "moe": "autopar.zoo.moe:moe",
+    "llama": "autopar.zoo.llama:llama",
+    "llama3": "autopar.zoo.llama:llama3",
     # the largest published trainings (published.py: shapes and what their papers ran)
     "megatron_8b": "autopar.zoo.published:megatron_8b",
     "megatron_1t": "autopar.zoo.published:megatron_1t",
     "mt_nlg_530b": "autopar.zoo.published:mt_nlg_530b",
     "palm_540b": "autopar.zoo.published:palm_540b",
+    "llama3_405b": "autopar.zoo.published:llama3_405b",
+    "llama3_405b_long": "autopar.zoo.published:llama3_405b_long",
 }
 
 PASE_MODELS = ("alexnet", "inception3", "rnnlm", "transformer")
-PUBLISHED_MODELS = ("megatron_8b", "megatron_1t", "mt_nlg_530b", "palm_540b")
+PUBLISHED_MODELS = ("megatron_8b", "megatron_1t", "mt_nlg_530b", "palm_540b", "llama3_405b", "llama3_405b_long")
 
 
 def published_run(name: str):

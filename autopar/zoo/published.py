@@ -30,6 +30,17 @@ measured utilisation, so ``autopar plan zoo:NAME --published`` can price it besi
   parallelism x 256-way fully sharded data parallelism in each pod, 2-way data parallel across
   pods, no pipeline, rematerialisation, bf16; 46.2% model FLOPs utilisation (57.8% hardware).
 
+* ``llama3_405b`` -- Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3 and section 3.3:
+  126 layers, hidden 16384, FFN 53248 (SwiGLU), 128 heads / 8 key-value heads, vocabulary 128,256,
+  sequence 8192, 16M-token batches (2048 sequences); 16,384 H100 (80 GB HBM3, one 400 Gb/s link
+  per GPU), tensor 8 x pipeline 16 x data 128 (Table 4), BF16, FSDP sharding optimizer states and
+  gradients; 16 sequences per data-parallel replica, microbatch 1; "400 TFLOPs/GPU", "41%" BF16
+  MFU (Table 4). Their interleaved pipeline schedule and any recomputation are not stated as
+  options here: the planner searches the recomputation.
+* ``llama3_405b_long`` -- the same paper's long-context stage (Table 4): sequence 131,072, 16M-token
+  batches (128 sequences), tensor 8 x context 16 x pipeline 16 x data 8 on 16,384 H100; "380
+  TFLOPs/GPU", 38% BF16 MFU.
+
 What the zoo's models differ in, stated: ``gpt`` has no dropout (Megatron's dropout masks and
 their memory are not modelled) and no fused kernels; attention is written out (scores
 materialised, as the 2019-2022 codes did); ``palm`` has no rotary embeddings or z-loss.
@@ -40,6 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.zoo.gpt import gpt
+from autopar.zoo.llama import llama3
 from autopar.zoo.palm import palm
 
 
@@ -55,7 +67,7 @@ class PublishedRun:
     pipeline: int
     data: int
     zero: int
-    recompute: bool
+    recompute: bool | None  # None: not stated, searched
     precision: str
     microbatch_size: int
     utilisation: float  # fraction of peak FLOP/s
@@ -63,6 +75,7 @@ class PublishedRun:
     figure: str  # the paper's own words and numbers
     source: str
     zero_inner: bool = False  # ZeRO over the data parallelism inside a pod only
+    context: int = 1  # context-parallel degree (the sequence split over ranks in attention)
 
 
 def megatron_8b(batch=512, seq=1024, width=3072, heads=32, layers=72, vocab=51200, device="meta", seed=0):
@@ -86,6 +99,14 @@ def palm_540b(batch=2048, seq=2048, width=18432, heads=48, head_dim=256, ffn=737
                 layers=layers, vocab=vocab, attention="manual", device=device, seed=seed)
 
 
+def llama3_405b(batch=2048, seq=8192, layers=126, vocab=128256, device="meta", seed=0):
+    return llama3("405b", batch=batch, seq=seq, vocab=vocab, device=device, seed=seed, layers=layers)
+
+
+def llama3_405b_long(batch=128, seq=131072, layers=126, vocab=128256, device="meta", seed=0):
+    return llama3("405b", batch=batch, seq=seq, vocab=vocab, device=device, seed=seed, layers=layers)
+
+
 PUBLISHED = {
     "megatron_8b": PublishedRun(
         "megatron_8b", "32x16xdgx2h", tensor=8, pipeline=1, data=64, zero=0, recompute=True,
@@ -107,4 +128,14 @@ PUBLISHED = {
         precision="bf16", microbatch_size=4, utilisation=0.462, measure="model",
         figure="46.2% model FLOPs utilisation (57.8% hardware) on 6144 TPU v4",
         source="Chowdhery et al. 2022, PaLM, section 4 and Table 3", zero_inner=True),
+    "llama3_405b": PublishedRun(
+        "llama3_405b", "2048x8xh100", tensor=8, pipeline=16, data=128, zero=2, recompute=None,
+        precision="bf16", microbatch_size=1, utilisation=0.41, measure="model",
+        figure="400 TFLOP/s per H100, 41% BF16 MFU on 16,384 GPUs at sequence 8192",
+        source="Dubey et al. 2024, The Llama 3 Herd of Models, Table 4"),
+    "llama3_405b_long": PublishedRun(
+        "llama3_405b_long", "2048x8xh100", tensor=8, pipeline=16, data=8, zero=2, recompute=None,
+        precision="bf16", microbatch_size=1, utilisation=0.38, measure="model",
+        figure="380 TFLOP/s per H100, 38% BF16 MFU on 16,384 GPUs at sequence 131,072 (context parallelism 16)",
+        source="Dubey et al. 2024, The Llama 3 Herd of Models, Table 4", context=16),
 }

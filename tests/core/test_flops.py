@@ -28,12 +28,16 @@ CASES = {
                                      "layers": 2})],
     "palm": [("palm-manual", {"layers": 2}), ("palm-sdpa", {"layers": 2, "attention": "sdpa"})],
     "moe": [("moe", {"batch": 2, "seq": 8, "width": 32, "hidden": 48, "experts": 4})],
+    "llama": [("llama-sdpa", {"layers": 2}), ("llama-manual", {"layers": 2, "attention": "manual"})],
+    "llama3": [("llama3-8b-shape", {"size": "8b", "layers": 1, "seq": 16, "batch": 1, "vocab": 128})],
     # the published trainings' shapes, shrunk (their own sizes are checked by FLOPs in benchmarks/scale.py)
     "megatron_8b": [("megatron_8b-small", {"batch": 2, "seq": 16, "width": 64, "heads": 4, "layers": 2, "vocab": 128})],
     "megatron_1t": [("megatron_1t-small", {"batch": 2, "seq": 16, "width": 80, "heads": 5, "layers": 2, "vocab": 128})],
     "mt_nlg_530b": [("mt_nlg-small", {"batch": 2, "seq": 16, "width": 64, "heads": 4, "layers": 2, "vocab": 128})],
     "palm_540b": [("palm_540b-small", {"batch": 2, "seq": 16, "width": 72, "heads": 3, "head_dim": 16, "ffn": 96,
                                        "layers": 2, "vocab": 128})],
+    "llama3_405b": [("llama3_405b-shallow", {"layers": 1, "seq": 16, "batch": 1, "vocab": 128})],
+    "llama3_405b_long": [("llama3_405b_long-shallow", {"layers": 1, "seq": 16, "batch": 1, "vocab": 128})],
 }
 # routed experts: which tokens an expert runs depends on the values, so FlopCounterMode counts
 # them on real tensors (on meta the experts only say their output's shape)
