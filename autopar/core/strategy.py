@@ -84,15 +84,24 @@ def node_training(node) -> NodeTraining:
 @dataclass(frozen=True)
 class Degrees:
     """Degrees of tensor, pipeline and data parallelism per cluster level, innermost level first
-    (in-node, across nodes, across pods): ``tensor[l] * pipeline[l] * data[l]`` is level l's size."""
+    (in-node, across nodes, across pods): ``tensor[l] * pipeline[l] * data[l]`` is level l's size.
+
+    ``expert`` (empty: 1 everywhere): expert parallelism, per level a divisor of ``data[l]``: the
+    routed experts' weights are split over an expert group of ``ep`` of the data-parallel devices
+    (each holds ``experts / ep`` of them, tokens reach them by all-to-all), and replicated over the
+    ``d / ep`` groups; everything else stays data-parallel over all ``d``."""
 
     tensor: tuple[int, ...]
     pipeline: tuple[int, ...]
     data: tuple[int, ...]
+    expert: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not (len(self.tensor) == len(self.pipeline) == len(self.data)):
             raise ValueError("Degrees: tensor, pipeline and data need one entry per level")
+        if self.expert and (len(self.expert) != len(self.data)
+                            or any(k < 1 or d % k for k, d in zip(self.expert, self.data))):
+            raise ValueError(f"Degrees: expert {self.expert} needs one divisor of data {self.data} per level")
 
     @property
     def t(self) -> int:
@@ -107,6 +116,15 @@ class Degrees:
         return math.prod(self.data)
 
     @property
+    def ep(self) -> int:
+        return math.prod(self.expert) if self.expert else 1
+
+    @property
+    def expert_data(self) -> tuple[int, ...]:
+        """Per level, the data parallelism the routed experts keep (``data / expert``)."""
+        return tuple(d // k for d, k in zip(self.data, self.expert)) if self.expert else self.data
+
+    @property
     def devices(self) -> int:
         return self.t * self.p * self.d
 
@@ -117,15 +135,19 @@ class Degrees:
                      for l, k in enumerate(per) if k > 1]
             return f"{name} {total}" + (f" ({', '.join(where)})" if len(where) > 1 else
                                         f" ({where[0].split(' ', 1)[1]})" if where else "")
-        return " x ".join(one(n, v) for n, v in (("tensor", self.tensor), ("pipeline", self.pipeline),
+        text = " x ".join(one(n, v) for n, v in (("tensor", self.tensor), ("pipeline", self.pipeline),
                                                   ("data", self.data)))
+        return text + (f"; {one('experts over', self.expert)} of the data devices" if self.ep > 1 else "")
 
     def to_json(self) -> dict:
-        return {"tensor": list(self.tensor), "pipeline": list(self.pipeline), "data": list(self.data)}
+        out = {"tensor": list(self.tensor), "pipeline": list(self.pipeline), "data": list(self.data)}
+        if self.ep > 1:
+            out["expert"] = list(self.expert)
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Degrees":
-        return cls(tuple(d["tensor"]), tuple(d["pipeline"]), tuple(d["data"]))
+        return cls(tuple(d["tensor"]), tuple(d["pipeline"]), tuple(d["data"]), tuple(d.get("expert", ())))
 
 
 @dataclass

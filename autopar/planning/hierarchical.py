@@ -37,8 +37,9 @@ from autopar.core.ir import Graph
 from autopar.core.margin import capacity_words, usable_memory
 from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions
 from autopar.cost_models.analytic import AnalyticModel
-from autopar.planning.degrees import Pin, divisors, level_degrees
+from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees
 from autopar.planning.plan import Plan, SearchInfo, Stage
+from autopar.planning.routed import ExpertStats, expert_count, expert_stats, expert_totals
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.step_price import (Candidate, Priced, Totals, data_groups, lower_bound, price,
                                          reference_bound, stats_bound)
@@ -92,7 +93,7 @@ def _totals(g: Graph, model: AnalyticModel) -> Totals:
                 seen[p.source] = (p.spec.numel, p.spec.nbytes)
     fwd = float(g.flops)
     return Totals((1 + model.backward_factor) * fwd, fwd, float(sum(b for _, b in seen.values())),
-                  float(sum(k for k, _ in seen.values())))
+                  float(sum(k for k, _ in seen.values())), *expert_totals(g))
 
 
 class Search:
@@ -112,6 +113,8 @@ class Search:
         self._graphs: dict[bool, Graph] = {}
         self._windows: dict[bool, object] = {}
         self._memo: dict[tuple, UnitStats] = {}
+        self._experts: dict[tuple, ExpertStats | None] = {}
+        self.experts = expert_count(graph)  # routed experts per MoE layer (0: none): the expert degree's range
         self.solves = 0
         dtype = PRECISIONS[precision]
         self.peak = cluster.peak(dtype)
@@ -147,6 +150,15 @@ class Search:
     def stats(self, c: Candidate) -> UnitStats:
         return self._stats(self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
 
+    def expert_stats(self, c: Candidate) -> ExpertStats | None:
+        """The routed experts' part of ``stats(c)`` (None without experts or expert parallelism)."""
+        if not self.experts or c.degrees.ep <= 1:
+            return None
+        key = (self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
+        if key not in self._experts:
+            self._experts[key] = expert_stats(self.stats(c), self.mode, self.optimizer)
+        return self._experts[key]
+
     def reference(self, c: Candidate) -> tuple[float, int]:
         """(T, b') for ``step_price.reference_bound``: of the group's solved microbatch sizes b'
         that are multiples of the candidate's b (the whole batch always is: solved first), the
@@ -173,12 +185,21 @@ class Search:
         if not hasattr(self, "_names"):
             self._names = self.unit_names()
         return price(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master, self.itemsize,
-                     self._names)
+                     self._names, self.expert_stats(c))
+
+    def degrees(self) -> list[Degrees]:
+        """The space's degrees: per level tensor x pipeline x data, and where the model has
+        routed experts, each expert degree the data devices allow (``expert_options``)."""
+        plain = level_degrees(self.levels, self.max_tensor, max_pipeline=len(self.spans))
+        if not self.experts:
+            return plain
+        return [Degrees(d.tensor, d.pipeline, d.data, ex) if ex else d
+                for d in plain for ex in expert_options(d.data, self.experts)]
 
     def candidates(self, pin: Pin | None, zeros, recomputes) -> list[tuple[float, float, float, Candidate]]:
         """(compute bound, rest of the bound, memory floor, candidate) of the space or a pin's part."""
         out = []
-        for deg in level_degrees(self.levels, self.max_tensor, max_pipeline=len(self.spans)):
+        for deg in self.degrees():
             if pin is not None and not pin.admits(deg):
                 continue
             if self.batch % deg.d:
@@ -225,7 +246,8 @@ class Search:
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
             if level == 1:
-                tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize)
+                tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize,
+                                    self.expert_stats(c))
                 heapq.heappush(heap, (max(tight, lb), i, 2))
                 continue
             pr = self.price(c)
@@ -317,7 +339,10 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                         peak_flops=search.peak, reference=dict(reference or {}),
                         notes=[pr.bottleneck, f"ZeRO group: {g} device(s)" if c.zero else "no ZeRO",
                                "tensor-group layouts minimise time (memory checked on the result)",
-                               "data-parallel sync and ZeRO gathers not overlapped with compute"])
+                               "data-parallel sync and ZeRO gathers not overlapped with compute"]
+                        + ([f"expert parallelism over {deg.ep} devices: uniform routing assumed (each expert "
+                            "receives tokens x top-k / experts; no load imbalance), token all-to-alls not "
+                            "overlapped with compute"] if deg.ep > 1 else []))
     common = dict(common, mesh=Mesh(shape, level))
     return Plan(**common, assignment=assignment_of(pr, s, search.graph), cost=pr.cost, units="s",
                 memory_per_device=pr.memory, search=info, stages=stages if deg.p > 1 else [],
@@ -347,6 +372,9 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     device = float(memory_capacity or cluster.memory_capacity)
     capacity = usable_memory(device)  # what a plan may use: compile refuses more (core/margin.py)
     search = Search(graph, cluster, precision, optimizer, mode, capacity, solve)
+    if pin is not None and (pin.expert or 1) > 1 and not search.experts:
+        raise ValueError(f"the pin sets expert={pin.expert}, but {graph.model_name or 'the model'} has no routed "
+                         "experts (no module named 'experts'): drop expert= from the pin")
     zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
     recs = (False, True) if recompute == "auto" else (bool(recompute),)
     deadline = start + time_limit

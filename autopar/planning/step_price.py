@@ -16,6 +16,15 @@ levels, the pods replicating: hybrid sharding) and per-block recomputation. Its 
 Transient memory on top of a stage's peak: one recomputed unit's full activations while its
 backward runs, and with ZeRO-3 two units' gathered parameters (one in use, one prefetched).
 Links: a group spanning several levels runs at the slowest level it spans.
+
+Expert parallelism (``Degrees.expert``, ``ep`` devices of the data group; ``routed.ExpertStats``):
+the routed experts' parameters, gradients and optimizer state are divided by ``ep`` and their
+ZeRO shards taken over the experts' own data group (``d / ep`` devices), whose gradient sync is
+separate from the dense part's; per MoE layer and microbatch, the tokens' dispatch and combine
+are all-to-alls over the expert group of ``tokens x top_k x hidden`` bytes per device, twice in
+the forward and twice in the backward (three times each with recomputation), at the slowest link
+the group spans. Expert compute is unchanged: with uniform routing (an assumption, stated in the
+plan) each device runs ``tokens x top_k`` rows of expert matmuls whatever ``ep``.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from autopar.core.strategy import Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time, zero_sync_time
+from autopar.planning.routed import ExpertStats
 from autopar.planning.units import UnitStats
 from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
 
@@ -98,25 +108,66 @@ def dp_sync(zero: int, grads: float, params: float, m: int, cluster: Cluster, de
     return t
 
 
+def expert_degrees(deg: Degrees) -> Degrees:
+    """The degrees the routed experts' state sees: data parallelism over ``data / expert``."""
+    return Degrees(deg.tensor, deg.pipeline, deg.expert_data)
+
+
+def expert_level(deg: Degrees) -> int:
+    levels = [l for l, k in enumerate(deg.expert) if k > 1]
+    return levels[-1] if levels else 0
+
+
+def all_to_all_time(ex: ExpertStats, deg: Degrees, cluster: Cluster, recompute: bool) -> np.ndarray:
+    """[U] seconds per microbatch of the units' token all-to-alls over the expert group."""
+    if deg.ep <= 1:
+        return np.zeros(len(ex.layers))
+    bw, lat = cluster.kind_link("all-to-all", *level_link(cluster, expert_level(deg)))
+    per_layer = np.where(ex.layers > 0, ex.dispatch / np.maximum(ex.layers, 1), 0.0)
+    one = collective_time("all-to-all", per_layer, np.full(len(per_layer), float(deg.ep)), bw, lat,
+                          cluster.call_latency)
+    return (6 if recompute else 4) * ex.layers * one
+
+
+def expert_split(c: Candidate, s: UnitStats, ex: ExpertStats | None):
+    """(dense UnitStats part, expert part or None, expert-state divisors (params, grads, optimizer)):
+    the experts' state per device divided by ep and by their ZeRO group (``d / ep`` devices)."""
+    deg = c.degrees
+    if ex is None or deg.ep <= 1:
+        return s, None, (1.0, 1.0, 1.0)
+    import dataclasses
+
+    dense = dataclasses.replace(s, params=s.params - ex.params, grads=s.grads - ex.grads,
+                                optimizer=s.optimizer - ex.optimizer, numel=s.numel - ex.numel)
+    ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
+    fp, fg, fo = zero_factors(c.zero, ge)
+    return dense, ex, (deg.ep * fp, deg.ep * fg, deg.ep * fo)
+
+
 def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimizer: str | None,
-          master: bool, itemsize: int, names: list[str] | None = None) -> Priced:
+          master: bool, itemsize: int, names: list[str] | None = None,
+          experts: ExpertStats | None = None) -> Priced:
     deg, m = c.degrees, c.microbatches
     p = deg.p
     g, _, _, _ = data_groups(deg, c.zero_inner)
     fp, fg, fo = zero_factors(c.zero, g)
+    s, ex, (efp, efg, efo) = expert_split(c, s, experts)
     static = s.params / fp + s.grads / fg + s.optimizer / fo
+    if ex is not None:
+        static = static + ex.params / efp + ex.grads / efg + ex.optimizer / efo
     if p == 1 and s.shared:  # tied parameters counted by the first and the last unit, one stage
         raw = float(np.sum(s.params + s.grads + s.optimizer))
         static = static.copy()
         static[-1] -= s.shared * float(np.sum(static)) / raw if raw else 0.0
     transient = float(np.max(s.full_acts - s.acts)) if c.recompute else 0.0
     if c.zero >= 3:
-        transient += 2 * float(np.max(s.params))
+        transient += 2 * float(np.max(s.params + (ex.params / deg.ep if ex is not None else 0.0)))
     cut = np.zeros(max(len(s.spans) - 1, 0))
     if p > 1:
         bw, lat = level_link(cluster, pipeline_level(deg))
         cut = 2 * (lat + cluster.call_latency + s.boundary / bw)
-    costs = StageCosts(cluster.devices // p, m, s.time, s.sync, static, s.acts, cut)
+    a2a = all_to_all_time(ex, deg, cluster, c.recompute) if ex is not None else np.zeros(len(s.spans))
+    costs = StageCosts(cluster.devices // p, m, s.time + a2a, s.sync, static, s.acts, cut)
     sol = best_cuts(costs, p, capacity - transient, "1f1b")
     fits = sol is not None
     if sol is None:  # priced as written, not fitting
@@ -128,6 +179,12 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
                                 cluster, deg, c.zero_inner)))
         opt.append(optimizer_step_time(float(np.sum(s.numel[a:b])) / fo, itemsize, states, master,
                                        cluster.memory_bandwidth))
+        if ex is not None:  # the experts' shards: their own data group, after the dense sync
+            dp[-1] += float(dp_sync(c.zero, float(np.sum(ex.grads[a:b])) / deg.ep,
+                                    float(np.sum(ex.params[a:b])) / deg.ep, m, cluster, expert_degrees(deg),
+                                    c.zero_inner))
+            opt[-1] += optimizer_step_time(float(np.sum(ex.numel[a:b])) / efo, itemsize, states, master,
+                                           cluster.memory_bandwidth)
     k = int(np.argmax(sol.stage_time))
     a, b = sol.stages[k]
     cut_full = np.concatenate([[0.0], cut, [0.0]])
@@ -135,6 +192,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     terms = {
         "compute": m * float(np.sum(s.compute[a:b])),
         "tensor-parallel communication": m * float(np.sum(s.comm[a:b])),
+        **({"expert all-to-all": m * float(np.sum(a2a[a:b]))} if ex is not None else {}),
         "pipeline send/recv": m * float(cut_full[a] + cut_full[b]),
         "pipeline bubble": (p - 1) * t_max,
         "gradient sync inside the tensor group": max(sol.sync) if sol.sync else 0.0,
@@ -145,10 +203,11 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     w = int(np.argmax(sol.memory))
     a, b = sol.stages[w]
     held = min(m, p - w)
+    e = (lambda x, f: float(np.sum(x[a:b])) / f) if ex is not None else (lambda x, f: 0.0)
     memory_terms = {
-        "parameters": float(np.sum(s.params[a:b] / fp)),
-        "gradients": float(np.sum(s.grads[a:b] / fg)),
-        "optimizer state + master weights": float(np.sum(s.optimizer[a:b] / fo)),
+        "parameters": float(np.sum(s.params[a:b] / fp)) + e(getattr(ex, "params", None), efp),
+        "gradients": float(np.sum(s.grads[a:b] / fg)) + e(getattr(ex, "grads", None), efg),
+        "optimizer state + master weights": float(np.sum(s.optimizer[a:b] / fo)) + e(getattr(ex, "optimizer", None), efo),
         "activations in flight": held * float(np.sum(s.acts[a:b])),
         "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
     }
@@ -172,6 +231,8 @@ class Totals:
     forward_flops: float
     param_bytes: float  # parameters in their (compute) dtype, each once
     numel: float
+    expert_bytes: float = 0.0  # the routed experts' part of param_bytes
+    expert_numel: float = 0.0
 
 
 def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: float, optimizer: str | None,
@@ -184,13 +245,21 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     compute = (m + deg.p - 1) / m * flops / (cluster.devices * peak * eff)
     per = deg.t * deg.p
     g, _, _, _ = data_groups(deg, c.zero_inner)
-    grads = tot.param_bytes / per
+    ep = deg.ep if tot.expert_bytes else 1
+    xb, xn = (tot.expert_bytes, tot.expert_numel) if ep > 1 else (0.0, 0.0)
+    grads = (tot.param_bytes - xb) / per
     rest = float(dp_sync(c.zero, grads, grads, m, cluster, deg, c.zero_inner))
     fp, fg, fo = zero_factors(c.zero, g)
+    ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
+    efp, efg, efo = (ep * f for f in zero_factors(c.zero, ge))
     states = optimizer_states(optimizer)
-    rest += optimizer_step_time(tot.numel / per / fo, itemsize, states, master, cluster.memory_bandwidth)
-    opt_bytes = tot.numel * (states * 4 + (4 if master else 0))
-    mem = (tot.param_bytes / fp + tot.param_bytes / fg + opt_bytes / fo) / per
+    rest += optimizer_step_time((tot.numel - xn) / per / fo, itemsize, states, master, cluster.memory_bandwidth)
+    opt_bytes = (states * 4 + (4 if master else 0))
+    mem = ((tot.param_bytes - xb) / fp + (tot.param_bytes - xb) / fg + (tot.numel - xn) * opt_bytes / fo) / per
+    if ep > 1:
+        rest += float(dp_sync(c.zero, xb / per / ep, xb / per / ep, m, cluster, expert_degrees(deg), c.zero_inner))
+        rest += optimizer_step_time(xn / per / efo, itemsize, states, master, cluster.memory_bandwidth)
+        mem += (xb / efp + xb / efg + xn * opt_bytes / efo) / per
     return compute, rest, mem
 
 
@@ -205,15 +274,22 @@ def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute
 
 
 def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | None, master: bool,
-                itemsize: int) -> float:
+                itemsize: int, experts: ExpertStats | None = None) -> float:
     """A lower bound on ``price(c, s, ...).cost`` without cutting the pipeline: the slowest stage
     takes at least the average and at least the slowest unit; syncs at least their averages."""
     deg, m, p = c.degrees, c.microbatches, c.degrees.p
-    t_max = max(float(np.sum(s.time)) / p, float(np.max(s.time)))
+    s, ex, (_, _, efo) = expert_split(c, s, experts)
+    time = s.time + (all_to_all_time(ex, deg, cluster, c.recompute) if ex is not None else 0.0)
+    t_max = max(float(np.sum(time)) / p, float(np.max(time)))
     g, _, _, _ = data_groups(deg, c.zero_inner)
     _, _, fo = zero_factors(c.zero, g)
     dp = float(dp_sync(c.zero, float(np.sum(s.grads)) / p, float(np.sum(s.params)) / p, m, cluster, deg,
                        c.zero_inner))
-    opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, optimizer_states(optimizer), master,
-                              cluster.memory_bandwidth)
+    states = optimizer_states(optimizer)
+    opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, states, master, cluster.memory_bandwidth)
+    if ex is not None:
+        dp += float(dp_sync(c.zero, float(np.sum(ex.grads)) / p / deg.ep, float(np.sum(ex.params)) / p / deg.ep,
+                            m, cluster, expert_degrees(deg), c.zero_inner))
+        opt += optimizer_step_time(float(np.sum(ex.numel)) / p / efo, itemsize, states, master,
+                                   cluster.memory_bandwidth)
     return (m + p - 1) * t_max + float(np.sum(s.sync)) / p + dp + opt

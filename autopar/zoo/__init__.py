@@ -22,6 +22,10 @@ _MODELS = {
     "rnnlm": "autopar.zoo.rnnlm:rnnlm",
     "transformer": "autopar.zoo.transformer:transformer",
     "palm": "autopar.zoo.palm:palm",
+    # mixtures of experts (moe.py): routed experts as stacked weights, MLA or grouped-query attention
+    "moe": "autopar.zoo.moe:moe",
+    "deepseek_v3": "autopar.zoo.moe:deepseek_v3",
+    "mixtral_8x7b": "autopar.zoo.moe:mixtral_8x7b",
     # the largest published trainings (published.py: shapes and what their papers ran)
     "megatron_8b": "autopar.zoo.published:megatron_8b",
     "megatron_1t": "autopar.zoo.published:megatron_1t",
