@@ -33,6 +33,11 @@ CASES = {
     "mt_nlg_530b": [("mt_nlg-small", {"batch": 2, "seq": 16, "width": 64, "heads": 4, "layers": 2, "vocab": 128})],
     "palm_540b": [("palm_540b-small", {"batch": 2, "seq": 16, "width": 72, "heads": 3, "head_dim": 16, "ffn": 96,
                                        "layers": 2, "vocab": 128})],
+    # mixtures of experts: routed experts on capacity buffers (their FLOPs are the routed tokens')
+    "moe": [("moe", {}), ("moe-mla-shared", {"dense": 1, "shared": 1, "mla_q_rank": 32, "mla_kv_rank": 16,
+                                             "mla_nope": 8, "mla_rope": 4, "mla_v_dim": 8})],
+    "deepseek_v3": [("deepseek_v3-small", {"batch": 1, "seq": 32, "layers": 4})],
+    "mixtral_8x7b": [("mixtral_8x7b-small", {"batch": 1, "seq": 16, "layers": 2})],
 }
 PARAMS = [pytest.param(name, sizes, id=case) for name, cases in CASES.items() for case, sizes in cases]
 
