@@ -58,6 +58,7 @@ bench-many: setup
 .PHONY: bench-scale
 bench-scale: setup
 	$(PY) -m benchmarks.scale
+	$(PY) -m benchmarks.scale_moe
 
 # autopar's module beside DDP, parallelize_module and fully_shard on 2 and 4 gloo processes:
 # writes benchmarks/runtime.md; run it on a quiet machine

@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from autopar.core.block_runs import run_window
 from autopar.core.blocks import apply_training, block_window, repeated_blocks, units
 from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
@@ -131,7 +132,8 @@ class Search:
 
     def window(self, recompute: bool):
         if recompute not in self._windows:
-            self._windows[recompute] = block_window(self.training_graph(recompute))
+            g = self.training_graph(recompute)
+            self._windows[recompute] = block_window(g) or run_window(g)
         return self._windows[recompute]
 
     def _stats(self, tensor: tuple[int, int], microbatches: int, recompute: bool) -> UnitStats:

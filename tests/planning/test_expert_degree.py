@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import autopar
+from autopar.core.block_runs import run_window
+from autopar.core.blocks import apply_training, block_window, units
 from autopar.core.cluster import Cluster
-from autopar.core.strategy import Degrees
+from autopar.core.strategy import Degrees, TrainingOptions
+from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning import hierarchical as H
 from autopar.planning.degrees import Pin, expert_options, parse_pin
 from autopar.planning.routed import expert_count, is_routed
 from autopar.planning.step_price import Candidate
+from autopar.planning.units import unit_stats
 from autopar.search.dp import dp
 
 # large experts, few tokens: the experts' gradient sync is what a step is made of
@@ -138,3 +143,20 @@ def test_branch_and_bound_stays_exact_with_the_expert_degree():
         assert any(p.candidate.degrees.ep > 1 for p in fitting)
         assert closed and best.cost == pytest.approx(min(p.cost for p in fitting), rel=1e-12)
         assert len(fitting) < len(everything) or capacity == cluster.memory_capacity
+
+
+def test_window_over_runs_of_dense_and_moe_layers_stands_for_the_whole_graph():
+    """Two dense layers, then five MoE layers: the window keeps both dense layers and three MoE
+    layers, and its unit figures spread over every layer equal solving the whole graph."""
+    model, inputs = autopar.zoo.get("moe", device="meta", **dict(SIZES, batch=8, layers=7, dense=2, shared=1))
+    g = apply_training(autopar.trace(model, inputs), TrainingOptions(precision="bf16", recompute=True))
+    spans = units(g)
+    win = run_window(g)
+    assert block_window(g) is None and win is not None
+    assert len(win.spans) == len(spans) - 2 and len(win.graph.nodes) < len(g.nodes)
+    cluster = Cluster.preset("2x4xH100")
+    model_ = AnalyticModel(sync_scale=0.0)
+    full = unit_stats(g, spans, cluster, (4, 1), 2, model_, lambda t: dp(t))
+    part = unit_stats(g, spans, cluster, (4, 1), 2, model_, lambda t: dp(t), window=win)
+    for f in ("compute", "comm", "sync", "params", "grads", "optimizer", "acts", "full_acts", "numel", "boundary"):
+        np.testing.assert_allclose(getattr(part, f), getattr(full, f), rtol=1e-9, err_msg=f)
