@@ -86,7 +86,7 @@ def expert_stats(s: UnitStats, mode: str, optimizer: str | None) -> ExpertStats 
     mesh = s.cluster.mesh()
     t = s.cluster.devices
     names = {n.name: n for n in g.nodes}
-    per_node: dict[int, tuple[float, float, float, float, float, str]] = {}
+    per_node: dict[int, tuple[float, float, float, float, str]] = {}
     for i, node in enumerate(g.nodes):
         if not is_routed(node):
             continue

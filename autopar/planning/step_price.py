@@ -29,6 +29,7 @@ plan) each device runs ``tokens x top_k`` rows of expert matmuls whatever ``ep``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -135,8 +136,6 @@ def expert_split(c: Candidate, s: UnitStats, ex: ExpertStats | None):
     deg = c.degrees
     if ex is None or deg.ep <= 1:
         return s, None, (1.0, 1.0, 1.0)
-    import dataclasses
-
     dense = dataclasses.replace(s, params=s.params - ex.params, grads=s.grads - ex.grads,
                                 optimizer=s.optimizer - ex.optimizer, numel=s.numel - ex.numel)
     ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
@@ -203,11 +202,12 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     w = int(np.argmax(sol.memory))
     a, b = sol.stages[w]
     held = min(m, p - w)
-    e = (lambda x, f: float(np.sum(x[a:b])) / f) if ex is not None else (lambda x, f: 0.0)
+    xp, xg, xo = ((float(np.sum(ex.params[a:b])) / efp, float(np.sum(ex.grads[a:b])) / efg,
+                   float(np.sum(ex.optimizer[a:b])) / efo) if ex is not None else (0.0, 0.0, 0.0))
     memory_terms = {
-        "parameters": float(np.sum(s.params[a:b] / fp)) + e(getattr(ex, "params", None), efp),
-        "gradients": float(np.sum(s.grads[a:b] / fg)) + e(getattr(ex, "grads", None), efg),
-        "optimizer state + master weights": float(np.sum(s.optimizer[a:b] / fo)) + e(getattr(ex, "optimizer", None), efo),
+        "parameters": float(np.sum(s.params[a:b] / fp)) + xp,
+        "gradients": float(np.sum(s.grads[a:b] / fg)) + xg,
+        "optimizer state + master weights": float(np.sum(s.optimizer[a:b] / fo)) + xo,
         "activations in flight": held * float(np.sum(s.acts[a:b])),
         "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
     }
