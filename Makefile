@@ -58,6 +58,7 @@ bench-many: setup
 .PHONY: bench-scale
 bench-scale: setup
 	$(PY) -m benchmarks.scale
+	$(PY) -m benchmarks.scale_moe
 
 # The checks that need one H100/H200 (Llama 3 8B on 64 and 70B on 1,024 measured, op timings and
 # fused-vs-one-by-one on the GPU): writes benchmarks/gpu_check.md; without a GPU, one line, exit 2

@@ -284,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "several pods, or with --pin)")
         c.add_argument("--pin", default=None, metavar="K=V,...",
                        help="price a plan fixed by its degrees beside autopar's, e.g. tensor=8,pipeline=64,data=6 "
-                       "(also zero=, recompute=, microbatch=)")
+                       "(also zero=, recompute=, microbatch=, and expert= for routed experts split over that "
+                       "many of the data devices)")
         c.add_argument("--published", action="store_true",
                        help="for zoo:megatron_8b, megatron_1t, mt_nlg_530b, palm_540b, llama3_405b(_long): plan on the paper's "
                        "cluster and price the paper's plan and its reported utilisation beside autopar's")

@@ -106,18 +106,27 @@ class Degrees:
     (in-node, across nodes, across pods): ``tensor[l] * pipeline[l] * data[l]`` is level l's size,
     times ``context[l]`` when given: context parallelism, each sequence split over that many ranks
     (attention gathers keys and values over them; parameters are replicated, gradients reduced
-    over context x data)."""
+    over context x data).
+
+    ``expert`` (empty: 1 everywhere): expert parallelism, per level a divisor of ``data[l]``: the
+    routed experts' weights are split over an expert group of ``ep`` of the data-parallel devices
+    (each holds ``experts / ep`` of them, tokens reach them by all-to-all), and replicated over the
+    ``d / ep`` groups; everything else stays data-parallel over all ``d``."""
 
     tensor: tuple[int, ...]
     pipeline: tuple[int, ...]
     data: tuple[int, ...]
     context: tuple[int, ...] = ()  # () = no context parallelism
+    expert: tuple[int, ...] = ()  # () = no expert parallelism
 
     def __post_init__(self) -> None:
         if not (len(self.tensor) == len(self.pipeline) == len(self.data)):
             raise ValueError("Degrees: tensor, pipeline and data need one entry per level")
         if self.context and len(self.context) != len(self.data):
             raise ValueError("Degrees: context needs one entry per level (or none)")
+        if self.expert and (len(self.expert) != len(self.data)
+                            or any(k < 1 or d % k for k, d in zip(self.expert, self.data))):
+            raise ValueError(f"Degrees: expert {self.expert} needs one divisor of data {self.data} per level")
 
     @property
     def t(self) -> int:
@@ -136,6 +145,15 @@ class Degrees:
         return math.prod(self.context) if self.context else 1
 
     @property
+    def ep(self) -> int:
+        return math.prod(self.expert) if self.expert else 1
+
+    @property
+    def expert_data(self) -> tuple[int, ...]:
+        """Per level, the data parallelism the routed experts keep (``data / expert``)."""
+        return tuple(d // k for d, k in zip(self.data, self.expert)) if self.expert else self.data
+
+    @property
     def devices(self) -> int:
         return self.t * self.c * self.p * self.d
 
@@ -148,15 +166,21 @@ class Degrees:
                                         f" ({where[0].split(' ', 1)[1]})" if where else "")
         parts = (("tensor", self.tensor),) + ((("context", self.context),) if self.c > 1 else ()) + (
             ("pipeline", self.pipeline), ("data", self.data))
-        return " x ".join(one(n, v) for n, v in parts)
+        text = " x ".join(one(n, v) for n, v in parts)
+        return text + (f"; {one('experts over', self.expert)} of the data devices" if self.ep > 1 else "")
 
     def to_json(self) -> dict:
         out = {"tensor": list(self.tensor), "pipeline": list(self.pipeline), "data": list(self.data)}
-        return out | ({"context": list(self.context)} if self.c > 1 else {})
+        if self.c > 1:
+            out["context"] = list(self.context)
+        if self.ep > 1:
+            out["expert"] = list(self.expert)
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Degrees":
-        return cls(tuple(d["tensor"]), tuple(d["pipeline"]), tuple(d["data"]), tuple(d.get("context", ())))
+        return cls(tuple(d["tensor"]), tuple(d["pipeline"]), tuple(d["data"]), tuple(d.get("context", ())),
+                   tuple(d.get("expert", ())))
 
 
 @dataclass

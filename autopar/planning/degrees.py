@@ -11,10 +11,15 @@ link and more on the slow one is never the better group, and keeping it out spar
 the tensor DPs of those groups).
 
 ``Pin`` fixes what a published plan states (``tensor=8 pipeline=64 data=6``, optionally
-``zero=1``, ``recompute=1``, ``microbatch=1``, ``context=16``); the rest is searched under the same
-cost model. The searched space has no context parallelism; a pinned context degree is carved out
-of the data-parallel degrees, innermost level first (``with_context``: the sequence's ranks sit
-next to the tensor group, where the keys' and values' gathers are cheapest).
+``zero=1``, ``recompute=1``, ``microbatch=1``, ``context=16``, ``expert=8``); the rest is searched
+under the same cost model. The searched space has no context parallelism; a pinned context degree
+is carved out of the data-parallel degrees, innermost level first (``with_context``: the sequence's
+ranks sit next to the tensor group, where the keys' and values' gathers are cheapest).
+
+Expert parallelism (models with routed experts): the expert group is part of the data-parallel
+devices and fills them innermost level first (``expert_options``): an expert group on the slower
+link while faster data-parallel devices stay outside it is never the better group for its
+all-to-all, and keeping it out keeps the space small.
 """
 
 from __future__ import annotations
@@ -54,6 +59,18 @@ def level_degrees(levels: list[int], max_tensor: int = 64, max_pipeline: int | N
     return out
 
 
+def expert_options(data: tuple[int, ...], experts: int) -> list[tuple[int, ...]]:
+    """Expert degrees per level for ``data`` (empty tuple: none), each group size dividing the
+    number of ``experts``: levels below the outermost one it spans are taken whole."""
+    out: list[tuple[int, ...]] = [()]
+    for lvl, size in enumerate(data):
+        inner = math.prod(data[:lvl])
+        for k in divisors(size):
+            if k > 1 and experts % (inner * k) == 0:
+                out.append(tuple(data[:lvl]) + (k,) + (1,) * (len(data) - lvl - 1))
+    return out
+
+
 @dataclass(frozen=True)
 class Pin:
     """Totals a plan must have (None: searched)."""
@@ -66,10 +83,12 @@ class Pin:
     microbatch: int | None = None  # sequences per microbatch
     zero_inner: bool | None = None  # ZeRO over the data parallelism inside a pod only
     context: int | None = None  # ranks each sequence is split over (context parallelism)
+    expert: int | None = None  # devices the routed experts are split over (of the data devices)
 
     def admits(self, deg: Degrees) -> bool:
         return ((self.tensor is None or deg.t == self.tensor) and (self.pipeline is None or deg.p == self.pipeline)
-                and (self.data is None or deg.d == self.data) and deg.c == (self.context or 1))
+                and (self.data is None or deg.d == self.data) and deg.c == (self.context or 1)
+                and (self.expert is None or deg.ep == self.expert))
 
     def describe(self) -> str:
         return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) is not None)
@@ -92,6 +111,7 @@ def with_context(deg: Degrees, context: int) -> Degrees | None:
 
 
 _KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int, "context": int,
+_KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int, "expert": int,
          "recompute": lambda v: v.lower() in ("1", "true", "yes", "on"),
          "zero_inner": lambda v: v.lower() in ("1", "true", "yes", "on")}
 
@@ -112,4 +132,7 @@ def parse_pin(text: str | Pin | None) -> Pin | None:
             raise ValueError(f"pin {part!r}: {val!r} is not a number") from None
     if not values:
         raise ValueError("empty pin: write e.g. tensor=8,pipeline=64,data=6")
+    if values.get("expert", 1) < 1:
+        raise ValueError(f"pin expert={values['expert']}: the expert degree is a device count >= 1 "
+                         "(e.g. tensor=8,expert=8,pipeline=16,data=16)")
     return Pin(**values)

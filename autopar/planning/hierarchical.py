@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from autopar.core.block_runs import run_window
 from autopar.core.blocks import apply_training, block_window, repeated_blocks, units
 from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
@@ -40,8 +41,9 @@ from autopar.core.ir import Graph
 from autopar.core.margin import capacity_words, usable_memory
 from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions, default_precision
 from autopar.cost_models.analytic import AnalyticModel
-from autopar.planning.degrees import Pin, divisors, level_degrees, with_context
+from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
 from autopar.planning.plan import Plan, SearchInfo, Stage
+from autopar.planning.routed import ExpertStats, expert_count, expert_stats, expert_totals
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, in_flight,
                                          layout_bound, lower_bound, price, reference_bound, stats_bound)
@@ -94,7 +96,7 @@ def _totals(g: Graph, model: AnalyticModel) -> Totals:
     inside = {i for b in repeated_blocks(g) for i in b.nodes}
     rerun = float(sum(n.flops for i, n in enumerate(g.nodes) if i in inside))
     return Totals((1 + model.backward_factor) * fwd, rerun, float(sum(b for _, b in seen.values())),
-                  float(sum(k for k, _ in seen.values())))
+                  float(sum(k for k, _ in seen.values())), *expert_totals(g))
 
 
 class Search:
@@ -115,6 +117,8 @@ class Search:
         self._windows: dict[bool, object] = {}
         self._memo: dict[tuple, UnitStats] = {}
         self._kv: dict[bool, np.ndarray] = {}  # keys' and values' bytes per unit (context parallelism)
+        self._experts: dict[tuple, ExpertStats | None] = {}
+        self.experts = expert_count(graph)  # routed experts per MoE layer (0: none): the expert degree's range
         self.solves = 0
         self.space_bound = math.inf  # set by ``best``: a lower bound on the optimum of its space
         dtype = PRECISIONS[precision]
@@ -132,7 +136,8 @@ class Search:
 
     def window(self, recompute: bool):
         if recompute not in self._windows:
-            self._windows[recompute] = block_window(self.training_graph(recompute))
+            g = self.training_graph(recompute)
+            self._windows[recompute] = block_window(g) or run_window(g)
         return self._windows[recompute]
 
     def _stats(self, tensor: tuple[int, int], microbatches: int, recompute: bool) -> UnitStats:
@@ -162,6 +167,15 @@ class Search:
         deg = c.degrees
         bw, lat = self.cluster.link(min(max(l for l, k in enumerate(deg.context) if k > 1), 2))
         return context_stats(s, kv, deg.c, deg.t, bw, lat, self.cluster.call_latency, c.recompute)
+
+    def expert_stats(self, c: Candidate) -> ExpertStats | None:
+        """The routed experts' part of ``stats(c)`` (None without experts or expert parallelism)."""
+        if not self.experts or c.degrees.ep <= 1:
+            return None
+        key = (self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
+        if key not in self._experts:
+            self._experts[key] = expert_stats(self.stats(c), self.mode, self.optimizer)
+        return self._experts[key]
 
     def reference(self, c: Candidate) -> tuple[float, int]:
         """(T, b') for ``step_price.reference_bound``: of the group's solved microbatch sizes b'
@@ -208,14 +222,23 @@ class Search:
         if not hasattr(self, "_names"):
             self._names = self.unit_names()
         return price(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master, self.itemsize,
-                     self._names)
+                     self._names, self.expert_stats(c))
+
+    def degrees(self) -> list[Degrees]:
+        """The space's degrees: per level tensor x pipeline x data, and where the model has
+        routed experts, each expert degree the data devices allow (``expert_options``)."""
+        plain = level_degrees(self.levels, self.max_tensor, max_pipeline=len(self.spans))
+        if not self.experts:
+            return plain
+        return [Degrees(d.tensor, d.pipeline, d.data, expert=ex) if ex else d
+                for d in plain for ex in expert_options(d.data, self.experts)]
 
     def candidates(self, pin: Pin | None, zeros, recomputes, schedules=("1f1b",)
                    ) -> list[tuple[float, float, float, Candidate]]:
         """(compute bound, rest of the bound, memory floor, candidate) of the space or a pin's part;
         pipelined degrees once per schedule of ``schedules`` that has enough units to cut."""
         out = []
-        for deg in level_degrees(self.levels, self.max_tensor, max_pipeline=len(self.spans)):
+        for deg in self.degrees():
             if pin is not None and pin.context:
                 deg = with_context(deg, pin.context)
             if deg is None or (pin is not None and not pin.admits(deg)):
@@ -278,7 +301,8 @@ class Search:
                 valid[i] = max(valid[i], layout_bound(c, self.stats(c), self.cluster, comp, rest))
                 if self.memory_floor(c, cands[i][2]) > self.capacity:
                     del valid[i]  # no layout of its group fits (docs/bound.md)
-                tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize)
+                tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize,
+                                    self.expert_stats(c))
                 heapq.heappush(heap, (max(tight, lb), i, 2))
                 continue
             pr = self.price(c)
@@ -401,7 +425,10 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                                "data-parallel sync and ZeRO gathers not overlapped with compute"]
                         + ([f"context parallelism over {deg.c} ranks priced (causal work balanced; its K/V gathers, "
                             "exposed, are in the tensor-parallel communication term); the per-node layouts list "
-                            "the batch splits only"] if deg.c > 1 else []))
+                            "the batch splits only"] if deg.c > 1 else [])
+                        + ([f"expert parallelism over {deg.ep} devices: uniform routing assumed (each expert "
+                            "receives tokens x top-k / experts; no load imbalance), token all-to-alls not "
+                            "overlapped with compute"] if deg.ep > 1 else []))
     common = dict(common, mesh=Mesh(shape, level))
     return Plan(**common, assignment=assignment_of(pr, s, search.graph), cost=pr.cost, units="s",
                 memory_per_device=pr.memory, search=info, stages=stages if deg.p > 1 else [],
@@ -431,6 +458,9 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     device = float(memory_capacity or cluster.memory_capacity)
     capacity = usable_memory(device)  # what a plan may use: compile refuses more (core/margin.py)
     search = Search(graph, cluster, precision, optimizer, mode, capacity, solve)
+    if pin is not None and (pin.expert or 1) > 1 and not search.experts:
+        raise ValueError(f"the pin sets expert={pin.expert}, but {graph.model_name or 'the model'} has no routed "
+                         "experts (no module named 'experts'): drop expert= from the pin")
     zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
     recs = (False, True) if recompute == "auto" else (bool(recompute),)
     deadline = start + time_limit

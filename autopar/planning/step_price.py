@@ -19,10 +19,20 @@ Links: a group spanning several levels runs at the slowest level it spans; a dat
 with k ranks inside each unit below that level gets k devices' links there (``inner_ranks``). A
 pipeline cut costs the 1/t slice sent plus the receivers' all-gather (``cut_times``). Context
 parallelism (``Degrees.context``) is priced on the unit costs by ``planning/context.py``.
+
+Expert parallelism (``Degrees.expert``, ``ep`` devices of the data group; ``routed.ExpertStats``):
+the routed experts' parameters, gradients and optimizer state are divided by ``ep`` and their
+ZeRO shards taken over the experts' own data group (``d / ep`` devices), whose gradient sync is
+separate from the dense part's; per MoE layer and microbatch, the tokens' dispatch and combine
+are all-to-alls over the expert group of ``tokens x top_k x hidden`` bytes per device, twice in
+the forward and twice in the backward (three times each with recomputation), at the slowest link
+the group spans. Expert compute is unchanged: with uniform routing (an assumption, stated in the
+plan) each device runs ``tokens x top_k`` rows of expert matmuls whatever ``ep``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -33,6 +43,7 @@ from autopar.core.strategy import ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time, zero_sync_time
+from autopar.planning.routed import ExpertStats
 from autopar.planning.units import UnitStats
 from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
 
@@ -155,26 +166,63 @@ def cut_times(boundary: np.ndarray, deg: Degrees, cluster: Cluster) -> np.ndarra
         bw_t, lat_t = level_link(cluster, t_levels[-1])
         send = send + collective_time("all-gather", boundary * deg.t, deg.t, bw_t, lat_t, cluster.call_latency)
     return 2 * send
+def expert_degrees(deg: Degrees) -> Degrees:
+    """The degrees the routed experts' state sees: data parallelism over ``data / expert``."""
+    return Degrees(deg.tensor, deg.pipeline, deg.expert_data)
+
+
+def expert_level(deg: Degrees) -> int:
+    levels = [l for l, k in enumerate(deg.expert) if k > 1]
+    return levels[-1] if levels else 0
+
+
+def all_to_all_time(ex: ExpertStats, deg: Degrees, cluster: Cluster, recompute: bool) -> np.ndarray:
+    """[U] seconds per microbatch of the units' token all-to-alls over the expert group."""
+    if deg.ep <= 1:
+        return np.zeros(len(ex.layers))
+    bw, lat = cluster.kind_link("all-to-all", *level_link(cluster, expert_level(deg)))
+    per_layer = np.where(ex.layers > 0, ex.dispatch / np.maximum(ex.layers, 1), 0.0)
+    one = collective_time("all-to-all", per_layer, np.full(len(per_layer), float(deg.ep)), bw, lat,
+                          cluster.call_latency)
+    return (6 if recompute else 4) * ex.layers * one
+
+
+def expert_split(c: Candidate, s: UnitStats, ex: ExpertStats | None):
+    """(dense UnitStats part, expert part or None, expert-state divisors (params, grads, optimizer)):
+    the experts' state per device divided by ep and by their ZeRO group (``d / ep`` devices)."""
+    deg = c.degrees
+    if ex is None or deg.ep <= 1:
+        return s, None, (1.0, 1.0, 1.0)
+    dense = dataclasses.replace(s, params=s.params - ex.params, grads=s.grads - ex.grads,
+                                optimizer=s.optimizer - ex.optimizer, numel=s.numel - ex.numel)
+    ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
+    fp, fg, fo = zero_factors(c.zero, ge)
+    return dense, ex, (deg.ep * fp, deg.ep * fg, deg.ep * fo)
 
 
 def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimizer: str | None,
-          master: bool, itemsize: int, names: list[str] | None = None) -> Priced:
+          master: bool, itemsize: int, names: list[str] | None = None,
+          experts: ExpertStats | None = None) -> Priced:
     deg, m = c.degrees, c.microbatches
     p = deg.p
     g, _, _, _ = data_groups(deg, c.zero_inner)
     fp, fg, fo = zero_factors(c.zero, g)
+    s, ex, (efp, efg, efo) = expert_split(c, s, experts)
     static = s.params / fp + s.grads / fg + s.optimizer / fo
+    if ex is not None:
+        static = static + ex.params / efp + ex.grads / efg + ex.optimizer / efo
     if p == 1 and s.shared:  # tied parameters counted by the first and the last unit, one stage
         raw = float(np.sum(s.params + s.grads + s.optimizer))
         static = static.copy()
         static[-1] -= s.shared * float(np.sum(static)) / raw if raw else 0.0
     transient = float(np.max(s.full_acts - s.acts)) if c.recompute else 0.0
     if c.zero >= 3:
-        transient += 2 * float(np.max(s.params))
+        transient += 2 * float(np.max(s.params + (ex.params / deg.ep if ex is not None else 0.0)))
     cut = np.zeros(max(len(s.spans) - 1, 0))
     if p > 1:
         cut = cut_times(s.boundary, deg, cluster)
-    costs = StageCosts(cluster.devices // p, m, s.time, s.sync, static, s.acts, cut)
+    a2a = all_to_all_time(ex, deg, cluster, c.recompute) if ex is not None else np.zeros(len(s.spans))
+    costs = StageCosts(cluster.devices // p, m, s.time + a2a, s.sync, static, s.acts, cut)
     if c.virtual > 1:
         sol = interleaved_cuts(costs, p, c.virtual, c.rounds)
         fits = sol is not None and max(sol.memory) + transient <= capacity
@@ -193,6 +241,12 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
                                 for arr in (s.grads, s.params, s.numel))
         dp.append(float(dp_sync(c.zero, grads, params, m, cluster, deg, c.zero_inner)))
         opt.append(optimizer_step_time(numel / fo, itemsize, states, master, cluster.memory_bandwidth))
+        if ex is not None:  # the experts' shards: their own data group, after the dense sync
+            xg, xp, xn = (sum(float(np.sum(arr[a:b])) for a, b in held_spans)
+                          for arr in (ex.grads, ex.params, ex.numel))
+            dp[-1] += float(dp_sync(c.zero, xg / deg.ep, xp / deg.ep, m, cluster, expert_degrees(deg),
+                                    c.zero_inner))
+            opt[-1] += optimizer_step_time(xn / efo, itemsize, states, master, cluster.memory_bandwidth)
     k = int(np.argmax(sol.stage_time))
     a, b = sol.stages[k]
     cut_full = np.concatenate([[0.0], cut, [0.0]])
@@ -201,6 +255,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     terms = {
         "compute": m * sum(float(np.sum(s.compute[x:y])) for x, y in mine),
         "tensor-parallel communication": m * sum(float(np.sum(s.comm[x:y])) for x, y in mine),
+        **({"expert all-to-all": m * sum(float(np.sum(a2a[x:y])) for x, y in mine)} if ex is not None else {}),
         "pipeline send/recv": m * sum(float(cut_full[x] + cut_full[y]) for x, y in mine),
         "pipeline bubble": (c.rounds - m) * t_max,
         "gradient sync inside the tensor group": max(sol.sync) if sol.sync else 0.0,
@@ -215,10 +270,12 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     def held_sum(arr) -> float:
         return sum(float(np.sum(arr[x:y])) for x, y in spans_w)
 
+    xp, xg, xo = ((held_sum(ex.params) / efp, held_sum(ex.grads) / efg, held_sum(ex.optimizer) / efo)
+                  if ex is not None else (0.0, 0.0, 0.0))
     memory_terms = {
-        "parameters": held_sum(s.params / fp),
-        "gradients": held_sum(s.grads / fg),
-        "optimizer state + master weights": held_sum(s.optimizer / fo),
+        "parameters": held_sum(s.params / fp) + xp,
+        "gradients": held_sum(s.grads / fg) + xg,
+        "optimizer state + master weights": held_sum(s.optimizer / fo) + xo,
         "activations in flight": held * held_sum(s.acts),
         "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
     }
@@ -269,6 +326,8 @@ class Totals:
     forward_flops: float  # what recomputation runs again: the repeated blocks' forward
     param_bytes: float  # parameters in their (compute) dtype, each once
     numel: float
+    expert_bytes: float = 0.0  # the routed experts' part of param_bytes
+    expert_numel: float = 0.0
 
 
 def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: float, optimizer: str | None,
@@ -281,13 +340,21 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     compute = c.rounds / m * flops / (cluster.devices * peak * eff)
     per = deg.t * deg.p
     g, _, _, _ = data_groups(deg, c.zero_inner)
-    grads = tot.param_bytes / per
+    ep = deg.ep if tot.expert_bytes else 1
+    xb, xn = (tot.expert_bytes, tot.expert_numel) if ep > 1 else (0.0, 0.0)
+    grads = (tot.param_bytes - xb) / per
     rest = float(dp_sync(c.zero, grads, grads, m, cluster, deg, c.zero_inner))
     fp, fg, fo = zero_factors(c.zero, g)
+    ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
+    efp, efg, efo = (ep * f for f in zero_factors(c.zero, ge))
     states = optimizer_states(optimizer)
-    rest += optimizer_step_time(tot.numel / per / fo, itemsize, states, master, cluster.memory_bandwidth)
-    opt_bytes = tot.numel * (states * 4 + (4 if master else 0))
-    mem = (tot.param_bytes / fp + tot.param_bytes / fg + opt_bytes / fo) / per
+    rest += optimizer_step_time((tot.numel - xn) / per / fo, itemsize, states, master, cluster.memory_bandwidth)
+    opt_bytes = (states * 4 + (4 if master else 0))
+    mem = ((tot.param_bytes - xb) / fp + (tot.param_bytes - xb) / fg + (tot.numel - xn) * opt_bytes / fo) / per
+    if ep > 1:
+        rest += float(dp_sync(c.zero, xb / per / ep, xb / per / ep, m, cluster, expert_degrees(deg), c.zero_inner))
+        rest += optimizer_step_time(xn / per / efo, itemsize, states, master, cluster.memory_bandwidth)
+        mem += (xb / efp + xb / efg + xn * opt_bytes / efo) / per
     return compute, rest, mem
 
 
@@ -301,17 +368,24 @@ def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute
 
 
 def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | None, master: bool,
-                itemsize: int) -> float:
+                itemsize: int, experts: ExpertStats | None = None) -> float:
     """A lower bound on ``price(c, s, ...).cost`` without cutting the pipeline: the slowest stage
     takes at least the average and at least the slowest unit; syncs at least their averages."""
     deg, m, p = c.degrees, c.microbatches, c.degrees.p
-    t_max = max(float(np.sum(s.time)) / p, float(np.max(s.time)))
+    s, ex, (_, _, efo) = expert_split(c, s, experts)
+    time = s.time + (all_to_all_time(ex, deg, cluster, c.recompute) if ex is not None else 0.0)
+    t_max = max(float(np.sum(time)) / p, float(np.max(time)))
     g, _, _, _ = data_groups(deg, c.zero_inner)
     _, _, fo = zero_factors(c.zero, g)
     dp = float(dp_sync(c.zero, float(np.sum(s.grads)) / p, float(np.sum(s.params)) / p, m, cluster, deg,
                        c.zero_inner))
-    opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, optimizer_states(optimizer), master,
-                              cluster.memory_bandwidth)
+    states = optimizer_states(optimizer)
+    opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, states, master, cluster.memory_bandwidth)
+    if ex is not None:
+        dp += float(dp_sync(c.zero, float(np.sum(ex.grads)) / p / deg.ep, float(np.sum(ex.params)) / p / deg.ep,
+                            m, cluster, expert_degrees(deg), c.zero_inner))
+        opt += optimizer_step_time(float(np.sum(ex.numel)) / p / efo, itemsize, states, master,
+                                   cluster.memory_bandwidth)
     return c.rounds * t_max + float(np.sum(s.sync)) / p + dp + opt
 
 

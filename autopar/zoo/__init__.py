@@ -25,6 +25,10 @@ _MODELS = {
     "moe": "autopar.zoo.moe:moe",
     "llama": "autopar.zoo.llama:llama",
     "llama3": "autopar.zoo.llama:llama3",
+    # mixture-of-experts decoders (moe_decoder.py): routed experts on capacity buffers, MLA or GQA
+    "moe_decoder": "autopar.zoo.moe_decoder:moe_decoder",
+    "deepseek_v3": "autopar.zoo.moe_decoder:deepseek_v3",
+    "mixtral_8x7b": "autopar.zoo.moe_decoder:mixtral_8x7b",
     # the largest published trainings (published.py: shapes and what their papers ran)
     "megatron_8b": "autopar.zoo.published:megatron_8b",
     "megatron_1t": "autopar.zoo.published:megatron_1t",

@@ -38,6 +38,12 @@ CASES = {
                                        "layers": 2, "vocab": 128})],
     "llama3_405b": [("llama3_405b-shallow", {"layers": 1, "seq": 16, "batch": 1, "vocab": 128})],
     "llama3_405b_long": [("llama3_405b_long-shallow", {"layers": 1, "seq": 16, "batch": 1, "vocab": 128})],
+    # mixture-of-experts decoders: routed experts on capacity buffers (their FLOPs are the routed tokens')
+    "moe_decoder": [("moe_decoder", {}), ("moe_decoder-mla-shared", {"dense": 1, "shared": 1, "mla_q_rank": 32,
+                                                                      "mla_kv_rank": 16, "mla_nope": 8,
+                                                                      "mla_rope": 4, "mla_v_dim": 8})],
+    "deepseek_v3": [("deepseek_v3-small", {"batch": 1, "seq": 32, "layers": 4})],
+    "mixtral_8x7b": [("mixtral_8x7b-small", {"batch": 1, "seq": 16, "layers": 2})],
 }
 # routed experts: which tokens an expert runs depends on the values, so FlopCounterMode counts
 # them on real tensors (on meta the experts only say their output's shape)

@@ -1,0 +1,162 @@
+"""The expert degree of the hierarchical search: routed experts' FLOPs counted as routed tokens,
+the degree enumerated and pinned, its all-to-all priced as the alpha-beta count says, and chosen
+where splitting the experts beats replicating them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import autopar
+from autopar.core.block_runs import run_window
+from autopar.core.blocks import apply_training, block_window, units
+from autopar.core.cluster import Cluster
+from autopar.core.strategy import Degrees, TrainingOptions
+from autopar.cost_models.analytic import AnalyticModel
+from autopar.planning import hierarchical as H
+from autopar.planning.degrees import Pin, expert_options, parse_pin
+from autopar.planning.routed import expert_count, is_routed
+from autopar.planning.step_price import Candidate
+from autopar.planning.units import unit_stats
+from autopar.search.dp import dp
+
+# large experts, few tokens: the experts' gradient sync is what a step is made of
+SIZES = dict(batch=64, seq=16, width=64, experts=32, top_k=2, ffn=512, layers=2, heads=2, kv_heads=2, vocab=64)
+
+
+@pytest.fixture(scope="module")
+def moe64():
+    model, inputs = autopar.zoo.get("moe_decoder", device="meta", **SIZES)
+    return autopar.trace(model, inputs)
+
+
+def test_expert_degrees_fill_the_data_devices_innermost_first_and_divide_the_experts():
+    assert expert_options((8, 8), 64) == [(), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4), (8, 8)]
+    assert expert_options((8, 8), 16) == [(), (2, 1), (4, 1), (8, 1), (8, 2)]
+    assert expert_options((1, 4), 8) == [(), (1, 2), (1, 4)]
+    deg = Degrees((8, 1), (1, 16), (1, 16), expert=(1, 8))
+    assert (deg.ep, deg.expert_data) == (8, (1, 2))
+    assert Degrees.from_json(deg.to_json()) == deg
+    assert "experts over 8" in deg.describe()
+    with pytest.raises(ValueError, match="divisor of data"):
+        Degrees((8,), (1,), (4,), expert=(3,))
+
+
+def test_pin_takes_an_expert_degree():
+    pin = parse_pin("tensor=8,expert=8,pipeline=16,data=16")
+    assert (pin.tensor, pin.expert, pin.pipeline, pin.data) == (8, 8, 16, 16)
+    assert pin.admits(Degrees((8, 1), (1, 16), (1, 16), expert=(1, 8)))
+    assert not pin.admits(Degrees((8, 1), (1, 16), (1, 16)))
+    with pytest.raises(ValueError, match="expert degree"):
+        parse_pin("expert=0")
+    with pytest.raises(ValueError, match="not a number"):
+        parse_pin("expert=eight")
+
+
+def test_a_pinned_expert_degree_on_a_dense_model_is_one_clear_error():
+    model, inputs = autopar.zoo.get("gpt", layers=2, width=32, heads=2, seq=8, batch=8, vocab=64, device="meta")
+    with pytest.raises(ValueError, match="no routed experts"):
+        autopar.plan(model, inputs, "8xH100", pin="expert=2")
+
+
+def test_routed_experts_flops_are_the_routed_tokens_of_a_real_dispatch():
+    """The graph's expert FLOPs equal torch's FLOP counter on the same layer run expert by
+    expert on the tokens its router sends there (real routing: uneven loads, the same total)."""
+    torch.manual_seed(0)
+    model, (idx, labels) = autopar.zoo.get("moe_decoder", batch=2, seq=16, width=32, experts=8, top_k=2, ffn=48,
+                                           layers=2, heads=2, kv_heads=2, vocab=64)
+    graph = autopar.trace(model, (idx, labels))
+    counted = sum(n.flops for n in graph.nodes if is_routed(n))
+    moe = model.layers[0].mlp
+    x = torch.randn(2, 16, 32)
+    gate, chosen = torch.topk(F.softmax(moe.router(x), dim=-1), moe.top_k, dim=-1)
+    flat = x.reshape(-1, 32)
+    with FlopCounterMode(display=False) as fc:
+        for e in range(8):
+            rows = (chosen.reshape(-1, moe.top_k) == e).any(-1).nonzero().flatten()
+            xe = flat[rows]
+            w = moe.experts
+            (F.silu(xe @ w.w1[e]) * (xe @ w.w3[e])) @ w.w2[e]
+    per_layer = fc.get_total_flops()
+    assert expert_count(graph) == 8
+    assert counted == 2 * per_layer  # two MoE layers
+    dense = 3 * 2 * (2 * 16) * 8 * 32 * 48  # every expert on every token
+    assert counted == pytest.approx(2 * dense * moe.top_k / 8)
+
+
+def _search(graph, cluster):
+    return H.Search(graph, cluster, "bf16", "adam", "train", cluster.memory_capacity, lambda t: dp(t))
+
+
+def test_all_to_all_price_is_the_alpha_beta_count(moe64):
+    """Per MoE layer and microbatch: dispatch + combine, forward and backward, each an all-to-all
+    of tokens x top_k x hidden bf16 bytes per device over the expert group, on the slowest link
+    it spans."""
+    cluster = Cluster.preset("2x4xH100")
+    s = _search(moe64, cluster)
+    b, seq, k, h, layers = SIZES["batch"], SIZES["seq"], SIZES["top_k"], SIZES["width"], SIZES["layers"]
+    for expert, link in (((4, 1), cluster.link(False)), ((4, 2), cluster.link(True))):
+        deg = Degrees((1, 1), (1, 1), (4, 2), expert=expert)
+        m = 2
+        pr = s.price(Candidate(deg, m))
+        ep = deg.ep
+        nbytes = b // (deg.d * m) * seq * k * h * 2
+        one = (ep - 1) / ep * nbytes / link[0] + (ep - 1) * link[1] + cluster.call_latency
+        assert pr.terms["expert all-to-all"] == pytest.approx(m * layers * 4 * one, rel=1e-9)
+        recomputed = s.price(Candidate(deg, m, recompute=True))
+        assert recomputed.terms["expert all-to-all"] == pytest.approx(m * layers * 6 * one, rel=1e-9)
+    assert "expert all-to-all" not in s.price(Candidate(Degrees((1, 1), (1, 1), (4, 2)), 2)).terms
+
+
+def test_expert_parallelism_is_chosen_where_it_beats_replicated_experts(moe64):
+    """64 devices, few tokens and large experts: splitting the experts over the data devices
+    cuts their gradient sync and state by more than the all-to-alls cost; the search finds it,
+    and it is faster and smaller than the best plan with the experts replicated."""
+    cluster = Cluster.preset("8x8xH100")
+    s = _search(moe64, cluster)
+    pin = Pin(tensor=1, pipeline=1, microbatch=1)
+    best, _, _, _ = s.best(pin, (0,), (False,))
+    replicated, _, _, _ = s.best(dataclasses.replace(pin, expert=1), (0,), (False,))
+    assert best.candidate.degrees.ep > 1
+    assert best.cost < replicated.cost
+    assert best.memory < replicated.memory
+    assert best.terms["data-parallel sync"] < replicated.terms["data-parallel sync"]
+
+
+def test_branch_and_bound_stays_exact_with_the_expert_degree():
+    """Every candidate priced, no bounds: the same best as the pruned search, so the bounds stay
+    below the price of expert-parallel candidates (their smaller state and sync)."""
+    model, inputs = autopar.zoo.get("moe_decoder", device="meta", **dict(SIZES, batch=8))
+    graph = autopar.trace(model, inputs)
+    cluster = dataclasses.replace(Cluster.preset("2x4xH100"), inter_bandwidth=5e9)
+    s = _search(graph, cluster)
+    for capacity in (cluster.memory_capacity, 5e7):  # the second: some candidates do not fit
+        s.capacity = capacity
+        best, _, _, closed = s.best(None, (0, 1), (False,))
+        everything = [s.price(c) for _, _, _, c in s.candidates(None, (0, 1), (False,))]
+        fitting = [p for p in everything if p.fits]
+        assert any(p.candidate.degrees.ep > 1 for p in fitting)
+        assert closed and best.cost == pytest.approx(min(p.cost for p in fitting), rel=1e-12)
+        assert len(fitting) < len(everything) or capacity == cluster.memory_capacity
+
+
+def test_window_over_runs_of_dense_and_moe_layers_stands_for_the_whole_graph():
+    """Two dense layers, then five MoE layers: the window keeps both dense layers and three MoE
+    layers, and its unit figures spread over every layer equal solving the whole graph."""
+    model, inputs = autopar.zoo.get("moe_decoder", device="meta", **dict(SIZES, batch=8, layers=7, dense=2, shared=1))
+    g = apply_training(autopar.trace(model, inputs), TrainingOptions(precision="bf16", recompute=True))
+    spans = units(g)
+    win = run_window(g)
+    assert block_window(g) is None and win is not None
+    assert len(win.spans) == len(spans) - 2 and len(win.graph.nodes) < len(g.nodes)
+    cluster = Cluster.preset("2x4xH100")
+    model_ = AnalyticModel(sync_scale=0.0)
+    full = unit_stats(g, spans, cluster, (4, 1), 2, model_, lambda t: dp(t))
+    part = unit_stats(g, spans, cluster, (4, 1), 2, model_, lambda t: dp(t), window=win)
+    for f in ("compute", "comm", "sync", "params", "grads", "optimizer", "acts", "full_acts", "numel", "boundary"):
+        np.testing.assert_allclose(getattr(part, f), getattr(full, f), rtol=1e-9, err_msg=f)
