@@ -110,8 +110,7 @@ def with_context(deg: Degrees, context: int) -> Degrees | None:
     return Degrees(deg.tensor, deg.pipeline, tuple(data), tuple(ctx))
 
 
-_KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int, "context": int,
-_KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int, "expert": int,
+_KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int, "context": int, "expert": int,
          "recompute": lambda v: v.lower() in ("1", "true", "yes", "on"),
          "zero_inner": lambda v: v.lower() in ("1", "true", "yes", "on")}
 

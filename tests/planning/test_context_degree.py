@@ -44,7 +44,7 @@ def test_pin_parses_context_and_carves_it_from_the_data_degrees_innermost_first(
 
 def test_kv_bytes_are_the_keys_and_values_before_the_grouped_query_expansion(llama):
     _, _, g = llama
-    s = H.Search(g, Cluster.preset("2x8xA100"), "fp32", "adam", "train", 1e12, lambda t: dp(t))
+    s = H.Search(g, Cluster.preset("2x8xA100"), "fp32", "adam", "train", 1e12, lambda t, g=None: dp(t))
     kv = kv_bytes(s.graph, s.spans)
     per_block = 2 * B * KV * S * (W // HEADS) * 4  # K and V, kv heads only, fp32
     blocks = [u for u, (a, _) in enumerate(s.spans) if any(b.nodes[0] == a for b in s.blocks)]
@@ -55,7 +55,7 @@ def test_kv_bytes_are_the_keys_and_values_before_the_grouped_query_expansion(lla
 def test_a_context_rank_does_1_over_c_of_the_work_plus_the_gathers_counted_by_hand(llama):
     _, _, g = llama
     cluster = Cluster.preset("4x8xA100")
-    s = H.Search(g, cluster, "bf16", "adam", "train", usable_memory(cluster.memory_capacity), lambda t: dp(t))
+    s = H.Search(g, cluster, "bf16", "adam", "train", usable_memory(cluster.memory_capacity), lambda t, g=None: dp(t))
     base_deg = Degrees((2, 1), (1, 1), (4, 4))  # tensor 2 x data 16, one sequence per microbatch
     ctx_deg = with_context(Degrees((2, 1), (1, 1), (4, 4)), 4)  # tensor 2 x context 4 (in-node) x data 4
     base = s.stats(Candidate(base_deg, 1))

@@ -24,7 +24,7 @@ B, S, W = 8, 32, 64
 def _search(model_inputs, cluster, precision="bf16"):
     model, inputs = model_inputs
     g = autopar.trace(model, inputs)
-    return H.Search(g, cluster, precision, "adam", "train", usable_memory(cluster.memory_capacity), lambda t: dp(t))
+    return H.Search(g, cluster, precision, "adam", "train", usable_memory(cluster.memory_capacity), lambda t, g=None: dp(t))
 
 
 def test_a_pipeline_cut_costs_the_slice_sent_and_the_all_gather_that_rebuilds_it():

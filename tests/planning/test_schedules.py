@@ -28,7 +28,7 @@ def gpt():
 
 @pytest.fixture(scope="module")
 def search(gpt):
-    return H.Search(gpt[2], SLOW, "bf16", "adam", "train", 80e9, lambda t: dp(t))
+    return H.Search(gpt[2], SLOW, "bf16", "adam", "train", 80e9, lambda t, g=None: dp(t))
 
 
 def test_a_schedule_with_a_smaller_bubble_is_chosen_where_it_wins(gpt, search):

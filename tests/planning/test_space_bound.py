@@ -54,7 +54,7 @@ def brute_force(search: H.Search) -> list:
     for (tensor, micro), cands in groups.items():
         sizes = [len(k) for k in search._stats(tensor, micro, False).tables.configs]
         for choice in itertools.product(*(range(k) for k in sizes)):
-            fixed = lambda t, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
+            fixed = lambda t, _g=None, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
             s = unit_stats(graph, search.spans, CLUSTER, tensor, micro, search.objective, fixed, "train", "adam")
             out += [H.price(c, s, CLUSTER, search.capacity, "adam", search.master, search.itemsize) for c in cands]
     return out
@@ -63,7 +63,7 @@ def brute_force(search: H.Search) -> list:
 @pytest.fixture(scope="module")
 def roomy(toy):
     _, _, g = toy
-    s = H.Search(g, CLUSTER, "bf16", "adam", "train", usable_memory(CLUSTER.memory_capacity), lambda t: dp(t))
+    s = H.Search(g, CLUSTER, "bf16", "adam", "train", usable_memory(CLUSTER.memory_capacity), lambda t, g=None: dp(t))
     return s, brute_force(s)
 
 
@@ -109,6 +109,6 @@ def test_every_candidates_first_bound_is_below_its_price(toy):
     """The compute bound counts the recomputed forward of the blocks only (the head and the
     embedding are not run again): with recomputation too, no candidate is priced below it."""
     _, _, g = toy
-    s = H.Search(g, CLUSTER, "bf16", "adam", "train", usable_memory(CLUSTER.memory_capacity), lambda t: dp(t))
+    s = H.Search(g, CLUSTER, "bf16", "adam", "train", usable_memory(CLUSTER.memory_capacity), lambda t, g=None: dp(t))
     for comp, rest, _, c in s.candidates(None, ZEROS, (False, True), SCHEDULES):
         assert comp + rest <= s.price(c).cost * (1 + 1e-9), c.describe()

@@ -78,7 +78,7 @@ def _pipeline_setup(graph, cluster):
     from autopar.planning.planner import run_search
 
     return dict(graph=graph, cluster=cluster, mode="train", optimizer="adam", capacity=math.inf,
-                solve=lambda t: run_search(t, "dp", 60.0), model=AnalyticModel(optimizer="adam"))
+                solve=lambda t, g=None: run_search(t, "dp", 60.0), model=AnalyticModel(optimizer="adam"))
 
 
 def _clusters():
