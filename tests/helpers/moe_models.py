@@ -33,7 +33,7 @@ def config(name: str, experts: int = 4, layers: int = 1, implementation: str = "
 CLASSES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
 
 
-def build(name: str, batch: int = 4, dtype=torch.float64, device: str = "cpu", seed: int = 0, **cfg):
+def build(name: str, batch: int = 4, dtype=torch.float64, device: str = "cpu", seed: int = 0, seq: int = SEQ, **cfg):
     """(model in training mode, keyword inputs with labels); the same on every call and process."""
     import transformers as T
 
@@ -41,5 +41,5 @@ def build(name: str, batch: int = 4, dtype=torch.float64, device: str = "cpu", s
     torch.manual_seed(seed)
     with torch.device(device):
         model = getattr(T, CLASSES[name])(config(name, **cfg)).to(dtype).train()
-    ids = torch.randint(0, VOCAB, (batch, SEQ), generator=torch.Generator().manual_seed(1234 + batch))
+    ids = torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(1234 + batch))
     return model, dict(input_ids=ids.to(device), labels=ids.clone().to(device), use_cache=False)
