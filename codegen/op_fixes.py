@@ -213,9 +213,9 @@ def counted_mean(node: Node, layout: NodeLayout, mesh) -> Callable | None:
         keep = target != ignore
         mine = (weight[target.masked_fill(~keep, 0)] * keep).sum() if isinstance(weight, torch.Tensor) \
             else keep.sum()
-        mine = mine.detach().to(out.dtype)
+        mine = mine.detach().to(torch.float64)  # exact counts past float32's 2**24
         total = DTensor.from_local(mine, mesh, partial, run_check=False).redistribute(mesh, whole).to_local()
         # a shard none of whose items count adds 0, not its mean's NaN
-        return torch.where(mine > 0, out, torch.zeros_like(out)) * (mine / total)
+        return torch.where(mine > 0, out, torch.zeros_like(out)) * (mine / total).to(out.dtype)
 
     return rescale
