@@ -193,7 +193,8 @@ def counted_mean(node: Node, layout: NodeLayout, mesh) -> Callable | None:
     a sequence split puts on the last shard alone. Scaling by 1/parts (``mean_scale``) is then
     wrong; the local mean is scaled by its count over the total, summed over the mesh axes that
     cut the averaged dims (one all-reduce of one number, priced as ``cost_models.loss_count``)."""
-    if node.op != "cross_entropy" or len(node.inputs) < 2 or node.inputs[1].spec.dtype.startswith("float"):
+    if (node.op != "cross_entropy" or len(node.inputs) < 2
+            or not node.inputs[1].spec.dtype.startswith(("int", "uint"))):
         return None
     reductions = {d.name for d in node.dims if d.reduction}
     if node.attrs.get("reduction", "mean") != "mean":

@@ -41,7 +41,8 @@ class Item:
     """One predicted collective (for a grad-sync bucket: one priced collective over ``tensors``).
 
     ``where``: "edge" (a reshard between two nodes), "grad-sync" (a node's weight gradients),
-    "bn-stats" (a batch norm's global statistics), "loss-count" (a mean loss's count of counted targets) or "output" (a graph output left partial). ``tensors``: the tensors it moves, e.g.
+    "bn-stats" (a batch norm's global statistics), "loss-count" (a mean loss's count of counted
+    targets) or "output" (a graph output left partial). ``tensors``: the tensors it moves, e.g.
     ``("layers_0:0 -> relu:0",)`` or ``("param:layers_0.weight", "param:layers_0.bias")``.
     ``nbytes`` of each tensor per device, as the formula's N (for a bucket: the sum).
     """

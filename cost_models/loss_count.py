@@ -17,7 +17,8 @@ COUNT_BYTES = 8  # the count is summed in float64 (exact past float32's 2**24 ta
 
 def _counted(node: Node) -> list[int]:
     """Indices of the dims whose split needs the count, [] when the node needs none."""
-    if (node.op != "cross_entropy" or len(node.inputs) < 2 or node.inputs[1].spec.dtype.startswith("float")
+    if (node.op != "cross_entropy" or len(node.inputs) < 2
+            or not node.inputs[1].spec.dtype.startswith(("int", "uint"))
             or node.attrs.get("reduction", "mean") != "mean"):
         return []
     return [i for i, d in enumerate(node.dims) if d.reduction]

@@ -63,7 +63,8 @@ def test_long_sequence_attention_is_split_along_the_sequence_and_reported_so():
             assert {("forward", "all-gather"), ("backward", "reduce-scatter")} <= kinds, kinds
     assert "seq/" in plan.report()
     # a row split along the sequence alone is of the "sequence" kind (the picture's colour)
-    alone = {r.split_kind for r in plan.rows if r.split.startswith("seq/") and "," not in r.split and r.op != "cross_entropy"}
+    alone = {r.split_kind for r in plan.rows
+             if r.split.startswith("seq/") and "," not in r.split and r.op != "cross_entropy"}
     assert alone == {"sequence"}  # the loss averages over its tokens: a reduction
 
 
