@@ -193,7 +193,8 @@ def counted_mean(node: Node, layout: NodeLayout, mesh) -> Callable | None:
     a sequence split puts on the last shard alone. Scaling by 1/parts (``mean_scale``) is then
     wrong; the local mean is scaled by its count over the total, summed over the mesh axes that
     cut the averaged dims (one all-reduce of one number, priced as ``cost_models.loss_count``)."""
-    if node.op != "cross_entropy" or len(node.inputs) < 2 or node.inputs[1].spec.dtype.startswith("float"):
+    if (node.op != "cross_entropy" or len(node.inputs) < 2
+            or not node.inputs[1].spec.dtype.startswith(("int", "uint"))):
         return None
     reductions = {d.name for d in node.dims if d.reduction}
     if node.attrs.get("reduction", "mean") != "mean":
@@ -213,9 +214,9 @@ def counted_mean(node: Node, layout: NodeLayout, mesh) -> Callable | None:
         keep = target != ignore
         mine = (weight[target.masked_fill(~keep, 0)] * keep).sum() if isinstance(weight, torch.Tensor) \
             else keep.sum()
-        mine = mine.detach().to(out.dtype)
+        mine = mine.detach().to(torch.float64)  # exact counts past float32's 2**24
         total = DTensor.from_local(mine, mesh, partial, run_check=False).redistribute(mesh, whole).to_local()
         # a shard none of whose items count adds 0, not its mean's NaN
-        return torch.where(mine > 0, out, torch.zeros_like(out)) * (mine / total)
+        return torch.where(mine > 0, out, torch.zeros_like(out)) * (mine / total).to(out.dtype)
 
     return rescale

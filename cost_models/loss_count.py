@@ -1,7 +1,7 @@
 """The forward all-reduce of a mean cross-entropy over class indices whose averaged items are
 split: ``codegen/op_fixes.counted_mean`` sums the shards' counts of counted targets (those not
 ``ignore_index``) so that each shard's mean is weighted by its share of the whole batch's count.
-One number over the mesh axes that cut the averaged dims; it has no backward."""
+One float64 over the mesh axes that cut the averaged dims; it has no backward."""
 
 from __future__ import annotations
 
@@ -12,17 +12,16 @@ from autopar.core.ir import Node
 from autopar.core.tables import Config, Mesh
 from autopar.cost_models.comm import Collective, collective, collective_time
 
+COUNT_BYTES = 8  # the count is summed in float64 (exact past float32's 2**24 targets)
+
 
 def _counted(node: Node) -> list[int]:
     """Indices of the dims whose split needs the count, [] when the node needs none."""
-    if (node.op != "cross_entropy" or len(node.inputs) < 2 or node.inputs[1].spec.dtype.startswith("float")
+    if (node.op != "cross_entropy" or len(node.inputs) < 2
+            or not node.inputs[1].spec.dtype.startswith(("int", "uint"))
             or node.attrs.get("reduction", "mean") != "mean"):
         return []
     return [i for i, d in enumerate(node.dims) if d.reduction]
-
-
-def _itemsize(node: Node) -> int:
-    return node.outputs[0].itemsize if node.outputs else 4
 
 
 def loss_count(node: Node, cfg: Config, mesh: Mesh, cluster: Cluster) -> Collective | None:
@@ -33,7 +32,7 @@ def loss_count(node: Node, cfg: Config, mesh: Mesh, cluster: Cluster) -> Collect
     axes = tuple(sorted(a for i in dims for a in cfg.mesh_axes[i]))
     if not axes:
         return None
-    c = collective("all-reduce", _itemsize(node), axes, mesh, cluster)
+    c = collective("all-reduce", COUNT_BYTES, axes, mesh, cluster)
     return c if c.p > 1 else None
 
 
@@ -49,5 +48,5 @@ def loss_count_many(node: Node, own: np.ndarray, mesh: Mesh, cluster: Cluster) -
     cross = (cut & level).any(axis=1)
     bw = np.where(cross, cluster.inter_bandwidth, cluster.intra_bandwidth)
     lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
-    t = collective_time("all-reduce", float(_itemsize(node)), p, bw, lat, cluster.call_latency)
+    t = collective_time("all-reduce", float(COUNT_BYTES), p, bw, lat, cluster.call_latency)
     return np.where(p > 1, t, 0.0)

@@ -122,7 +122,8 @@ def mesh_rows(graph: Graph, tables: CostTables, assignment: dict[str, Config], m
             float(tables.memory[i][choice[i]]) if tables.memory else None)
         rows.append(NodeRow(
             name=node.name, module=node.module or node.name, op=node.op,
-            split=split_words(node, cfg, seq[node.name], node.op == "sdpa" and keys_arrive_split(graph, node, assignment)),
+            split=split_words(node, cfg, seq[node.name],
+                              node.op == "sdpa" and keys_arrive_split(graph, node, assignment)),
             split_kind=split_kind(node, cfg, batch.get(node.name), seq[node.name]), params=params, outputs=outs,
             compute=compute, comm=other + red + float(into[i]) + (0.0 if sync_apart else sync),
             memory=mem, sync=sync if sync_apart else 0.0, replicated_why=node.unsupported or "",

@@ -67,13 +67,14 @@ def measured4():
 @pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("plan,forward,backward", [
-    # the loss (Partial, Partial): one all-reduce over the flat group; the six gradients: one
-    # bucket (a few KiB) over both axes, the reducer's c10d all-reduce (counted as all_reduce)
-    ("data_parallel", {"all_reduce": 1}, {"all_reduce": 1}),
-    # forward: row-parallel sums over axis 1, the loss over axis 0; backward: the five weights
-    # and biases replicated on axis 0 in one bucket, layers_1's additive bias (partial over both
-    # axes) in another
-    ("dp_x_megatron", {"all_reduce": 2}, {"all_reduce": 2}),
+    # the loss (Partial, Partial): the count of its counted targets (``op_fixes.counted_mean``)
+    # and the loss, one all-reduce each over the flat group; the six gradients: one bucket (a few
+    # KiB) over both axes, the reducer's c10d all-reduce (counted as all_reduce)
+    ("data_parallel", {"all_reduce": 2}, {"all_reduce": 1}),
+    # forward: row-parallel sums over axis 1, the loss's count and the loss over axis 0;
+    # backward: the five weights and biases replicated on axis 0 in one bucket, layers_1's
+    # additive bias (partial over both axes) in another
+    ("dp_x_megatron", {"all_reduce": 3}, {"all_reduce": 2}),
 ])
 def test_collectives_on_a_2x2_mesh(measured4, plan, forward, backward):
     fwd, bwd = measured4[plan]
@@ -88,7 +89,7 @@ def test_megatron_mlp_matches_single_device_on_gloo(measured):
 
 @pytest.mark.dist
 @pytest.mark.parametrize("plan,forward,backward", [
-    ("data_parallel", {"all_reduce": 1}, {"all_reduce": 1}),
+    ("data_parallel", {"all_reduce": 2}, {"all_reduce": 1}),  # forward: the loss's count, the loss
     # backward: the row-parallel layer's bias, added once, is the only partial gradient
     ("megatron", {"all_reduce": 1}, {"all_reduce": 1}),
     # k cut in layers_0/1, n in head: reduce-scatter into relu's shard, all-reduce into relu_1,

@@ -110,7 +110,8 @@ def test_gpt_with_context_and_sequence_parallelism_trains_like_one_device(world)
     graph = autopar.trace(model, inputs)
     mesh = (2,) if world == 2 else (2, 2)
     last, dp = (len(mesh) - 1,), tuple(range(len(mesh) - 1))
-    plans = {"context": sequence_split(graph, mesh, last, dp), "sequence_parallel": sequence_parallel(graph, mesh, last, dp)}
+    plans = {"context": sequence_split(graph, mesh, last, dp),
+             "sequence_parallel": sequence_parallel(graph, mesh, last, dp)}
     attention = next(n for n in graph.nodes if n.op == "sdpa")
     assert attention.attrs["is_causal"] and plans["context"][attention.name].splits[2] == 2  # l, causal
     run_gloo(_gpt_rank, world, model, inputs, graph, plans, mesh, reference_run(model, inputs))

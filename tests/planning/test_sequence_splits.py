@@ -63,7 +63,8 @@ def test_long_sequence_attention_is_split_along_the_sequence_and_reported_so():
             assert {("forward", "all-gather"), ("backward", "reduce-scatter")} <= kinds, kinds
     assert "seq/" in plan.report()
     # a row split along the sequence alone is of the "sequence" kind (the picture's colour)
-    alone = {r.split_kind for r in plan.rows if r.split.startswith("seq/") and "," not in r.split and r.op != "cross_entropy"}
+    alone = {r.split_kind for r in plan.rows
+             if r.split.startswith("seq/") and "," not in r.split and r.op != "cross_entropy"}
     assert alone == {"sequence"}  # the loss averages over its tokens: a reduction
 
 
@@ -138,3 +139,19 @@ def test_sequence_splits_grow_where_activation_memory_binds():
     assert tight.baselines["expert"].memory_per_device > usable >= tight.memory_per_device
     assert _sequence_split_linears(tight) > _sequence_split_linears(roomy)
     assert all(r.split.startswith("h/") for r in tight.rows if r.op == "sdpa")
+
+
+def test_attention_words_say_whether_keys_are_gathered():
+    """Query rows split with the keys arriving split along the sequence: an all-gather of K/V;
+    arriving whole: nothing to gather."""
+    from autopar.planning.breakdown import keys_arrive_split, split_words
+    from tests.helpers.plans import config, sequence_split
+
+    model, inputs = autopar.zoo.get("gpt", batch=2, seq=8, width=16, heads=2, layers=1, vocab=32)
+    graph = autopar.trace(model, inputs)
+    attention = next(n for n in graph.nodes if n.op == "sdpa")
+    gathered = sequence_split(graph, (2,), (0,))
+    whole = {n.name: config(n, (2,), {"l": (0,)} if n is attention else {}) for n in graph.nodes}
+    assert keys_arrive_split(graph, attention, gathered) and not keys_arrive_split(graph, attention, whole)
+    assert split_words(attention, gathered[attention.name], {"l", "m"}, True) == "seq/2 all-gather K/V"
+    assert split_words(attention, whole[attention.name], {"l", "m"}, False) == "seq/2 K/V whole"
