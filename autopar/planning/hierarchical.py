@@ -43,8 +43,9 @@ from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.degrees import Pin, divisors, level_degrees
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.settings import TrainingSettings
-from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, in_flight,
-                                         layout_bound, lower_bound, price, reference_bound, stats_bound)
+from autopar.planning.space_bound import cut_bound, memory_floor
+from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, layout_bound,
+                                         lower_bound, price, reference_bound, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
@@ -114,6 +115,7 @@ class Search:
         self._graphs: dict[bool, Graph] = {}
         self._windows: dict[bool, object] = {}
         self._memo: dict[tuple, UnitStats] = {}
+        self.floors: dict[tuple, np.ndarray] = {}  # space_bound.unit_floors per group
         self.solves = 0
         self.space_bound = math.inf  # set by ``best``: a lower bound on the optimum of its space
         dtype = PRECISIONS[precision]
@@ -143,6 +145,13 @@ class Search:
                                          self.window(recompute))
         return self._memo[key]
 
+    def whole_stats(self, recompute: bool) -> UnitStats:
+        """The graph unsplit on one device at the whole batch: every unit's own state and activations."""
+        return self._stats((1, 1), 1, recompute)
+
+    def group_key(self, c: Candidate) -> tuple:
+        return (self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
+
     @staticmethod
     def _tensor(c: Candidate) -> tuple[int, int]:
         return tuple((c.degrees.tensor + (1, 1))[:2])
@@ -163,25 +172,6 @@ class Search:
                 if t * b / (self.batch // mb) > best[0] * b / best[1]:
                     best = (t, self.batch // mb)
         return best
-
-    def memory_floor(self, c: Candidate, static: float) -> float:
-        """Bytes per device that every layout of ``c`` needs in its fullest stage, ``static``
-        being its floor of parameters, gradients and optimizer state per stage (``lower_bound``).
-
-        Activations: the unsplit graph's saved activations at the whole batch (one device's
-        group, solved once per recomputation), scaled to the microbatch (no more than its share:
-        what a batch-free tensor saves does not shrink with it), split perfectly over the group's
-        t devices: ``A`` per microbatch over all stages. Stage w holds ``h_w`` microbatches
-        (``step_price.in_flight``) and ``s_w`` of state, so the fullest holds ``X >= s_w + h_w a_w``
-        for every w with ``sum a_w = A``: ``sum_w (X - s_w) / h_w >= A``, and as ``h_w <= H``,
-        ``X >= (A + S / H) / sum_w 1 / h_w`` with ``S = p x static``; also ``X >= static + A / p``
-        (each stage holds at least one microbatch)."""
-        deg = c.degrees
-        whole = float(np.sum(self._stats((1, 1), 1, c.recompute).acts))
-        acts = whole / (deg.d * c.microbatches * deg.t)
-        held = [in_flight(c, w) for w in range(deg.p)]
-        spread = (acts + deg.p * static / max(held)) / sum(1.0 / h for h in held)
-        return max(static + acts / deg.p, spread)
 
     def unit_names(self) -> list[str]:
         paths = {b.nodes[0]: b.path for b in self.blocks}
@@ -258,8 +248,9 @@ class Search:
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
             if level == 1:
-                valid[i] = max(valid[i], layout_bound(c, self.stats(c), self.cluster, comp, rest))
-                if self.memory_floor(c, cands[i][2]) > self.capacity:
+                valid[i] = max(valid[i], layout_bound(c, self.stats(c), self.cluster, comp, rest),
+                               cut_bound(self, c, rest))
+                if memory_floor(self, c, cands[i][2]) > self.capacity or not math.isfinite(valid[i]):
                     del valid[i]  # no layout of its group fits (docs/bound.md)
                 tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize)
                 heapq.heappush(heap, (max(tight, lb), i, 2))
