@@ -4,8 +4,8 @@ Used automatically (``use_hierarchical``) when the flat prime-factor space would
 more than ``FLAT_LIMIT`` = 64 devices (beyond it the flat space has 7+ mesh axes and the exact DP
 takes minutes and gigabytes), or a cluster of several pods. The space (``degrees.py``): per level
 (in-node, across nodes, across pods) tensor x pipeline x data degrees; per candidate a microbatch
-count, a ZeRO stage (over all data-parallel devices or only inside pods), per-block recomputation,
-and the precision. The search is exact over that space under the cost model:
+count, a pipeline schedule (``step_price.SCHEDULES``), a ZeRO stage (over all data-parallel
+devices or only inside pods), per-block recomputation, and the precision. The search is exact over that space under the cost model:
 
 1. every candidate gets a lower bound (``step_price.lower_bound``: compute at peak with its
    bubble, perfectly sharded sync and optimizer) and a memory floor; candidates whose floor
