@@ -4,8 +4,8 @@ Used automatically (``use_hierarchical``) when the flat prime-factor space would
 more than ``FLAT_LIMIT`` = 64 devices (beyond it the flat space has 7+ mesh axes and the exact DP
 takes minutes and gigabytes), or a cluster of several pods. The space (``degrees.py``): per level
 (in-node, across nodes, across pods) tensor x pipeline x data degrees; per candidate a microbatch
-count, a ZeRO stage (over all data-parallel devices or only inside pods), per-block recomputation,
-and the precision. The search is exact over that space under the cost model:
+count, a pipeline schedule (``step_price.SCHEDULES``), a ZeRO stage (over all data-parallel
+devices or only inside pods), per-block recomputation, and the precision. The search is exact over that space under the cost model:
 
 1. every candidate gets a lower bound (``step_price.lower_bound``: compute at peak with its
    bubble, perfectly sharded sync and optimizer) and a memory floor; candidates whose floor
@@ -45,8 +45,9 @@ from autopar.planning.degrees import Pin, divisors, expert_options, level_degree
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats, expert_totals
 from autopar.planning.settings import TrainingSettings
-from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, in_flight,
-                                         layout_bound, lower_bound, price, reference_bound, stats_bound)
+from autopar.planning.space_bound import cut_bound, memory_floor
+from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, layout_bound,
+                                         lower_bound, price, reference_bound, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
@@ -119,6 +120,7 @@ class Search:
         self._kv: dict[bool, np.ndarray] = {}  # keys' and values' bytes per unit (context parallelism)
         self._experts: dict[tuple, ExpertStats | None] = {}
         self.experts = expert_count(graph)  # routed experts per MoE layer (0: none): the expert degree's range
+        self.floors: dict[tuple, np.ndarray] = {}  # space_bound.unit_floors per group
         self.solves = 0
         self.space_bound = math.inf  # set by ``best``: a lower bound on the optimum of its space
         dtype = PRECISIONS[precision]
@@ -148,6 +150,13 @@ class Search:
                                          microbatches, self.objective, self.solve, self.mode, self.optimizer,
                                          self.window(recompute))
         return self._memo[key]
+
+    def whole_stats(self, recompute: bool) -> UnitStats:
+        """The graph unsplit on one device at the whole batch: every unit's own state and activations."""
+        return self._stats((1, 1), 1, recompute)
+
+    def group_key(self, c: Candidate) -> tuple:
+        return (self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
 
     @staticmethod
     def _tensor(c: Candidate) -> tuple[int, int]:
@@ -190,25 +199,6 @@ class Search:
                 if t * b / (self.batch // mb) > best[0] * b / best[1]:
                     best = (t, self.batch // mb)
         return best
-
-    def memory_floor(self, c: Candidate, static: float) -> float:
-        """Bytes per device that every layout of ``c`` needs in its fullest stage, ``static``
-        being its floor of parameters, gradients and optimizer state per stage (``lower_bound``).
-
-        Activations: the unsplit graph's saved activations at the whole batch (one device's
-        group, solved once per recomputation), scaled to the microbatch (no more than its share:
-        what a batch-free tensor saves does not shrink with it), split perfectly over the group's
-        t devices: ``A`` per microbatch over all stages. Stage w holds ``h_w`` microbatches
-        (``step_price.in_flight``) and ``s_w`` of state, so the fullest holds ``X >= s_w + h_w a_w``
-        for every w with ``sum a_w = A``: ``sum_w (X - s_w) / h_w >= A``, and as ``h_w <= H``,
-        ``X >= (A + S / H) / sum_w 1 / h_w`` with ``S = p x static``; also ``X >= static + A / p``
-        (each stage holds at least one microbatch)."""
-        deg = c.degrees
-        whole = float(np.sum(self._stats((1, 1), 1, c.recompute).acts))
-        acts = whole / (deg.d * c.microbatches * deg.t)
-        held = [in_flight(c, w) for w in range(deg.p)]
-        spread = (acts + deg.p * static / max(held)) / sum(1.0 / h for h in held)
-        return max(static + acts / deg.p, spread)
 
     def unit_names(self) -> list[str]:
         paths = {b.nodes[0]: b.path for b in self.blocks}
@@ -298,8 +288,9 @@ class Search:
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
             if level == 1:
-                valid[i] = max(valid[i], layout_bound(c, self.stats(c), self.cluster, comp, rest))
-                if self.memory_floor(c, cands[i][2]) > self.capacity:
+                valid[i] = max(valid[i], layout_bound(c, self.stats(c), self.cluster, comp, rest),
+                               cut_bound(self, c, rest))
+                if memory_floor(self, c, cands[i][2]) > self.capacity or not math.isfinite(valid[i]):
                     del valid[i]  # no layout of its group fits (docs/bound.md)
                 tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize,
                                     self.expert_stats(c))
@@ -446,7 +437,7 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     from autopar.search.dp import dp
 
     pin = parse_pin(pin)
-    solve = solve or (lambda t: dp(t))
+    solve = solve or (lambda t, g=None: dp(t))
     mode, optimizer, (precision, zero, recompute) = training.mode, training.optimizer, training.choices
     if mode != "train":
         raise ValueError("the hierarchical search plans training (mode='train'); plan inference on "
