@@ -160,3 +160,18 @@ def test_window_over_runs_of_dense_and_moe_layers_stands_for_the_whole_graph():
     part = unit_stats(g, spans, cluster, (4, 1), 2, model_, lambda t: dp(t), window=win)
     for f in ("compute", "comm", "sync", "params", "grads", "optimizer", "acts", "full_acts", "numel", "boundary"):
         np.testing.assert_allclose(getattr(part, f), getattr(full, f), rtol=1e-9, err_msg=f)
+
+
+def test_the_dispatch_scales_with_the_microbatch():
+    """The MoE graph at 1/8 of its batch (as the search prices a microbatch) has the shapes of the
+    same model traced at that batch: the routing's index tensors carry the batch dim, so none is
+    priced at the full batch (only the sort of each sequence's assignments stays whole)."""
+    from autopar.core.batch import scale_batch
+
+    sizes = dict(SIZES, layers=2, seq=16)
+    big = autopar.trace(*autopar.zoo.get("moe", device="meta", **dict(sizes, batch=8)))
+    small = autopar.trace(*autopar.zoo.get("moe", device="meta", **dict(sizes, batch=1)))
+    scaled = scale_batch(big, 8)
+    differ = [a.name for a, b in zip(scaled.nodes, small.nodes) if [o.shape for o in a.outputs] != [o.shape for o in b.outputs]]
+    assert [n.name for n in scaled.nodes] == [n.name for n in small.nodes]
+    assert differ and all(name.startswith("argsort") for name in differ)
