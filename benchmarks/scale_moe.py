@@ -57,7 +57,7 @@ def child(case: str, repeat: int) -> dict:
     capacity = plan.cluster["memory_capacity"]
     return {"case": case, "model": name, "sizes": sizes, "cluster": cluster, "walls": walls,
             "wall": statistics.median(walls), "cpu": (use.ru_utime + use.ru_stime) / repeat,
-            "rss_peak": use.ru_maxrss * 1024, "ep": plan.strategy.degrees.ep, "autopar": _summary(plan),
+            "rss_peak": use.ru_maxrss * 1024, "load": os.getloadavg()[0], "ep": plan.strategy.degrees.ep, "autopar": _summary(plan),
             "fits": plan.memory_per_device <= capacity, "terms": plan.strategy.time_terms,
             "replicated": _summary(rep) if rep else None,
             "replicated_fits": rep is not None and rep.memory_per_device <= capacity}
@@ -100,6 +100,10 @@ def write(rows: list[dict], repeat: int) -> str:
             f"{a['cost']:.3g} s | {a['mfu']:.1%} | {'yes' if r['fits'] else 'NO'} | {base} | "
             f"{r['terms'].get('expert all-to-all', 0.0):.3g} s |")
     ok = [r for r in rows if "error" not in r]
+    loads = [r["load"] for r in ok if "load" in r]
+    if loads:
+        lines += ["", f"Load average (1 min) at the end of each case: {', '.join(f'{x:.1f}' for x in loads)} on 2 cores: "
+                      "the wall times are those of a process given a fraction of a core; its CPU time is what it needs alone."]
     lines += ["", "Targets: " + "; ".join([
         f"under {TARGET_S:.0f} s wall: {sum(r['wall'] < TARGET_S for r in ok)}/{len(rows)}",
         f"under {TARGET_S:.0f} s CPU: {sum(r['cpu'] < TARGET_S for r in ok)}/{len(rows)}",
