@@ -128,21 +128,21 @@ def test_expert_parallelism_is_chosen_where_it_beats_replicated_experts(moe64):
     assert best.terms["data-parallel sync"] < replicated.terms["data-parallel sync"]
 
 
-def test_branch_and_bound_stays_exact_with_the_expert_degree():
+def test_branch_and_bound_stays_exact_with_the_expert_degree(moe64):
     """Every candidate priced, no bounds: the same best as the pruned search, so the bounds stay
-    below the price of expert-parallel candidates (their smaller state and sync)."""
-    model, inputs = autopar.zoo.get("moe", device="meta", **dict(SIZES, batch=8))
-    graph = autopar.trace(model, inputs)
-    cluster = dataclasses.replace(Cluster.preset("2x4xH100"), inter_bandwidth=5e9)
-    s = _search(graph, cluster)
-    for capacity in (cluster.memory_capacity, 5e7):  # the second: some candidates do not fit
+    below the price of expert-parallel candidates (their smaller state and sync); with memory for
+    the replicated experts and without it."""
+    cluster = Cluster.preset("8x8xH100")
+    s = _search(moe64, cluster)
+    pin = Pin(tensor=1, pipeline=1, microbatch=1)
+    everything = [s.price(c) for _, _, _, c in s.candidates(pin, (0, 1), (False,))]
+    replicated = min(p.memory for p in everything if p.candidate.degrees.ep == 1)
+    for capacity in (cluster.memory_capacity, 0.99 * replicated):
         s.capacity = capacity
-        best, _, _, closed = s.best(None, (0, 1), (False,))
-        everything = [s.price(c) for _, _, _, c in s.candidates(None, (0, 1), (False,))]
-        fitting = [p for p in everything if p.fits]
-        assert any(p.candidate.degrees.ep > 1 for p in fitting)
+        best, _, _, closed = s.best(pin, (0, 1), (False,))
+        fitting = [p for p in everything if p.memory <= capacity]
         assert closed and best.cost == pytest.approx(min(p.cost for p in fitting), rel=1e-12)
-        assert len(fitting) < len(everything) or capacity == cluster.memory_capacity
+    assert best.candidate.degrees.ep > 1  # only split experts fit
 
 
 def test_window_over_runs_of_dense_and_moe_layers_stands_for_the_whole_graph():
