@@ -131,13 +131,16 @@ class MoE(nn.Module):
         gate, chosen = torch.topk(F.softmax(self.router(x), dim=-1), k, dim=-1)
         gate = gate / gate.sum(dim=-1, keepdim=True)
         flat = chosen.reshape(b, s * k)  # expert of each assignment (token-major)
+        # every step below but the sort is elementwise, a reduction, a scan or a gather along the
+        # batch: the planner sees the batch dim throughout and scales the dispatch with it
+        ids = torch.arange(E, device=x.device)
+        hit = (flat.unsqueeze(-1) == ids).to(torch.int64)  # [b, s*k, E]
+        count = hit.sum(dim=1)  # assignments per expert
+        start = torch.cumsum(count, dim=1) - count  # first sorted position of each expert
+        rank = torch.gather(torch.cumsum(hit, dim=1) - 1, 2, flat.unsqueeze(-1)).squeeze(-1)  # place inside it
         order = torch.argsort(flat, dim=1, stable=True)  # assignments grouped by expert
-        ranked = torch.gather(flat, 1, order)
-        ids = torch.arange(E, device=x.device).expand(b, E).contiguous()
-        start = torch.searchsorted(ranked, ids)  # first assignment of each expert
-        count = torch.searchsorted(ranked, ids, right=True) - start
         slot = torch.arange(C, device=x.device)
-        src = start.unsqueeze(-1) + slot  # [b, E, C]: the assignment filling each slot
+        src = start.unsqueeze(-1) + slot  # [b, E, C]: the sorted position filling each slot
         filled = slot < count.unsqueeze(-1)
         src = torch.where(filled, src, torch.zeros_like(src)).reshape(b, E * C)
         token = torch.div(torch.gather(order, 1, src), k, rounding_mode="floor")
@@ -145,7 +148,6 @@ class MoE(nn.Module):
         xe = xe * filled.reshape(b, E * C, 1).to(x.dtype)
         ye = self.experts(xe.view(b, E, C, w)).reshape(b, E * C, w)
         ye = torch.cat([ye, torch.zeros_like(ye[:, :1])], dim=1)  # the slot of dropped assignments
-        rank = torch.argsort(order, dim=1) - torch.gather(start, 1, flat)  # place inside its expert
         back = torch.where(rank < C, flat * C + rank, torch.full_like(rank, E * C))
         out = torch.gather(ye, 1, back.unsqueeze(-1).expand(b, s * k, w)).view(b, s, k, w)
         y = (out * gate.unsqueeze(-1).to(out.dtype)).sum(dim=2)

@@ -131,21 +131,21 @@ def test_expert_parallelism_is_chosen_where_it_beats_replicated_experts(moe64):
     assert best.terms["optimizer step"] < replicated.terms["optimizer step"]
 
 
-def test_branch_and_bound_stays_exact_with_the_expert_degree():
+def test_branch_and_bound_stays_exact_with_the_expert_degree(moe64):
     """Every candidate priced, no bounds: the same best as the pruned search, so the bounds stay
-    below the price of expert-parallel candidates (their smaller state and sync)."""
-    model, inputs = autopar.zoo.get("moe_decoder", device="meta", **dict(SMALL, batch=8))
-    graph = autopar.trace(model, inputs)
-    cluster = dataclasses.replace(Cluster.preset("2x4xH100"), inter_bandwidth=5e9)
-    s = _search(graph, cluster)
-    for capacity in (cluster.memory_capacity, 5e7):  # the second: some candidates do not fit
+    below the price of expert-parallel candidates (their smaller state and sync); with memory for
+    the replicated experts and without it."""
+    cluster = Cluster.preset("8x8xH100")
+    s = _search(moe64, cluster)
+    pin = Pin(tensor=1, pipeline=1, microbatch=1)
+    everything = [s.price(c) for _, _, _, c in s.candidates(pin, (0, 1), (False,))]
+    replicated = min(p.memory for p in everything if p.candidate.degrees.ep == 1)
+    for capacity in (cluster.memory_capacity, 0.99 * replicated):
         s.capacity = capacity
-        best, _, _, closed = s.best(None, (0, 1), (False,))
-        everything = [s.price(c) for _, _, _, c in s.candidates(None, (0, 1), (False,))]
-        fitting = [p for p in everything if p.fits]
-        assert any(p.candidate.degrees.ep > 1 for p in fitting)
+        best, _, _, closed = s.best(pin, (0, 1), (False,))
+        fitting = [p for p in everything if p.memory <= capacity]
         assert closed and best.cost == pytest.approx(min(p.cost for p in fitting), rel=1e-12)
-        assert len(fitting) < len(everything) or capacity == cluster.memory_capacity
+    assert best.candidate.degrees.ep > 1  # only split experts fit
 
 
 def test_window_over_runs_of_dense_and_moe_layers_stands_for_the_whole_graph():
@@ -163,3 +163,18 @@ def test_window_over_runs_of_dense_and_moe_layers_stands_for_the_whole_graph():
     part = unit_stats(g, spans, cluster, (4, 1), 2, model_, lambda t, g=None: dp(t), window=win)
     for f in ("compute", "comm", "sync", "params", "grads", "optimizer", "acts", "full_acts", "numel", "boundary"):
         np.testing.assert_allclose(getattr(part, f), getattr(full, f), rtol=1e-9, err_msg=f)
+
+
+def test_the_dispatch_scales_with_the_microbatch():
+    """The MoE graph at 1/8 of its batch (as the search prices a microbatch) has the shapes of the
+    same model traced at that batch: the routing's index tensors carry the batch dim, so none is
+    priced at the full batch (only the sort of each sequence's assignments stays whole)."""
+    from autopar.core.batch import scale_batch
+
+    sizes = dict(SIZES, layers=2, seq=16)
+    big = autopar.trace(*autopar.zoo.get("moe_decoder", device="meta", **dict(sizes, batch=8)))
+    small = autopar.trace(*autopar.zoo.get("moe_decoder", device="meta", **dict(sizes, batch=1)))
+    scaled = scale_batch(big, 8)
+    differ = [a.name for a, b in zip(scaled.nodes, small.nodes) if [o.shape for o in a.outputs] != [o.shape for o in b.outputs]]
+    assert [n.name for n in scaled.nodes] == [n.name for n in small.nodes]
+    assert differ and all(name.startswith("argsort") for name in differ)
