@@ -251,3 +251,38 @@ def test_what_needs_no_gradient_is_not_kept_for_one():
     choice = {n.name: Config((1,) * len(n.dims), ((),) * len(n.dims)) for n in graph.nodes}
     _, per = plan_memory(graph, choice, Cluster.preset("cpu", devices=1).mesh())
     assert sum(b.activations for b in per.values()) == measured
+
+
+def test_a_dropout_with_p_0_passes_the_same_tensor_on():
+    """softmax -> dropout(p=0) -> matmul: the matmul's saved probabilities are the softmax's saved
+    output (the dropout returns its input), one tensor for autograd and for the model."""
+    import torch
+    import torch.nn.functional as F
+
+    from autopar.core.cluster import Cluster
+    from autopar.frontend.trace import trace
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.v = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            p = F.dropout(torch.softmax(self.q(x) @ x.transpose(1, 2), dim=-1), 0.0, True)
+            return (p @ self.v(x)).sum()
+
+    model, x = Attn(), torch.randn(4, 24, 32)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    measured = sum(b for ptr, b in saved.items() if ptr not in params)
+    graph = trace(model, (x,))
+    choice = {n.name: Config((1,) * len(n.dims), ((),) * len(n.dims)) for n in graph.nodes}
+    _, per = plan_memory(graph, choice, Cluster.preset("cpu", devices=1).mesh())
+    assert sum(b.activations for b in per.values()) == measured
