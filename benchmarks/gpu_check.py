@@ -6,7 +6,7 @@
    of the fullest pipeline stage, the rank's shards built on the GPU from the model's weights in
    host memory (32 GB fp32) over torch's fake process group; measured/predicted memory
    (``torch.cuda.max_memory_allocated``) and compute.
-2. Llama 3 70B on 1,024 GPUs (``128x8xH100``): the plan, and the rank's predicted memory against
+2. Llama 3 70B on 1,024 GPUs (``8x8xH100`` with 1,024 devices: 128 nodes of 8): the plan, and the rank's predicted memory against
    this GPU's; ``measure`` needs the model's weights in host memory (282 GB in fp32), so it runs
    only where the host has them, else the rank's shard (the plan's memory terms) is stated.
 3. The profiled cost model's op timings taken on the GPU: every node of the 8B plan at rank 0's
@@ -36,7 +36,7 @@ from pathlib import Path
 NO_GPU = 2
 ROOT = Path(__file__).resolve().parent.parent
 FACTORY = "benchmarks/llama3.py"
-CASES = [("8b", 64, "8x8xH100"), ("70b", 1024, "128x8xH100")]
+CASES = [("8b", 64, "8x8xH100"), ("70b", 1024, "8x8xH100")]  # the preset's H100 nodes, --devices of them
 
 
 def cuda_available() -> bool:

@@ -89,25 +89,68 @@ def _saves(node: Node) -> bool:
 
 
 def already_saved(graph) -> dict[str, frozenset[int]]:
-    """Per node, the positions of the inputs it saves that an earlier node of ``graph`` saves too:
-    autograd keeps the one tensor once, however many backward formulas read it (a norm's input
-    read by its square and its product, the softmax's output read by the next matmul). Whether a
+    """Per node, the positions of the inputs it does not keep for itself: those an earlier node of
+    ``graph`` saves too (autograd keeps the one tensor once, however many backward formulas read
+    it: a norm's input read by its square and its product, the softmax's output read by the next
+    matmul), every input of a node nothing of which needs a gradient (a mask, a position table:
+    autograd records no backward for it), and a product's operand whose partner needs no gradient
+    (``q * cos``, ``q @ x``: the gradient of q reads the other; q is kept only for the other's
+    gradient, not needed). An op that returns its input's storage (a dropout with p = 0, a view of
+    the whole tensor) passes the tensor on as the same tensor. Whether a
     node saves an input depends on its op only, not on its config, so this is one pass over the
     graph; a reader that gets the tensor resharded saves the new copy, which this does not count
     (readers of one tensor mostly share its layout). Recomputed nodes are left as they are."""
     seen: set[tuple[str, int]] = set()
     out: dict[str, frozenset[int]] = {}
+    grad = _needs_grad(graph)
+    alias: dict[tuple[str, int], tuple[str, int]] = {}  # an op that returns its input: the input
     for n in graph.nodes:
+        if _returns_input(n):
+            k = (n.inputs[0].source, n.inputs[0].output)
+            alias[(n.name, 0)] = alias.get(k, k)
         if node_training(n).recompute or not _saves(n):
             continue
         if _saves_output(n):
             seen.update((n.name, i) for i in range(len(n.outputs)))
             continue
-        keys = [(o.source, o.output) for o in n.inputs]
-        dup = frozenset(i for i, k in enumerate(keys) if k in seen)
+        keys = [alias.get((o.source, o.output), (o.source, o.output)) for o in n.inputs]
+        dup = {i for i, k in enumerate(keys) if k in seen}
+        needs = [k[0] in grad for k in keys]
+        if not (any(needs) or any(p.spec.dtype in FLOAT_DTYPES for p in n.params)):
+            dup = set(range(len(keys)))  # nothing here needs a gradient: autograd records no backward
+        elif ((n.op == "elementwise" and n.attrs.get("fn") == "mul") or n.op == "matmul") and len(keys) == 2 \
+                and not n.params:
+            # d(a*b)/da reads b, d(a*b)/db reads a: an operand is kept only for the other's gradient
+            dup |= {i for i in range(2) if not needs[1 - i]}
         if dup:
-            out[n.name] = dup
-        seen.update(keys)
+            out[n.name] = frozenset(dup)
+        seen.update(k for i, k in enumerate(keys) if i not in dup)
+    return out
+
+
+VIEWS = {"view", "reshape", "transpose", "permute", "flatten", "unflatten", "squeeze", "unsqueeze"}
+
+
+def _returns_input(n: Node) -> bool:
+    """An op whose output is its input's storage, all of it: a dropout with p = 0 (or not
+    training), a conversion to the dtype the tensor has, a view of the whole tensor."""
+    if len(n.inputs) != 1 or len(n.outputs) != 1:
+        return False
+    spec, out = n.inputs[0].spec, n.outputs[0]
+    if spec.dtype != out.dtype or spec.numel != out.numel:
+        return False
+    if n.op == "dropout":
+        return not _saves(n)
+    return n.op in VIEWS or n.op in ("identity", "to", "type_as") or (n.op == "elementwise" and n.attrs.get("fn") == "to")
+
+
+def _needs_grad(graph) -> set[str]:
+    """Nodes whose output needs a gradient: those reading a float parameter or such a node's output
+    (the model's inputs need none)."""
+    out: set[str] = set()
+    for n in graph.nodes:
+        if any(p.spec.dtype in FLOAT_DTYPES for p in n.params) or any(o.source in out for o in n.inputs):
+            out.add(n.name)
     return out
 
 

@@ -215,3 +215,74 @@ def test_a_tensor_several_backward_formulas_read_is_saved_once():
     tables = build_tables(graph, cluster, "analytic")
     picks = [next(i for i, c in enumerate(cs) if all(s == 1 for s in c.splits)) for cs in tables.configs]
     assert tables.total_memory(picks) == pytest.approx(total)
+
+
+def test_what_needs_no_gradient_is_not_kept_for_one():
+    """A table made from positions (as a rotary embedding's cos) needs no gradient: the ops making
+    it keep nothing, and its product with an activation keeps the table only (the activation's
+    gradient reads it), as the saved-tensor hooks see."""
+    import torch
+
+    from autopar.core.cluster import Cluster
+    from autopar.frontend.trace import trace
+
+    class Rot(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 48)
+
+        def forward(self, x):
+            table = torch.cos(torch.arange(x.shape[1], dtype=x.dtype, device=x.device)[:, None] * 0.1)
+            return (self.lin(x) * table).sum()
+
+    model, x = Rot(), torch.randn(16, 24, 32)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    measured = sum(b for ptr, b in saved.items() if ptr not in params)
+    assert measured == x.nbytes + 24 * 4  # x for dW, the (24, 1) table
+    graph = trace(model, (x,))
+    choice = {n.name: Config((1,) * len(n.dims), ((),) * len(n.dims)) for n in graph.nodes}
+    _, per = plan_memory(graph, choice, Cluster.preset("cpu", devices=1).mesh())
+    assert sum(b.activations for b in per.values()) == measured
+
+
+def test_a_dropout_with_p_0_passes_the_same_tensor_on():
+    """softmax -> dropout(p=0) -> matmul: the matmul's saved probabilities are the softmax's saved
+    output (the dropout returns its input), one tensor for autograd and for the model."""
+    import torch
+    import torch.nn.functional as F
+
+    from autopar.core.cluster import Cluster
+    from autopar.frontend.trace import trace
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.v = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            p = F.dropout(torch.softmax(self.q(x) @ x.transpose(1, 2), dim=-1), 0.0, True)
+            return (p @ self.v(x)).sum()
+
+    model, x = Attn(), torch.randn(4, 24, 32)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    measured = sum(b for ptr, b in saved.items() if ptr not in params)
+    graph = trace(model, (x,))
+    choice = {n.name: Config((1,) * len(n.dims), ((),) * len(n.dims)) for n in graph.nodes}
+    _, per = plan_memory(graph, choice, Cluster.preset("cpu", devices=1).mesh())
+    assert sum(b.activations for b in per.values()) == measured
