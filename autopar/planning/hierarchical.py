@@ -329,8 +329,8 @@ def mesh_of(deg: Degrees) -> tuple[tuple[int, ...], tuple[int, ...], dict]:
                 roles[role].append(len(shape))
                 shape.append(k)
                 level.append(lvl)
-        axes = []
-        for f in prime_factors(deg.tensor[lvl]):
+        axes = []  # as the group's own mesh has them: in-node primes, one axis across nodes
+        for f in (prime_factors(deg.tensor[lvl]) if lvl == 0 else [deg.tensor[lvl]] if deg.tensor[lvl] > 1 else []):
             axes.append(len(shape))
             shape.append(f)
             level.append(lvl)
