@@ -19,6 +19,10 @@ to 64 devices). Reported per count: planning time (median of ``repeat``, tracing
 does not depend on the device count), peak memory, degrees and MFU. Target: time growing at most
 linearly with log(devices) from 64 to 4096.
 
+Part 3 (``benchmarks/scale_hf.py``): Hugging Face decoders built on meta (Llama 3 8B, 70B,
+405B shapes; small Mistral, Qwen2, GPT-2) planned with ``autopar.plan``'s defaults on 64 to
+16,384 H100s.
+
 Each case runs in a fresh process (``--child``). Results: ``benchmarks/scale.md``.
 """
 
@@ -194,6 +198,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.child:
         kind, what = a.child[0], a.child[1]
+        if kind == "hf":
+            from benchmarks import scale_hf
+
+            print(json.dumps(scale_hf.child(what)))
+            return 0
         out = child_published(what, a.repeat) if kind == "published" else child_sweep(int(what), a.repeat)
         print(json.dumps(out))
         return 0
@@ -204,7 +213,12 @@ def main(argv=None) -> int:
     sweep = [run(["sweep", str(p), "--repeat", str(a.repeat)]) for p in SWEEP if not only or str(p) in only]
     for r in sweep:
         print(json.dumps(r)[:300], flush=True)
-    text = write(published, sweep, a.repeat)
+    from benchmarks import scale_hf  # part 3: Hugging Face decoders, one fresh process per row
+
+    hf = [run(["hf", n]) for n in scale_hf.ROWS if not only or n in only]
+    for r in hf:
+        print(json.dumps(r)[:400], flush=True)
+    text = write(published, sweep, a.repeat) + ("\n" + scale_hf.table(hf) if hf else "")
     print(text)
     if not a.no_write:
         RESULTS.write_text(text)
