@@ -159,3 +159,22 @@ def test_the_command_line_plans_a_model_file_of_a_deep_decoder_on_1024_devices(t
     spec.loader.exec_module(module)
     model, inputs = module.deep()
     assert sorted(doc["assignment"]) == sorted(n.name for n in autopar.trace(model, inputs).nodes)
+
+
+def test_the_hierarchical_searchs_time_limit_counts_its_own_cpu_seconds(monkeypatch):
+    """A machine busy with other work (the wall clock racing ahead of the process's CPU time) does
+    not cut the search short: with every wall-clock reading 1000 s after the last, it still closes."""
+    import time as real_time
+    import types
+
+    clock = {"t": real_time.perf_counter()}
+
+    def racing():
+        clock["t"] += 1000.0
+        return clock["t"]
+
+    fake = types.SimpleNamespace(perf_counter=racing, process_time=real_time.process_time)
+    monkeypatch.setattr(H, "time", fake)
+    model, inputs = autopar.zoo.get("gpt", layers=2, width=64, heads=4, seq=32, batch=16, vocab=256, device="meta")
+    plan = autopar.plan(model, inputs, "2x8xH100", hierarchical=True, baselines=False, time_limit=60.0)
+    assert plan.search.status == "bound", plan.search.describe()
