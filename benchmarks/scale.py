@@ -24,6 +24,10 @@ i.e. ZeRO-3, with full activation checkpointing; + tensor parallelism 8 for 70B;
 parallelism for 405B) pinned with ``--pin`` on the zoo's Llama 3 shapes (``zoo:llama3``), priced
 beside autopar's plan under the same cost model. Target: autopar's plan no slower and fitting.
 
+Part 4 (``benchmarks/scale_hf.py``): Hugging Face decoders built on meta (Llama 3 8B, 70B,
+405B shapes; small Mistral, Qwen2, GPT-2) planned with ``autopar.plan``'s defaults on 64 to
+16,384 H100s.
+
 Each case runs in a fresh process (``--child``). Results: ``benchmarks/scale.md``.
 """
 
@@ -268,6 +272,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.child:
         kind, what = a.child[0], a.child[1]
+        if kind == "hf":
+            from benchmarks import scale_hf
+
+            print(json.dumps(scale_hf.child(what)))
+            return 0
         out = (child_published(what, a.repeat) if kind == "published" else child_recipe(what, a.repeat)
                if kind == "recipe" else child_sweep(int(what), a.repeat))
         print(json.dumps(out))
@@ -282,7 +291,13 @@ def main(argv=None) -> int:
     recipes = [run(["recipe", n, "--repeat", str(a.repeat)]) for n in RECIPES if not only or n in only]
     for r in recipes:
         print(json.dumps(r)[:300], flush=True)
-    text = write(published, sweep, a.repeat) + "\n" + "\n".join(write_recipes(recipes))
+    from benchmarks import scale_hf  # part 4: Hugging Face decoders, one fresh process per row
+
+    hf = [run(["hf", n]) for n in scale_hf.ROWS if not only or n in only]
+    for r in hf:
+        print(json.dumps(r)[:400], flush=True)
+    text = (write(published, sweep, a.repeat) + "\n" + "\n".join(write_recipes(recipes))
+            + ("\n" + scale_hf.table(hf) if hf else ""))
     print(text)
     if not a.no_write:
         RESULTS.write_text(text)

@@ -276,7 +276,7 @@ class Search:
             lb, i, level = heapq.heappop(heap)
             if best is not None and lb >= best.cost * (1 - 1e-12):
                 break
-            if deadline is not None and time.perf_counter() > deadline and best is not None:
+            if deadline is not None and time.process_time() > deadline and best is not None:
                 closed = False
                 break
             comp, rest, _, c = cands[i]
@@ -454,9 +454,7 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
                          "experts (no module named 'experts'): drop expert= from the pin")
     zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
     recs = (False, True) if recompute == "auto" else (bool(recompute),)
-    deadline = start + time_limit
     seeds = []  # the baselines of this space, priced first: the search starts from the best that fits
-    seeded = time.perf_counter()
     if with_baselines:
         seeds.append(search.best(Pin(tensor=1, pipeline=1), zeros, recs)[0])
         if pin is not None:
@@ -464,8 +462,9 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
                                      recs if pin.recompute is None else (pin.recompute,))[0])
     seeds = [x for x in seeds if x is not None and x.fits and x.candidate.zero in zeros
              and x.candidate.recompute in recs and x.candidate.degrees.c == 1]
-    deadline += time.perf_counter() - seeded  # the baselines are priced anyway: not the search's time
-    # every schedule for autopar's plan; the baselines (data parallelism, a paper's plan) as written: 1F1B
+    # the search's own CPU seconds (a busy machine does not cut it short), after the baselines,
+    # which are priced anyway; every schedule for autopar's plan, the baselines as written: 1F1B
+    deadline = time.process_time() + time_limit
     best, least, priced, closed = search.best(None, zeros, recs, deadline, tuple(SCHEDULES),
                                               min(seeds, key=lambda x: x.cost) if seeds else None)
     common = dict(common, space="hierarchical")

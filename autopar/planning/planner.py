@@ -186,13 +186,21 @@ def _plan_hierarchical(graph, cluster, common, training: TrainingSettings, scope
     from autopar.planning import hierarchical as hier
     from autopar.planning.whole import kept_whole
 
+    from autopar.planning.follow import DETAIL
+
     search = "dp" if searching.search == "auto" else searching.search
     whole = frozenset(kept_whole(graph))
+    decided: dict[tuple, bool] = {}  # configs per node -> whether "auto" reduced the space (same sizes, same answer)
+
+    def solve(tables, g=None):
+        key = tuple(len(c) for c in tables.configs)
+        sol = run_search(tables, search, searching.time_limit, whole, g, decided.get(key, searching.follow))
+        decided[key] = DETAIL in (getattr(sol, "detail", "") or "")
+        return sol
+
     plan = hier.plan_hierarchical(
         graph, cluster, common, training, pin=scope.pin, memory_capacity=memory_capacity,
-        time_limit=searching.time_limit,
-        solve=lambda t, g=None: run_search(t, search, searching.time_limit, whole, g, searching.follow),
-        with_baselines=searching.baselines)
+        time_limit=searching.time_limit, solve=solve, with_baselines=searching.baselines)
     plan.search.path = detail
     return plan
 

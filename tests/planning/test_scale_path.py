@@ -120,3 +120,61 @@ def test_blocks_solved_once_give_the_full_searchs_plan():
 
 def _solve(whole, tables, graph=None):
     return run_search(tables, "dp", 60.0, whole, graph, "auto")
+
+
+FACTORY = '''
+import torch, transformers
+
+
+def deep(layers=8):
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=64, intermediate_size=128,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                   max_position_embeddings=64)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+        ids = torch.zeros(64, 16, dtype=torch.long)
+    return model, dict(input_ids=ids, labels=ids)
+'''
+
+
+def test_the_command_line_plans_a_model_file_of_a_deep_decoder_on_1024_devices(tmp_path):
+    """`autopar plan file.py:factory --cluster 128x8xH100`: keyword inputs from the factory, the
+    layers traced once (the plan file's graph has all 8 layers), a mixed-precision plan that fits."""
+    import json
+
+    from autopar.cli import main
+
+    (tmp_path / "deep.py").write_text(FACTORY)
+    out = tmp_path / "plan.json"
+    assert main(["plan", f"{tmp_path / 'deep.py'}:deep", "--cluster", "128x8xH100", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["search"]["name"] == "hierarchical"
+    assert doc["memory_per_device"] <= autopar.Cluster.preset("128x8xH100").memory_capacity
+    assert "bf16" in json.dumps(doc["strategy"])
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("deep", tmp_path / "deep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, inputs = module.deep()
+    assert sorted(doc["assignment"]) == sorted(n.name for n in autopar.trace(model, inputs).nodes)
+
+
+def test_the_hierarchical_searchs_time_limit_counts_its_own_cpu_seconds(monkeypatch):
+    """A machine busy with other work (the wall clock racing ahead of the process's CPU time) does
+    not cut the search short: with every wall-clock reading 1000 s after the last, it still closes."""
+    import time as real_time
+    import types
+
+    clock = {"t": real_time.perf_counter()}
+
+    def racing():
+        clock["t"] += 1000.0
+        return clock["t"]
+
+    fake = types.SimpleNamespace(perf_counter=racing, process_time=real_time.process_time)
+    monkeypatch.setattr(H, "time", fake)
+    model, inputs = autopar.zoo.get("gpt", layers=2, width=64, heads=4, seq=32, batch=16, vocab=256, device="meta")
+    plan = autopar.plan(model, inputs, "2x8xH100", hierarchical=True, baselines=False, time_limit=60.0)
+    assert plan.search.status == "bound", plan.search.describe()
