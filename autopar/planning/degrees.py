@@ -84,6 +84,7 @@ class Pin:
     zero_inner: bool | None = None  # ZeRO over the data parallelism inside a pod only
     context: int | None = None  # ranks each sequence is split over (context parallelism)
     expert: int | None = None  # devices the routed experts are split over (of the data devices)
+    schedule: str | None = None  # a pipeline schedule (step_price.SCHEDULES); None: searched
 
     def admits(self, deg: Degrees) -> bool:
         return ((self.tensor is None or deg.t == self.tensor) and (self.pipeline is None or deg.p == self.pipeline)
@@ -111,6 +112,7 @@ def with_context(deg: Degrees, context: int) -> Degrees | None:
 
 
 _KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int, "context": int, "expert": int,
+         "schedule": str,
          "recompute": lambda v: v.lower() in ("1", "true", "yes", "on"),
          "zero_inner": lambda v: v.lower() in ("1", "true", "yes", "on")}
 

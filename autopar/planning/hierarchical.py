@@ -45,7 +45,7 @@ from autopar.planning.degrees import Pin, divisors, expert_options, level_degree
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats, expert_totals
 from autopar.planning.settings import TrainingSettings
-from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, in_flight,
+from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, in_flight, schedule_options,
                                          layout_bound, lower_bound, price, reference_bound, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
 
@@ -254,11 +254,12 @@ class Search:
                         if pin is not None and pin.zero_inner is not None and z and inner != pin.zero_inner:
                             continue
                         for rc in recomputes:
-                            for sched in (schedules if deg.p > 1 else ("1f1b",)):
-                                c = Candidate(deg, m, z, inner, rc, sched)
+                            for sched, v in schedule_options(schedules if deg.p > 1 else ("1f1b",), deg.p,
+                                                             len(self.spans)):
+                                c = Candidate(deg, m, z, inner, rc, sched, v)
                                 if deg.p * c.virtual > len(self.spans) or (sched != "1f1b" and m % deg.p):
                                     continue  # the bubbles of SCHEDULES are those of whole rounds of p
-                                if sched == "1f1b" and "zero-bubble" in schedules and m % deg.p == 0:
+                                if sched == "1f1b" and deg.p > 1 and "zero-bubble" in schedules and m % deg.p == 0:
                                     continue  # zero bubble: the same cuts and memory, a third of its bubble
                                 out.append((*lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
                                                          self.optimizer, self.master, self.itemsize), c))
@@ -470,11 +471,12 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
         seeds.append(search.best(Pin(tensor=1, pipeline=1), zeros, recs)[0])
         if pin is not None:
             seeds.append(search.best(pin, zeros if pin.zero is None else (pin.zero,),
-                                     recs if pin.recompute is None else (pin.recompute,))[0])
+                                     recs if pin.recompute is None else (pin.recompute,),
+                                     schedules=pin_schedules(pin))[0])
     seeds = [x for x in seeds if x is not None and x.fits and x.candidate.zero in zeros
              and x.candidate.recompute in recs and x.candidate.degrees.c == 1]
     deadline += time.perf_counter() - seeded  # the baselines are priced anyway: not the search's time
-    # every schedule for autopar's plan; the baselines (data parallelism, a paper's plan) as written: 1F1B
+    # every schedule for autopar's plan and a pin's (a pin fixes degrees; its schedule only if it says so)
     best, least, priced, closed = search.best(None, zeros, recs, deadline, tuple(SCHEDULES),
                                               min(seeds, key=lambda x: x.cost) if seeds else None)
     common = dict(common, space="hierarchical")
@@ -510,11 +512,20 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     return to_plan(best, search, common, info, base)
 
 
+def pin_schedules(pin: Pin) -> tuple[str, ...]:
+    """The pipeline schedules a pinned plan searches: the pin's own, or every one."""
+    if pin.schedule is None:
+        return tuple(SCHEDULES)
+    if pin.schedule not in SCHEDULES:
+        raise ValueError(f"pin schedule={pin.schedule}: write one of {', '.join(SCHEDULES)}")
+    return (pin.schedule,)
+
+
 def _fixed(search: Search, pin: Pin, zeros, recs, common, detail: str, reference: dict | None = None
            ) -> Plan | None:
     """The best plan matching ``pin`` (as written, fitting or not), or None when none exists."""
     start = time.perf_counter()
-    best, least, _, _ = search.best(pin, zeros, recs)
+    best, least, _, _ = search.best(pin, zeros, recs, schedules=pin_schedules(pin))
     pr = best or least
     if pr is None:
         return None
