@@ -423,7 +423,8 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                                *([f"pipeline schedule {c.schedule} ({c.virtual} stage(s) per rank)"]
                                  if deg.p > 1 else []),
                                "tensor-group layouts minimise time (memory checked on the result)",
-                               "data-parallel sync and ZeRO gathers not overlapped with compute"]
+                               "data-parallel sync and ZeRO gathers under compute where they fit "
+                               "(at least the last bucket waited for)"]
                         + ([f"context parallelism over {deg.c} ranks priced (causal work balanced; its K/V gathers, "
                             "exposed, are in the tensor-parallel communication term); the per-node layouts list "
                             "the batch splits only"] if deg.c > 1 else [])

@@ -79,7 +79,8 @@ def _published_ratio(name: str) -> float:
     pin = Pin(tensor=rec.tensor, pipeline=rec.pipeline, data=rec.data, zero=rec.zero, recompute=rec.recompute,
               microbatch=rec.microbatch_size, zero_inner=rec.zero_inner or None,
               context=rec.context if rec.context > 1 else None)
-    best, least, _, _ = s.best(pin, (rec.zero,), (False, True) if rec.recompute is None else (rec.recompute,))
+    best, least, _, _ = s.best(pin, (rec.zero,), (False, True) if rec.recompute is None else (rec.recompute,),
+                               schedules=H.pin_schedules(pin))
     pr = best or least
     flops = s.totals.train_flops + (s.totals.forward_flops if pr.candidate.recompute and rec.measure == "hardware"
                                     else 0.0)
