@@ -11,8 +11,9 @@ link and more on the slow one is never the better group, and keeping it out spar
 the tensor DPs of those groups).
 
 ``Pin`` fixes what a published plan states (``tensor=8 pipeline=64 data=6``, optionally
-``zero=1``, ``recompute=1``, ``microbatch=1``, ``context=16``, ``expert=8``); the rest is searched
-under the same cost model. The searched space has no context parallelism; a pinned context degree
+``zero=1``, ``recompute=1``, ``microbatch=1``, ``context=16``, ``expert=8``,
+``schedule=interleaved-1f1b``); the rest is searched under the same cost model, the pipeline
+schedule included unless the pin names one. The searched space has no context parallelism; a pinned context degree
 is carved out of the data-parallel degrees, innermost level first (``with_context``: the sequence's
 ranks sit next to the tensor group, where the keys' and values' gathers are cheapest).
 
