@@ -11,8 +11,9 @@ link and more on the slow one is never the better group, and keeping it out spar
 the tensor DPs of those groups).
 
 ``Pin`` fixes what a published plan states (``tensor=8 pipeline=64 data=6``, optionally
-``zero=1``, ``recompute=1``, ``microbatch=1``, ``context=16``, ``expert=8``); the rest is searched
-under the same cost model. The searched space has no context parallelism; a pinned context degree
+``zero=1``, ``recompute=1``, ``microbatch=1``, ``context=16``, ``expert=8``,
+``schedule=interleaved-1f1b``); the rest is searched under the same cost model, the pipeline
+schedule included unless the pin names one. The searched space has no context parallelism; a pinned context degree
 is carved out of the data-parallel degrees, innermost level first (``with_context``: the sequence's
 ranks sit next to the tensor group, where the keys' and values' gathers are cheapest).
 
@@ -84,6 +85,7 @@ class Pin:
     zero_inner: bool | None = None  # ZeRO over the data parallelism inside a pod only
     context: int | None = None  # ranks each sequence is split over (context parallelism)
     expert: int | None = None  # devices the routed experts are split over (of the data devices)
+    schedule: str | None = None  # a pipeline schedule (step_price.SCHEDULES); None: searched
 
     def admits(self, deg: Degrees) -> bool:
         return ((self.tensor is None or deg.t == self.tensor) and (self.pipeline is None or deg.p == self.pipeline)
@@ -111,6 +113,7 @@ def with_context(deg: Degrees, context: int) -> Degrees | None:
 
 
 _KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int, "context": int, "expert": int,
+         "schedule": str,
          "recompute": lambda v: v.lower() in ("1", "true", "yes", "on"),
          "zero_inner": lambda v: v.lower() in ("1", "true", "yes", "on")}
 

@@ -47,7 +47,7 @@ from autopar.planning.routed import ExpertStats, expert_count, expert_stats, exp
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.space_bound import cut_bound, memory_floor
 from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, layout_bound,
-                                         lower_bound, price, reference_bound, stats_bound)
+                                         lower_bound, price, reference_bound, schedule_options, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
@@ -244,11 +244,12 @@ class Search:
                         if pin is not None and pin.zero_inner is not None and z and inner != pin.zero_inner:
                             continue
                         for rc in recomputes:
-                            for sched in (schedules if deg.p > 1 else ("1f1b",)):
-                                c = Candidate(deg, m, z, inner, rc, sched)
+                            for sched, v in schedule_options(schedules if deg.p > 1 else ("1f1b",), deg.p,
+                                                             len(self.spans)):
+                                c = Candidate(deg, m, z, inner, rc, sched, v)
                                 if deg.p * c.virtual > len(self.spans) or (sched != "1f1b" and m % deg.p):
                                     continue  # the bubbles of SCHEDULES are those of whole rounds of p
-                                if sched == "1f1b" and "zero-bubble" in schedules and m % deg.p == 0:
+                                if sched == "1f1b" and deg.p > 1 and "zero-bubble" in schedules and m % deg.p == 0:
                                     continue  # zero bubble: the same cuts and memory, a third of its bubble
                                 out.append((*lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
                                                          self.optimizer, self.master, self.itemsize), c))
@@ -413,7 +414,8 @@ def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baseline
                                *([f"pipeline schedule {c.schedule} ({c.virtual} stage(s) per rank)"]
                                  if deg.p > 1 else []),
                                "tensor-group layouts minimise time (memory checked on the result)",
-                               "data-parallel sync and ZeRO gathers not overlapped with compute"]
+                               "data-parallel sync and ZeRO gathers under compute where they fit "
+                               "(at least the last bucket waited for)"]
                         + ([f"context parallelism over {deg.c} ranks priced (causal work balanced; its K/V gathers, "
                             "exposed, are in the tensor-parallel communication term); the per-node layouts list "
                             "the batch splits only"] if deg.c > 1 else [])
@@ -459,11 +461,13 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
         seeds.append(search.best(Pin(tensor=1, pipeline=1), zeros, recs)[0])
         if pin is not None:
             seeds.append(search.best(pin, zeros if pin.zero is None else (pin.zero,),
-                                     recs if pin.recompute is None else (pin.recompute,))[0])
+                                     recs if pin.recompute is None else (pin.recompute,),
+                                     schedules=pin_schedules(pin))[0])
     seeds = [x for x in seeds if x is not None and x.fits and x.candidate.zero in zeros
              and x.candidate.recompute in recs and x.candidate.degrees.c == 1]
     # the search's own CPU seconds (a busy machine does not cut it short), after the baselines,
-    # which are priced anyway; every schedule for autopar's plan, the baselines as written: 1F1B
+    # which are priced anyway; every schedule for autopar's plan and a pin's (a pin fixes degrees;
+    # its schedule only if it says so)
     deadline = time.process_time() + time_limit
     best, least, priced, closed = search.best(None, zeros, recs, deadline, tuple(SCHEDULES),
                                               min(seeds, key=lambda x: x.cost) if seeds else None)
@@ -500,11 +504,20 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     return to_plan(best, search, common, info, base)
 
 
+def pin_schedules(pin: Pin) -> tuple[str, ...]:
+    """The pipeline schedules a pinned plan searches: the pin's own, or every one."""
+    if pin.schedule is None:
+        return tuple(SCHEDULES)
+    if pin.schedule not in SCHEDULES:
+        raise ValueError(f"pin schedule={pin.schedule}: write one of {', '.join(SCHEDULES)}")
+    return (pin.schedule,)
+
+
 def _fixed(search: Search, pin: Pin, zeros, recs, common, detail: str, reference: dict | None = None
            ) -> Plan | None:
     """The best plan matching ``pin`` (as written, fitting or not), or None when none exists."""
     start = time.perf_counter()
-    best, least, _, _ = search.best(pin, zeros, recs)
+    best, least, _, _ = search.best(pin, zeros, recs, schedules=pin_schedules(pin))
     pr = best or least
     if pr is None:
         return None

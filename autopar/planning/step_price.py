@@ -10,7 +10,8 @@ levels, the pods replicating: hybrid sharding) and per-block recomputation. Its 
   tensor group; a stage holds its static state and ``p - s`` microbatches of activations;
 * data-parallel sync of the slowest stage over its data group, ZeRO-aware
   (``cost_models/training.py``), plus, with ``zero_inner``, an all-reduce of the gradient shards
-  across the outer data group; not overlapped with compute (a stated, conservative choice);
+  across the outer data group; the step waits only for the part that does not fit under the
+  rank's compute, at least its last bucket (``overlap.py``);
 * the optimizer step of the largest stage (memory-bound, on the ZeRO shard).
 
 Transient memory on top of a stage's peak: one recomputed unit's full activations while its
@@ -43,6 +44,7 @@ from autopar.core.strategy import ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time, zero_sync_time
+from autopar.planning.overlap import exposed, window
 from autopar.planning.routed import ExpertStats
 from autopar.planning.units import UnitStats
 from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
@@ -67,22 +69,44 @@ class Candidate:
     zero_inner: bool = False
     recompute: bool = False
     schedule: str = "1f1b"  # with one pipeline stage: nothing to schedule
+    stages_per_rank: int = 0  # interleaved 1F1B's v (0: the schedule's own, SCHEDULES)
 
     def describe(self) -> str:
         z = ZERO_NAMES[self.zero] + (" (inside pods: HSDP)" if self.zero_inner else "") if self.zero else "no ZeRO"
         sched = f"; {self.schedule}" if self.degrees.p > 1 else ""
+        if self.degrees.p > 1 and self.virtual > 1:
+            sched += f" ({self.virtual} stages per rank)"
         return (f"{self.degrees.describe()}; {self.microbatches} microbatch(es){sched}; {z}; "
                 f"{'recompute' if self.recompute else 'no recompute'}")
 
     @property
     def virtual(self) -> int:
         """Stages per rank of its schedule."""
-        return SCHEDULES[self.schedule][0]
+        return self.stages_per_rank or SCHEDULES[self.schedule][0]
 
     @property
     def rounds(self) -> float:
-        """Slowest-rank microbatch times per step: ``m`` and the schedule's bubble."""
-        return self.microbatches + SCHEDULES[self.schedule][1] * (self.degrees.p - 1)
+        """Slowest-rank microbatch times per step: ``m`` and the schedule's bubble; interleaved
+        1F1B's bubble is ``(p - 1) / v`` of them for any v (Narayanan et al. 2021, 2.2)."""
+        v, frac = SCHEDULES[self.schedule]
+        if v > 1:
+            frac = 1.0 / self.virtual
+        return self.microbatches + frac * (self.degrees.p - 1)
+
+
+def schedule_options(schedules, p: int, units: int) -> list[tuple[str, int]]:
+    """(schedule, stages per rank) pairs to search: interleaved 1F1B with v = 2, 4, 8, ... and the
+    most the ``units`` allow over ``p`` ranks (its bubble falls as 1/v, its send/recv grows as v:
+    doubling v covers the trade at a logarithmic count of candidates); others with their own v."""
+    out = []
+    for sched in schedules:
+        if SCHEDULES[sched][0] == 1:
+            out.append((sched, 0))
+            continue
+        most = units // max(p, 1)
+        vs = {v for v in (2 ** k for k in range(1, most.bit_length())) if v <= most} | ({most} if most >= 2 else set())
+        out.extend((sched, v) for v in sorted(vs))
+    return out
 
 
 @dataclass
@@ -247,6 +271,13 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
             dp[-1] += float(dp_sync(c.zero, xg / deg.ep, xp / deg.ep, m, cluster, expert_degrees(deg),
                                     c.zero_inner))
             opt[-1] += optimizer_step_time(xn / efo, itemsize, states, master, cluster.memory_bandwidth)
+    bubble = c.rounds - m
+    shown = []  # per rank: the sync the step waits for, the rest under its compute (overlap.py)
+    for r, held_spans in enumerate(ranks):
+        u = held_spans[0][0]  # the rank's first unit: its gradients come last in the backward
+        bucket = float(dp_sync(c.zero, float(s.grads[u]), float(s.params[u]), 1, cluster, deg, c.zero_inner))
+        under = window(c.zero, m, sol.stage_time[r], r, c.virtual, bubble, c.recompute)
+        shown.append(exposed(dp[r], bucket, under))
     k = int(np.argmax(sol.stage_time))
     a, b = sol.stages[k]
     cut_full = np.concatenate([[0.0], cut, [0.0]])
@@ -259,10 +290,10 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         "pipeline send/recv": m * sum(float(cut_full[x] + cut_full[y]) for x, y in mine),
         "pipeline bubble": (c.rounds - m) * t_max,
         "gradient sync inside the tensor group": max(sol.sync) if sol.sync else 0.0,
-        "data-parallel sync": max(dp),
+        "data-parallel sync (exposed)": max(shown),
         "optimizer step": max(opt),
     }
-    cost = sol.cost + max(dp) + max(opt)
+    cost = sol.cost + max(shown) + max(opt)
     w = int(np.argmax(sol.memory))
     held = in_flight(c, w)
     spans_w = sol.stages[w::p] if c.virtual > 1 else [sol.stages[w]]
@@ -282,7 +313,8 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     a, b = sol.stages[k]
     units = f"{names[a]} .. {names[b - 1]}" if names and b - a > 1 else (names[a] if names else f"units {a}-{b - 1}")
     bottleneck = (f"slowest stage: {b - a} unit(s) ({units}), {fmt(t_max)} per microbatch; fullest stage: "
-                  f"{held:.3g} microbatch(es) of activations in flight")
+                  f"{held:.3g} microbatch(es) of activations in flight; data-parallel sync {fmt(max(dp))}, "
+                  f"{fmt(max(shown))} of it not under compute")
     return Priced(c, cost, max(sol.memory) + transient, fits and max(sol.memory) + transient <= capacity,
                   sol, terms, memory_terms, bottleneck)
 
@@ -306,7 +338,7 @@ def interleaved_cuts(costs: StageCosts, p: int, v: int, rounds: float) -> Pipeli
         return None
     times = [sum(sol.stage_time[r::p]) for r in range(p)]
     syncs = [sum(sol.sync[r::p]) for r in range(p)]
-    c = Candidate(Degrees((1,), (p,), (1,)), costs.microbatches, schedule="interleaved-1f1b")
+    c = Candidate(Degrees((1,), (p,), (1,)), costs.microbatches, schedule="interleaved-1f1b", stages_per_rank=v)
     mems = [sum(float(np.sum(costs.static_memory[a:b])) for a, b in sol.stages[r::p])
             + in_flight(c, r) * sum(float(np.sum(costs.activation_memory[a:b])) for a, b in sol.stages[r::p])
             for r in range(p)]
@@ -333,8 +365,9 @@ class Totals:
 def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: float, optimizer: str | None,
                 master: bool, itemsize: int) -> tuple[float, float, float]:
     """(compute part, the rest, bytes per device) no plan of this candidate can beat: compute at
-    peak on every device with the pipeline's bubble; sync and optimizer step of perfectly sharded
-    state; the memory of perfectly sharded state (activations left out)."""
+    peak on every device with the pipeline's bubble; the optimizer step of perfectly sharded state
+    (the data-parallel sync may hide under compute: 0); the memory of perfectly sharded state
+    (activations left out)."""
     deg, m = c.degrees, c.microbatches
     flops = tot.train_flops + (tot.forward_flops if c.recompute else 0.0)
     compute = c.rounds / m * flops / (cluster.devices * peak * eff)
@@ -342,8 +375,7 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     g, _, _, _ = data_groups(deg, c.zero_inner)
     ep = deg.ep if tot.expert_bytes else 1
     xb, xn = (tot.expert_bytes, tot.expert_numel) if ep > 1 else (0.0, 0.0)
-    grads = (tot.param_bytes - xb) / per
-    rest = float(dp_sync(c.zero, grads, grads, m, cluster, deg, c.zero_inner))
+    rest = 0.0  # the data-parallel sync may hide under compute (overlap.py): at least 0
     fp, fg, fo = zero_factors(c.zero, g)
     ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
     efp, efg, efo = (ep * f for f in zero_factors(c.zero, ge))
@@ -352,7 +384,6 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     opt_bytes = (states * 4 + (4 if master else 0))
     mem = ((tot.param_bytes - xb) / fp + (tot.param_bytes - xb) / fg + (tot.numel - xn) * opt_bytes / fo) / per
     if ep > 1:
-        rest += float(dp_sync(c.zero, xb / per / ep, xb / per / ep, m, cluster, expert_degrees(deg), c.zero_inner))
         rest += optimizer_step_time(xn / per / efo, itemsize, states, master, cluster.memory_bandwidth)
         mem += (xb / efp + xb / efg + xn * opt_bytes / efo) / per
     return compute, rest, mem
@@ -370,20 +401,18 @@ def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute
 def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | None, master: bool,
                 itemsize: int, experts: ExpertStats | None = None) -> float:
     """A lower bound on ``price(c, s, ...).cost`` without cutting the pipeline: the slowest stage
-    takes at least the average and at least the slowest unit; syncs at least their averages."""
+    takes at least the average and at least the slowest unit; the tensor group's syncs at least
+    their average, the data-parallel sync at least 0 (it may hide under compute)."""
     deg, m, p = c.degrees, c.microbatches, c.degrees.p
     s, ex, (_, _, efo) = expert_split(c, s, experts)
     time = s.time + (all_to_all_time(ex, deg, cluster, c.recompute) if ex is not None else 0.0)
     t_max = max(float(np.sum(time)) / p, float(np.max(time)))
     g, _, _, _ = data_groups(deg, c.zero_inner)
     _, _, fo = zero_factors(c.zero, g)
-    dp = float(dp_sync(c.zero, float(np.sum(s.grads)) / p, float(np.sum(s.params)) / p, m, cluster, deg,
-                       c.zero_inner))
+    dp = 0.0  # the data-parallel sync may hide under compute (overlap.py): at least 0
     states = optimizer_states(optimizer)
     opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, states, master, cluster.memory_bandwidth)
     if ex is not None:
-        dp += float(dp_sync(c.zero, float(np.sum(ex.grads)) / p / deg.ep, float(np.sum(ex.params)) / p / deg.ep,
-                            m, cluster, expert_degrees(deg), c.zero_inner))
         opt += optimizer_step_time(float(np.sum(ex.numel)) / p / efo, itemsize, states, master,
                                    cluster.memory_bandwidth)
     return c.rounds * t_max + float(np.sum(s.sync)) / p + dp + opt

@@ -35,11 +35,16 @@ measured utilisation, so ``autopar plan zoo:NAME --published`` can price it besi
   sequence 8192, 16M-token batches (2048 sequences); 16,384 H100 (80 GB HBM3, one 400 Gb/s link
   per GPU), tensor 8 x pipeline 16 x data 128 (Table 4), BF16, FSDP sharding optimizer states and
   gradients; 16 sequences per data-parallel replica, microbatch 1; "400 TFLOPs/GPU", "41%" BF16
-  MFU (Table 4). Their interleaved pipeline schedule and any recomputation are not stated as
-  options here: the planner searches the recomputation.
+  MFU (Table 4). Interleaved 1F1B (section 3.3.2); recomputation is not stated: the planner
+  searches it, and the stages per rank.
 * ``llama3_405b_long`` -- the same paper's long-context stage (Table 4): sequence 131,072, 16M-token
   batches (128 sequences), tensor 8 x context 16 x pipeline 16 x data 8 on 16,384 H100; "380
   TFLOPs/GPU", 38% BF16 MFU.
+
+Pipeline schedules, as each ran: Megatron-LM 2021 (``megatron_1t``) its default, non-interleaved
+1F1B (the interleaved schedule is an option its Table 1 does not state; zero bubble came in 2024);
+MT-NLG's DeepSpeed pipeline engine has 1F1B only; Llama 3 states an interleaved 1F1B whose stages
+per rank and microbatches it tuned (section 3.3.2): the planner searches its v.
 
 What the zoo's models differ in, stated: ``gpt`` has no dropout (Megatron's dropout masks and
 their memory are not modelled) and no fused kernels; attention is written out (scores
@@ -76,6 +81,7 @@ class PublishedRun:
     source: str
     zero_inner: bool = False  # ZeRO over the data parallelism inside a pod only
     context: int = 1  # context-parallel degree (the sequence split over ranks in attention)
+    schedule: str | None = None  # the pipeline schedule it ran (planning/step_price.SCHEDULES)
 
 
 def megatron_8b(batch=512, seq=1024, width=3072, heads=32, layers=72, vocab=51200, device="meta", seed=0):
@@ -117,12 +123,12 @@ PUBLISHED = {
         "megatron_1t", "384x8xdgxa100", tensor=8, pipeline=64, data=6, zero=0, recompute=True,
         precision="fp16", microbatch_size=1, utilisation=0.52, measure="hardware",
         figure="163 TFLOP/s per A100, 502 PFLOP/s on 3072: 52% of peak",
-        source="Narayanan et al. 2021, Table 1"),
+        source="Narayanan et al. 2021, Table 1", schedule="1f1b"),
     "mt_nlg_530b": PublishedRun(
         "mt_nlg_530b", "420x8xdgxa100", tensor=8, pipeline=35, data=12, zero=1, recompute=True,
         precision="bf16", microbatch_size=1, utilisation=0.362, measure="hardware",
         figure="113 TFLOP/s per A100 on 420 DGX A100: 36.2% of peak",
-        source="Smith et al. 2022, MT-NLG, section 3"),
+        source="Smith et al. 2022, MT-NLG, section 3", schedule="1f1b"),
     "palm_540b": PublishedRun(
         "palm_540b", "2x3072xtpuv4", tensor=12, pipeline=1, data=512, zero=3, recompute=True,
         precision="bf16", microbatch_size=4, utilisation=0.462, measure="model",
@@ -132,10 +138,11 @@ PUBLISHED = {
         "llama3_405b", "2048x8xh100", tensor=8, pipeline=16, data=128, zero=2, recompute=None,
         precision="bf16", microbatch_size=1, utilisation=0.41, measure="model",
         figure="400 TFLOP/s per H100, 41% BF16 MFU on 16,384 GPUs at sequence 8192",
-        source="Dubey et al. 2024, The Llama 3 Herd of Models, Table 4"),
+        source="Dubey et al. 2024, The Llama 3 Herd of Models, Table 4", schedule="interleaved-1f1b"),
     "llama3_405b_long": PublishedRun(
         "llama3_405b_long", "2048x8xh100", tensor=8, pipeline=16, data=8, zero=2, recompute=None,
         precision="bf16", microbatch_size=1, utilisation=0.38, measure="model",
         figure="380 TFLOP/s per H100, 38% BF16 MFU on 16,384 GPUs at sequence 131,072 (context parallelism 16)",
-        source="Dubey et al. 2024, The Llama 3 Herd of Models, Table 4", context=16),
+        source="Dubey et al. 2024, The Llama 3 Herd of Models, Table 4", context=16,
+        schedule="interleaved-1f1b"),
 }

@@ -78,8 +78,9 @@ def _published_ratio(name: str) -> float:
     s = _search(autopar.zoo.get(name), cluster, rec.precision)
     pin = Pin(tensor=rec.tensor, pipeline=rec.pipeline, data=rec.data, zero=rec.zero, recompute=rec.recompute,
               microbatch=rec.microbatch_size, zero_inner=rec.zero_inner or None,
-              context=rec.context if rec.context > 1 else None)
-    best, least, _, _ = s.best(pin, (rec.zero,), (False, True) if rec.recompute is None else (rec.recompute,))
+              context=rec.context if rec.context > 1 else None, schedule=rec.schedule)
+    best, least, _, _ = s.best(pin, (rec.zero,), (False, True) if rec.recompute is None else (rec.recompute,),
+                               schedules=H.pin_schedules(pin))
     pr = best or least
     flops = s.totals.train_flops + (s.totals.forward_flops if pr.candidate.recompute and rec.measure == "hardware"
                                     else 0.0)
@@ -87,11 +88,12 @@ def _published_ratio(name: str) -> float:
 
 
 # The published trainings whose reported utilisation this cost model reaches within 15%. Not here,
-# by what is measured (benchmarks/scale.md): mt_nlg_530b (1.45x: Megatron-LM ran the same shape on
+# by what is measured (benchmarks/scale.md): mt_nlg_530b (1.46x: Megatron-LM ran the same shape on
 # the same machines at 52%, Narayanan et al. 2021 Table 1, against MT-NLG's 36.2%: the difference
-# is the code, not the plan), llama3_405b and llama3_405b_long (their interleaved pipeline schedule,
-# sequence parallelism and overlapped FSDP are not in this space).
-@pytest.mark.parametrize("name", ["megatron_8b", "megatron_1t", "palm_540b"])
+# is the code, not the plan), llama3_405b (0.72x: priced with full recomputation, a third more
+# compute; without it 0.95x, but its activations need 163 GiB per device: the tensor group's
+# layouts are chosen for time, without sequence parallelism's 1/t of the activations).
+@pytest.mark.parametrize("name", ["megatron_8b", "megatron_1t", "palm_540b", "llama3_405b_long"])
 def test_a_published_training_is_priced_within_15_percent_of_its_papers_figure(name):
     assert 0.85 <= _published_ratio(name) <= 1.15
 
