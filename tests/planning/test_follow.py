@@ -88,8 +88,8 @@ def test_a_pipelined_plan_says_its_stages_were_searched_in_the_reduced_space():
     model, inputs = autopar.zoo.get("gpt", layers=8, width=1024, heads=16, seq=512, batch=32, vocab=32768,
                                     device="meta")  # as in test_planner's pipeline test
     slow = dataclasses.replace(autopar.Cluster.preset("2x8xH100"), inter_bandwidth=2e8, name="slow-ib")
-    plan = autopar.plan(model, inputs, slow, follow=True, pipeline=True, baselines=False)
+    plan = autopar.plan(model, inputs, slow, follow=True, pipeline=True, baselines=False, precision="fp32")
     assert plan.stages and plan.search.status == "heuristic"  # a pipeline wins across the slow link
     assert "stages searched over a space where ops without FLOPs" in plan.search.detail
-    full = autopar.plan(model, inputs, slow, follow=False, pipeline=True, baselines=False)
+    full = autopar.plan(model, inputs, slow, follow=False, pipeline=True, baselines=False, precision="fp32")
     assert "stages searched" not in full.search.detail
