@@ -144,9 +144,19 @@ class _Builder:
     outputs: str
     inputs: str
 
-    def __call__(self, model: nn.Module, args: tuple, kwargs: dict | None, keep=None):
-        """(the module that runs, or None for the model itself on one device; the plan)."""
+    def __call__(self, model: nn.Module, args: tuple, kwargs: dict | None, keep=None, early_optimizer=False):
+        """(the module that runs, or None for the model itself on one device; the plan).
+
+        ``early_optimizer``: an optimizer was built on the parameters before this first call; it
+        holds every parameter and its state whole, so the plan left to choose ("auto") keeps them
+        whole too: no ZeRO, no pipeline stages (a plan that needs them is still what the user gets
+        by naming them, or by building the optimizer after the first call)."""
         from autopar.frontend.trace import trace
+
+        plan_kwargs = self.plan_kwargs
+        if early_optimizer and self.plan is None:
+            plan_kwargs = {**plan_kwargs, **{k: v for k, v in (("zero", 0), ("pipeline", False))
+                                             if plan_kwargs.get(k) == "auto"}}
 
         graph = _graph_of_plan(self.plan, model, args, kwargs)
         if graph is None:
@@ -154,8 +164,8 @@ class _Builder:
                 rank0 = not dist.is_initialized() or dist.get_rank() == 0
                 graph = trace(model, args, kwargs, progress=None if rank0 else False)
         if self.devices == 1:  # nothing to split (and no mesh to build), process group or not
-            return None, _local_plan(model, args, graph, self.cluster, self.plan, self.plan_kwargs)
-        chosen = _shared_plan(model, args, graph, self.cluster, self.plan, self.plan_kwargs)
+            return None, _local_plan(model, args, graph, self.cluster, self.plan, plan_kwargs)
+        chosen = _shared_plan(model, args, graph, self.cluster, self.plan, plan_kwargs)
         _refuse_over_margin(model, chosen)
         return _build(model, graph, chosen, args, self.outputs, self.inputs, self.overrides, keep), chosen
 

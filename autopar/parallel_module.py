@@ -87,7 +87,8 @@ class ParallelModule(nn.Module):
             if held is not source:  # the values held now (set or loaded since compile) are what is planned
                 _copy_values(held, source)
                 keep = dict(nn.Module.named_parameters(held, remove_duplicate=False))
-            inner, plan = self._build_fn(source, args, kwargs, keep)
+            inner, plan = self._build_fn(source, args, kwargs, keep,
+                                         early_optimizer=self._early_optimizer and self._devices > 1)
             if inner is None:  # one device: the model itself runs
                 inner = source
             self.__dict__["_plan"] = plan
