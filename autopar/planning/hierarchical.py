@@ -49,6 +49,7 @@ from autopar.planning.space_bound import cut_bound, memory_floor
 from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, layout_bound,
                                          lower_bound, price, reference_bound, schedule_options, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
+from autopar.planning.hierarchical_plan import assignment_of, mesh_of, to_plan  # noqa: F401  (also imported from here)
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
 DETAIL = ("exact over degrees per level x microbatches x pipeline schedule x ZeRO x recomputation, "
@@ -315,119 +316,6 @@ class Search:
 
 
 # -- a Plan from a priced candidate ----------------------------------------------------------------
-
-def mesh_of(deg: Degrees) -> tuple[tuple[int, ...], tuple[int, ...], dict]:
-    """Mesh axes, outer level first; per level: pipeline, data, then the tensor group's prime axes.
-    Returns (shape, level, roles) with roles: 'pipeline'/'data' -> axes, 'tensor' -> the full-mesh
-    axis of each axis of the tensor group's own mesh (``Cluster(t, t0).mesh()``: level 1 first)."""
-    from autopar.core.cluster import prime_factors
-
-    shape, level, roles = [], [], {"pipeline": [], "data": [], "context": [], "tensor_by_level": {}}
-    for lvl in reversed(range(len(deg.tensor))):
-        ctx = deg.context[lvl] if deg.context else 1
-        for role, k in (("pipeline", deg.pipeline[lvl]), ("data", deg.data[lvl]), ("context", ctx)):
-            if k > 1:
-                roles[role].append(len(shape))
-                shape.append(k)
-                level.append(lvl)
-        axes = []  # as the group's own mesh has them: in-node primes, one axis across nodes
-        for f in (prime_factors(deg.tensor[lvl]) if lvl == 0 else [deg.tensor[lvl]] if deg.tensor[lvl] > 1 else []):
-            axes.append(len(shape))
-            shape.append(f)
-            level.append(lvl)
-        roles["tensor_by_level"][lvl] = axes
-    inner = [a for lvl in (1, 0) for a in roles["tensor_by_level"].get(lvl, [])]
-    roles["tensor"] = inner
-    return tuple(shape), tuple(level), roles
-
-
-def assignment_of(pr: Priced, s: UnitStats, graph: Graph) -> dict:
-    """Each node's config on the full mesh: its group config, the batch dim also over the data axes."""
-    from autopar.core.batch import batch_dims
-    from autopar.core.tables import Config
-
-    _, _, roles = mesh_of(pr.candidate.degrees)
-    d = pr.candidate.degrees.d
-    tmap = roles["tensor"]
-    batch = batch_dims(graph)
-    out = {}
-    for i, node in enumerate(graph.nodes):
-        w = s.node_map[i] if s.node_map is not None else i
-        c = s.tables.configs[w][s.choice[w]]
-        axes = [tuple(tmap[a] for a in ax) for ax in (c.mesh_axes or ((),) * len(c.splits))]
-        splits = list(c.splits)
-        b = batch.get(node.name)
-        if b is not None and d > 1:
-            k = [dim.name for dim in node.dims].index(b)
-            axes[k] = tuple(roles["data"]) + axes[k]
-            splits[k] *= d
-        out[node.name] = Config(tuple(splits), tuple(axes))
-    return out
-
-
-def stage_compute(pr: Priced, s: UnitStats, search: Search, a: int, b: int) -> float:
-    """Seconds of compute per step on one device of the stage of units [a, b): its microbatches'
-    forward and backward (``s.compute`` is per microbatch) and its optimizer update, priced as
-    ``step_price.price`` prices the step's compute and optimizer terms."""
-    from autopar.cost_models.memory import optimizer_states
-    from autopar.cost_models.training import optimizer_step_time
-    from autopar.planning.step_price import zero_factors
-
-    c = pr.candidate
-    g, _, _, _ = data_groups(c.degrees, c.zero_inner)
-    fo = zero_factors(c.zero, g)[2]
-    update = optimizer_step_time(float(np.sum(s.numel[a:b])) / fo, search.itemsize, optimizer_states(search.optimizer),
-                                 search.master, search.cluster.memory_bandwidth)
-    return c.microbatches * float(np.sum(s.compute[a:b])) + float(update)
-
-
-def to_plan(pr: Priced, search: Search, common: dict, info: SearchInfo, baselines: dict,
-            reference: dict | None = None) -> Plan:
-    from autopar.core.tables import Mesh
-
-    c = pr.candidate
-    s = search.stats(c)
-    deg = c.degrees
-    shape, level, roles = mesh_of(deg)
-    names = [n.name for n in search.graph.nodes]
-    spans = search.spans
-    stages = []
-    for k, (a, b) in enumerate(pr.solution.stages):  # interleaved: rank k % p runs stage k
-        lo, hi = spans[a][0], spans[b - 1][1]
-        r = k % deg.p
-        stages.append(Stage(names[lo:hi], search.cluster.devices // deg.p, pr.solution.stage_time[r],
-                            pr.solution.sync[r] if pr.solution.sync else 0.0, pr.solution.memory[r],
-                            stage_compute(pr, s, search, a, b)))
-    g, _, _, _ = data_groups(deg, c.zero_inner)
-    data_levels = [level[a] for a in roles["data"]]
-    zero_axes = tuple(a for a, lvl in zip(roles["data"], data_levels)
-                      if not c.zero_inner or lvl < max(data_levels)) if c.zero else ()
-    options = TrainingOptions(zero=c.zero, precision=search.precision, recompute=c.recompute)
-    hw = search.totals.train_flops + (search.totals.forward_flops if c.recompute else 0.0)
-    strategy = Strategy(options=options, zero_axes=zero_axes,
-                        recompute=tuple(b.path for b in search.blocks) if c.recompute else (),
-                        degrees=deg, microbatch_size=search.batch // (deg.d * c.microbatches),
-                        time_terms=dict(pr.terms), memory_terms=dict(pr.memory_terms),
-                        model_flops=search.totals.train_flops, hardware_flops=hw,
-                        peak_flops=search.peak, reference=dict(reference or {}),
-                        notes=[pr.bottleneck, f"ZeRO group: {g} device(s)" if c.zero else "no ZeRO",
-                               *([f"pipeline schedule {c.schedule} ({c.virtual} stage(s) per rank)"]
-                                 if deg.p > 1 else []),
-                               "tensor-group layouts minimise time (memory checked on the result)",
-                               "data-parallel sync and ZeRO gathers under compute where they fit "
-                               "(at least the last bucket waited for)"]
-                        + ([f"context parallelism over {deg.c} ranks priced (causal work balanced; its K/V gathers, "
-                            "exposed, are in the tensor-parallel communication term); the per-node layouts list "
-                            "the batch splits only"] if deg.c > 1 else [])
-                        + ([f"expert parallelism over {deg.ep} devices: uniform routing assumed (each expert "
-                            "receives tokens x top-k / experts; no load imbalance), token all-to-alls not "
-                            "overlapped with compute"] if deg.ep > 1 else []))
-    common = dict(common, mesh=Mesh(shape, level))
-    return Plan(**common, assignment=assignment_of(pr, s, search.graph), cost=pr.cost, units="s",
-                memory_per_device=pr.memory, search=info, stages=stages if deg.p > 1 else [],
-                microbatches=c.microbatches, schedule=c.schedule if deg.p > 1 else "",
-                baselines=baselines, batch=search.batch, strategy=strategy, graph=search.graph, tables=None)
-
 
 def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
                       training: TrainingSettings = TrainingSettings(), *, pin: Pin | None = None, memory_capacity: float | None = None,
