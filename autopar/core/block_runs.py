@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autopar.core.blocks import Window, repeated_blocks, units
+from autopar.core.blocks import Window, repeated_blocks, units, window_of
 from autopar.core.ir import Graph, Node, Operand
 
 
@@ -75,16 +75,4 @@ def run_window(graph: Graph, k: int = 3) -> Window | None:
     wg = Graph(nodes, dict(graph.inputs), outputs, graph.model_name, None)
     wspans = units(wg)
     window_unit = {j: first + kept.index(j) for j in kept}
-    unit_map = []
-    for u in range(len(spans)):
-        if u < first:
-            unit_map.append(u)
-        elif u < first + len(blocks):
-            unit_map.append(window_unit[stands[u - first]])
-        else:
-            unit_map.append(len(wspans) - (len(spans) - u))
-    node_map = []
-    for u, (a, b) in enumerate(spans):
-        wa = wspans[unit_map[u]][0]
-        node_map.extend(range(wa, wa + (b - a)))
-    return Window(wg, wspans, unit_map, node_map)
+    return window_of(wg, spans, wspans, first, len(blocks), lambda j: window_unit[stands[j]])

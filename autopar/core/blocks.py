@@ -189,14 +189,21 @@ def block_window(graph: Graph, k: int = 3) -> Window | None:
     outputs = [(rename.get(s, s), i) for s, i in graph.outputs]
     wg = Graph(nodes, dict(graph.inputs), outputs, graph.model_name, None)
     wspans = units(wg)
-    n_first = first
+    last = len(blocks) - 1
+    return window_of(wg, spans, wspans, first, len(blocks),
+                     lambda j: first + (0 if j == 0 else k - 1 if j == last else min(j, k - 2)))
+
+
+def window_of(wg: Graph, spans: list, wspans: list, first: int, nblocks: int, block_unit) -> "Window":
+    """The ``Window`` of ``wg`` for a graph of units ``spans``: the prologue's units map to
+    themselves, block j to the window's unit ``block_unit(j)``, the epilogue's to the window's
+    last units; each node to its place in the unit it maps to."""
     unit_map = []
     for u in range(len(spans)):
-        if u < n_first:
+        if u < first:
             unit_map.append(u)
-        elif u < n_first + len(blocks):
-            j = u - n_first
-            unit_map.append(n_first + (0 if j == 0 else k - 1 if j == len(blocks) - 1 else min(j, k - 2)))
+        elif u < first + nblocks:
+            unit_map.append(block_unit(u - first))
         else:
             unit_map.append(len(wspans) - (len(spans) - u))
     node_map = []
