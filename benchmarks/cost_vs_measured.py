@@ -323,6 +323,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run, not a benchmark)")
     ap.add_argument("--models", default="mlp,gpt")
     ap.add_argument("--world", type=int, default=WORLD, help="gloo processes (the cpu preset's mesh for them)")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="ranks with glibc's own mmap and trim thresholds (default: freed memory kept, "
+                         "autopar/runtime/allocator.py)")
     ap.add_argument("--cache", default=None,
                     help="profile cache (default: a fresh one in a temporary folder, so that compute is "
                          "timed on the machine as it is during the measurement)")
@@ -348,7 +351,8 @@ def main(argv=None) -> int:
         cm = ProfiledModel(cache_path=args.cache, optimizer=OPTIMIZER)
         n = cm.profile(autopar.trace(model, inputs), cluster)
         print(f"{name}: profiled {n} new op signatures", file=sys.stderr)
-    runs = [launch(_rank, args.world, sizes, repeats, args.warmup, args.cache, threads=1, timeout=1800)
+    runs = [launch(_rank, args.world, sizes, repeats, args.warmup, args.cache, threads=1, timeout=1800,
+                   keep_memory=not args.default_malloc)
             for _ in range(max(1, args.runs))]
     elapsed = time.perf_counter() - start
     res = runs[0]
@@ -358,7 +362,9 @@ def main(argv=None) -> int:
              f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
              f"{args.world} ranks x 1 thread; step = zero_grad + forward + backward + AdamW; "
              f"median of {repeats} round-robin rounds after {args.warmup} warm-up, slower rank per round; "
-             f"run took {elapsed:.0f} s.", ""]
+             f"run took {elapsed:.0f} s; "
+             + ("glibc's own mmap and trim thresholds in the ranks." if args.default_malloc else
+                "the ranks keep freed host memory for the next step (autopar/runtime/allocator.py)."), ""]
     allp, allm, allb = [], [], []
     for name, kw in sizes.items():
         per_rank = [r[name] for r in res]

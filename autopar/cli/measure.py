@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from autopar.core.errors import AutoparError
 from autopar.report.format import fmt_bytes
+from autopar.runtime.allocator import keep_freed_memory
 
 _STEPS = "autopar.measure: training steps"  # the profiler's label of the steps whose peak is taken
 
@@ -156,6 +157,7 @@ def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: d
             peak = torch.cuda.max_memory_allocated() - before
             method = "CUDA: torch.cuda.max_memory_allocated, less the unsplit model"
         else:  # the build and two steps profiled for memory, then the steps timed without the profiler
+            keep_freed_memory()  # as autopar's CPU ranks run (runtime/allocator.py)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                         profile_memory=True) as prof:
                 module, optimizer, step = _build(model, plan, inputs, device, lr)

@@ -4,9 +4,12 @@ also over the data axes), each stage's compute, and the plan's strategy, notes a
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from autopar.core.ir import Graph
+from autopar.core.sequence import sequence_dims
 from autopar.core.strategy import Degrees, Strategy, TrainingOptions
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.step_price import Priced, data_groups
@@ -14,15 +17,22 @@ from autopar.planning.units import UnitStats
 
 
 def mesh_of(deg: Degrees) -> tuple[tuple[int, ...], tuple[int, ...], dict]:
-    """Mesh axes, outer level first; per level: pipeline, data, then the tensor group's prime axes.
-    Returns (shape, level, roles) with roles: 'pipeline'/'data' -> axes, 'tensor' -> the full-mesh
-    axis of each axis of the tensor group's own mesh (``Cluster(t, t0).mesh()``: level 1 first)."""
+    """Mesh axes, outer level first; per level: pipeline, data (less the expert group), the expert
+    group, context, then the tensor group's prime axes. Returns (shape, level, roles) with roles:
+    'pipeline'/'data'/'expert'/'context' -> axes ('data' lists the expert groups' axes too: the
+    batch is cut over all of them), 'tensor' -> the full-mesh axis of each axis of the tensor
+    group's own mesh (``Cluster(t, t0).mesh()``: level 1 first)."""
     from autopar.core.cluster import prime_factors
 
-    shape, level, roles = [], [], {"pipeline": [], "data": [], "context": [], "tensor_by_level": {}}
+    shape, level = [], []
+    roles = {"pipeline": [], "data": [], "expert": [], "context": [], "tensor_by_level": {}}
     for lvl in reversed(range(len(deg.tensor))):
         ctx = deg.context[lvl] if deg.context else 1
-        for role, k in (("pipeline", deg.pipeline[lvl]), ("data", deg.data[lvl]), ("context", ctx)):
+        ep = deg.expert[lvl] if deg.expert else 1
+        # the expert group is the innermost ``ep`` of the level's data devices: its own axis, so
+        # that the routed experts can be cut over it while the batch is cut over both
+        for role, k in (("pipeline", deg.pipeline[lvl]), ("data", deg.data[lvl] // ep), ("expert", ep),
+                        ("context", ctx)):
             if k > 1:
                 roles[role].append(len(shape))
                 shape.append(k)
@@ -35,31 +45,78 @@ def mesh_of(deg: Degrees) -> tuple[tuple[int, ...], tuple[int, ...], dict]:
         roles["tensor_by_level"][lvl] = axes
     inner = [a for lvl in (1, 0) for a in roles["tensor_by_level"].get(lvl, [])]
     roles["tensor"] = inner
+    roles["data"] = sorted(roles["data"] + roles["expert"])
     return tuple(shape), tuple(level), roles
 
 
 def assignment_of(pr: Priced, s: UnitStats, graph: Graph) -> dict:
-    """Each node's config on the full mesh: its group config, the batch dim also over the data axes."""
+    """Each node's config on the full mesh: its group config, the batch dim also over the data
+    axes, the routed experts over the expert group's axes (their tokens over the rest of the data
+    axes: the experts dim carries the tokens, ``core.ir.CARRIES``), and the sequence over the
+    context axes (attention by its query rows, ``l``; its keys stay whole: K/V are gathered)."""
     from autopar.core.batch import batch_dims
+    from autopar.core.ir import carried_dim
     from autopar.core.tables import Config
 
-    _, _, roles = mesh_of(pr.candidate.degrees)
-    d = pr.candidate.degrees.d
+    shape, _, roles = mesh_of(pr.candidate.degrees)
     tmap = roles["tensor"]
     batch = batch_dims(graph)
-    out = {}
+    seq = sequence_dims(graph) if roles["context"] else {}
+    out: dict = {}
+    cut: dict = {}  # (node, output) -> per axis, the mesh axes that cut it (context plans only)
     for i, node in enumerate(graph.nodes):
         w = s.node_map[i] if s.node_map is not None else i
         c = s.tables.configs[w][s.choice[w]]
+        names = [dim.name for dim in node.dims]
         axes = [tuple(tmap[a] for a in ax) for ax in (c.mesh_axes or ((),) * len(c.splits))]
+        extra: dict[str, tuple[int, ...]] = {}
+        experts = next((e for e in names if carried_dim(node, e) is not None), None)
+        if experts is not None and roles["expert"]:
+            extra[experts] = tuple(roles["expert"])
+            extra[carried_dim(node, experts)] = tuple(a for a in roles["data"] if a not in roles["expert"])
+        elif batch.get(node.name) is not None:
+            extra[batch[node.name]] = tuple(roles["data"])
+        c_ = math.prod(shape[a] for a in roles["context"])
+        s_dim = _context_dim(node, seq.get(node.name, ()), c_) or _merged_context_dim(node, extra, cut, roles, shape)
+        if s_dim is not None:
+            extra[s_dim] = extra.get(s_dim, ()) + tuple(roles["context"])
         splits = list(c.splits)
-        b = batch.get(node.name)
-        if b is not None and d > 1:
-            k = [dim.name for dim in node.dims].index(b)
-            axes[k] = tuple(roles["data"]) + axes[k]
-            splits[k] *= d
+        for name, more in extra.items():
+            k = names.index(name)
+            axes[k] = tuple(more) + axes[k]
+            splits[k] *= math.prod(shape[a] for a in more)
         out[node.name] = Config(tuple(splits), tuple(axes))
+        if roles["context"]:
+            by_dim = dict(zip(names, axes))
+            for j, spec in enumerate(node.outputs):
+                cut[(node.name, j)] = [tuple(a for d in ax for a in by_dim.get(d, ())) for ax in spec.axes]
     return out
+
+
+def _merged_context_dim(node, extra: dict, cut: dict, roles: dict, shape) -> str | None:
+    """A batch dim that reads an axis its producer cut over the data then the context axes (the
+    batch and the sequence flattened into one axis, as a loss reads its logits): cut it over both,
+    so the flattened rows stay where they are."""
+    for name, axes in extra.items():
+        want = tuple(axes) + tuple(roles["context"])
+        for op in node.inputs:
+            have = cut.get((op.source, op.output))
+            for i, ax in enumerate(op.spec.axes):
+                if have and ax[:1] == (name,) and i < len(have) and have[i] == want:
+                    size = node.dim(name).size
+                    return name if size % math.prod(shape[a] for a in want) == 0 else None
+    return None
+
+
+def _context_dim(node, dims, c: int) -> str | None:
+    """The dim of ``node`` a context split cuts: its first sequence dim (attention: the query
+    rows ``l``, never the keys ``m``), None where it has none or the split would not be even."""
+    if c <= 1:
+        return None
+    for d in node.dims:
+        if d.name in dims and d.splittable and not (node.op == "sdpa" and d.name == "m"):
+            return d.name if d.size % c == 0 else None
+    return None
 
 
 def stage_compute(pr: Priced, s: UnitStats, search, a: int, b: int) -> float:
@@ -114,8 +171,9 @@ def to_plan(pr: Priced, search, common: dict, info: SearchInfo, baselines: dict,
                                "data-parallel sync and ZeRO gathers under compute where they fit "
                                "(at least the last bucket waited for)"]
                         + ([f"context parallelism over {deg.c} ranks priced (causal work balanced; its K/V gathers, "
-                            "exposed, are in the tensor-parallel communication term); the per-node layouts list "
-                            "the batch splits only"] if deg.c > 1 else [])
+                            "exposed, are in the tensor-parallel communication term); the per-node layouts cut each "
+                            "node's sequence dim over the context axes (attention by its query rows, keys and "
+                            "values gathered)"] if deg.c > 1 else [])
                         + ([f"expert parallelism over {deg.ep} devices: uniform routing assumed (each expert "
                             "receives tokens x top-k / experts; no load imbalance), token all-to-alls not "
                             "overlapped with compute"] if deg.ep > 1 else []))

@@ -48,6 +48,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autopar.core.errors import AutoparError
+from autopar.runtime.allocator import keep_freed_memory
 
 GRACE_S = 3.0  # how long the other ranks get to report their own error before they are ended
 # errors a rank raises because a peer went away: not the cause, when a peer's own failure is known
@@ -82,6 +83,7 @@ class _Job:
     threads: int
     parent: int  # the launching process: a rank whose parent is gone ends itself
     env: dict  # the launcher's environment at the launch
+    keep_memory: bool = True  # ``allocator.keep_freed_memory`` in each rank
 
 
 @dataclass
@@ -147,6 +149,8 @@ def _worker(rank: int, job: _Job, results) -> None:
     import torch
 
     torch.set_num_threads(job.threads)  # N processes share the cores: no oversubscription
+    if job.keep_memory:
+        keep_freed_memory()  # a step's buffers stay mapped for the next step (runtime/allocator.py)
     _thread_lock_for_tqdm()
     dist.init_process_group("gloo", rank=rank, world_size=job.world_size)
     try:
@@ -200,7 +204,7 @@ def exit_if_bootstrapping() -> None:
 
 
 def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = "127.0.0.1",
-           timeout: float | None = None) -> list:
+           timeout: float | None = None, keep_memory: bool = True) -> list:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` gloo processes; return results by rank.
 
     ``fn``, ``args`` and the results must pickle (``fn`` a module-level function). A failing
@@ -208,6 +212,8 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
     and the cause; ``.details``: the tracebacks). With ``timeout`` (seconds), ranks still running
     then (a deadlocked collective, a stopped process) are ended and ``LaunchError`` raised. SIGTERM
     to this process, or Ctrl-C, ends the ranks and raises ``Terminated`` / ``KeyboardInterrupt``.
+    Each rank keeps the host memory a step frees for the next step (``keep_memory``:
+    ``runtime/allocator.py``), as a device's caching allocator does.
     """
     exit_if_bootstrapping()
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
@@ -223,7 +229,7 @@ def launch(fn: Callable, nprocs: int, *args: Any, threads: int = 1, addr: str = 
     try:
         with os.fdopen(fd, "wb") as f:
             pickle.dump((fn, tuple(args)), f)
-        job = _Job(path, nprocs, addr, free_port(addr), threads, os.getpid(), dict(os.environ))
+        job = _Job(path, nprocs, addr, free_port(addr), threads, os.getpid(), dict(os.environ), keep_memory)
         procs = [ctx.Process(target=_worker, args=(r, job, w), name=f"autopar-rank-{r}")
                  for r, (_, w) in enumerate(pipes)]
         found = _Outcome()

@@ -1,0 +1,72 @@
+"""A hierarchical plan's context and expert degrees are emitted, not only priced.
+
+The hierarchical search prices a context degree (each sequence split over ``c`` ranks) and an
+expert degree (the routed experts split over ``ep`` of the data-parallel devices); its plan's
+per-node layouts must run what was priced. Here the plans are the ones ``--pin`` prices (the
+``published`` baseline) on 4 threaded ranks: their layouts are checked against the degrees
+(attention split by query rows over the context axis with the keys whole, the loss's flattened
+rows over data x context, the experts over the expert axis with their tokens over the rest of the
+data axes), and the compiled module trains like one device (float64: the loss at every step,
+every gradient and every parameter after 3 AdamW steps).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autopar
+from tests.helpers.dist_utils import run_threaded
+from tests.helpers.numerics import check_module, reference_run
+
+
+def _pinned(model, inputs, world: int, pin: str):
+    cluster = autopar.Cluster.preset("cpu", devices=world)
+    plan = autopar.plan(model, inputs, cluster, hierarchical=True, pin=pin, zero=0, recompute=False)
+    return plan.baselines["published"]
+
+
+def _splits(plan, node) -> dict:
+    c = plan.assignment[node.name]
+    return {d.name: (k, tuple(ax)) for d, k, ax in zip(node.dims, c.splits, c.mesh_axes) if k > 1}
+
+
+def _check(rank, world, model, inputs, plan, ref):
+    check_module(rank, autopar.compile(model, inputs, plan=plan), inputs, ref)
+
+
+def test_a_context_degree_splits_the_sequence_and_trains_like_one_device():
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("llama", batch=4, seq=16, width=32, heads=2, kv_heads=1, ffn=64, layers=2,
+                                    vocab=64)
+    model = model.double()
+    plan = _pinned(model, inputs, 4, "tensor=1,pipeline=1,context=2,data=2")
+    assert plan.strategy.degrees.c == 2 and tuple(plan.mesh.shape) == (2, 2)
+    attention = [n for n in plan.graph.nodes if n.op == "sdpa"]
+    assert len(attention) == 2
+    for n in attention:  # data axis 0 cuts the batch, context axis 1 the query rows; keys whole
+        assert _splits(plan, n) == {"b": (2, (0,)), "l": (2, (1,))}, _splits(plan, n)
+    loss = next(n for n in plan.graph.nodes if n.op == "cross_entropy")
+    assert [k for k, _ in _splits(plan, loss).values()] == [4]  # its flattened rows over data x context
+    run_threaded(_check, 4, model, inputs, plan, reference_run(model, inputs))
+
+
+@pytest.mark.parametrize("world,pin,experts_axes,token_axes",
+                         [(2, "tensor=1,pipeline=1,expert=2,data=2", (0,), ()),
+                          (4, "tensor=1,pipeline=1,expert=2,data=4", (1,), (0,))],
+                         ids=["2-experts", "4-experts-and-tokens"])
+def test_an_expert_degree_splits_the_experts_and_trains_like_one_device(world, pin, experts_axes, token_axes):
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("moe", batch=4, seq=6, width=16, hidden=24, experts=4, layers=2)
+    model = model.double()
+    inputs = (inputs[0].double(), inputs[1])
+    plan = _pinned(model, inputs, world, pin)
+    assert plan.strategy.degrees.ep == 2
+    experts = [n for n in plan.graph.nodes if n.op == "moe_experts"]
+    assert len(experts) == 2
+    for n in experts:
+        want = {"experts": (2, experts_axes)} | ({"tokens": (2, token_axes)} if token_axes else {})
+        assert _splits(plan, n) == want, _splits(plan, n)
+    first = plan.graph.nodes[0]  # everything else is data-parallel over every device
+    assert [k for k, _ in _splits(plan, first).values()] == [world], _splits(plan, first)
+    run_threaded(_check, world, model, inputs, plan, reference_run(model, inputs))
