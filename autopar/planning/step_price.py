@@ -364,7 +364,7 @@ class Totals:
     numel: float
     expert_bytes: float = 0.0  # the routed experts' part of param_bytes
     expert_numel: float = 0.0
-    attention_flops: float = 0.0  # what attention-only recomputation runs again (``selective.py``)
+    attention_flops: float = 0.0  # what attention-only recomputation runs again (``activations.py``)
 
 
 def rerun_flops(c: Candidate, tot: Totals) -> float:

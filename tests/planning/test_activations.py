@@ -170,3 +170,17 @@ def test_attention_only_recompute_is_searched_where_attention_writes_its_scores_
     c = Candidate(Degrees((1,), (1,), (4,)), 1, recompute=RECOMPUTE_ATTENTION)
     assert dataclasses.replace(c, recompute=False).describe() != c.describe()
     assert "attention-only" in c.describe()
+
+
+def test_a_pinned_attention_only_recompute_is_the_plans_training_option():
+    """``recompute=attention`` in a pin reaches the plan: its options say so, and its hardware
+    FLOPs add the attention cores' forward, not the blocks'."""
+    model, inputs = autopar.zoo.get("gpt", layers=LAYERS, width=W, heads=HEADS, seq=S, batch=B * 8, vocab=256,
+                                    attention="manual", device="meta")
+    plan = autopar.plan(model, inputs, Cluster.preset("2x8xA100"), hierarchical=True, precision="bf16",
+                        pin="tensor=2,pipeline=1,zero=0,recompute=attention")
+    st = plan.baselines["published"].strategy
+    assert st.options.recompute == RECOMPUTE_ATTENTION
+    assert "attention-only" in st.options.describe()
+    matmuls = 4 * (B * 8) * S * S * W * LAYERS
+    assert matmuls <= st.hardware_flops - st.model_flops <= matmuls * 1.05
