@@ -275,3 +275,24 @@ def plan_memory(graph, choice: dict[str, Config], mesh: Mesh, mode: str = "train
                                   shared=dup.get(n.name, frozenset()))
         seen.update(p.source for p in n.params)
     return sum(b.total for b in per.values()), per
+
+
+def saved_tensors(node: Node, config: Config, mesh: Mesh, mode: str = "train",
+                  shared: frozenset[int] = frozenset()) -> list[tuple[float, int]]:
+    """(bytes of the whole tensor, the config's shard factor of it) for each activation
+    ``node_memory`` counts as saved for the backward: what a layout that keeps its saved tensors
+    sharded differently (sequence parallelism: every saved tensor at 1/t of the tensor group,
+    gathered again in the backward) counts afresh."""
+    cfg = to_mesh(config, mesh)
+    if cfg is None or mode not in ("train", "training"):
+        return []
+    lay = node_layouts(node, cfg, mesh)
+    rec = node_training(node)
+    if rec.recompute:
+        return [(node.inputs[i].spec.nbytes, shard_factor(lay.inputs[i], mesh)) for i in rec.saved_inputs]
+    if not _saves(node):
+        return []
+    if _saves_output(node):
+        return [(spec.nbytes, shard_factor(l, mesh)) for spec, l in zip(node.outputs, lay.outputs)]
+    return [(op.spec.nbytes, shard_factor(l, mesh)) for i, (op, l) in enumerate(zip(node.inputs, lay.inputs))
+            if i not in shared]

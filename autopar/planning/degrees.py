@@ -11,7 +11,8 @@ link and more on the slow one is never the better group, and keeping it out spar
 the tensor DPs of those groups).
 
 ``Pin`` fixes what a published plan states (``tensor=8 pipeline=64 data=6``, optionally
-``zero=1``, ``recompute=1``, ``microbatch=1``, ``context=16``, ``expert=8``,
+``zero=1``, ``recompute=1`` (``recompute=attention``: attention-only), ``microbatch=1``,
+``context=16``, ``expert=8``,
 ``schedule=interleaved-1f1b``); the rest is searched under the same cost model, the pipeline
 schedule included unless the pin names one. The searched space has no context parallelism; a pinned context degree
 is carved out of the data-parallel degrees, innermost level first (``with_context``: the sequence's
@@ -29,7 +30,7 @@ import itertools
 import math
 from dataclasses import dataclass, fields
 
-from autopar.core.strategy import Degrees
+from autopar.core.strategy import RECOMPUTE_ATTENTION, Degrees
 
 
 def divisors(n: int) -> list[int]:
@@ -80,7 +81,7 @@ class Pin:
     pipeline: int | None = None
     data: int | None = None
     zero: int | None = None
-    recompute: bool | None = None
+    recompute: bool | str | None = None  # or RECOMPUTE_ATTENTION
     microbatch: int | None = None  # sequences per microbatch
     zero_inner: bool | None = None  # ZeRO over the data parallelism inside a pod only
     context: int | None = None  # ranks each sequence is split over (context parallelism)
@@ -114,7 +115,8 @@ def with_context(deg: Degrees, context: int) -> Degrees | None:
 
 _KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int, "context": int, "expert": int,
          "schedule": str,
-         "recompute": lambda v: v.lower() in ("1", "true", "yes", "on"),
+         "recompute": lambda v: RECOMPUTE_ATTENTION if v.lower() == RECOMPUTE_ATTENTION
+         else v.lower() in ("1", "true", "yes", "on"),
          "zero_inner": lambda v: v.lower() in ("1", "true", "yes", "on")}
 
 

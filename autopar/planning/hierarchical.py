@@ -27,6 +27,7 @@ only) is what the bound is over.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -39,8 +40,9 @@ from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
 from autopar.core.margin import capacity_words, usable_memory
-from autopar.core.strategy import PRECISIONS, Degrees, Strategy, TrainingOptions, default_precision
+from autopar.core.strategy import PRECISIONS, RECOMPUTE_ATTENTION, Degrees, Strategy, TrainingOptions, default_precision
 from autopar.cost_models.analytic import AnalyticModel
+from autopar.planning.activations import attention_core, attention_flops, attention_recompute, price_fitting
 from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats, expert_totals
@@ -130,8 +132,12 @@ class Search:
         self.master = precision != "fp32"
         self.itemsize = 2 if self.master else 4
         self.totals = _totals(self.training_graph(False), self.model)
+        self.attention = bool(attention_core(self.graph))  # attention-only recompute has a core to re-run
+        self.totals = dataclasses.replace(self.totals, attention_flops=attention_flops(self.training_graph(False)))
 
-    def training_graph(self, recompute: bool) -> Graph:
+    def training_graph(self, recompute: bool | str) -> Graph:
+        if recompute == RECOMPUTE_ATTENTION and recompute not in self._graphs:
+            self._graphs[recompute] = attention_recompute(self.training_graph(False))
         if recompute not in self._graphs:
             self._graphs[recompute] = apply_training(self.graph, TrainingOptions(precision=self.precision,
                                                                                  recompute=recompute))
@@ -212,8 +218,8 @@ class Search:
     def price(self, c: Candidate) -> Priced:
         if not hasattr(self, "_names"):
             self._names = self.unit_names()
-        return price(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master, self.itemsize,
-                     self._names, self.expert_stats(c))
+        return price_fitting(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master,
+                             self.itemsize, self._names, self.expert_stats(c))
 
     def degrees(self) -> list[Degrees]:
         """The space's degrees: per level tensor x pipeline x data, and where the model has
@@ -344,6 +350,10 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
                          "experts (no module named 'experts'): drop expert= from the pin")
     zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
     recs = (False, True) if recompute == "auto" else (bool(recompute),)
+    if recompute == "auto" and search.attention:
+        recs += (RECOMPUTE_ATTENTION,)
+    elif recompute == RECOMPUTE_ATTENTION:
+        recs = (RECOMPUTE_ATTENTION,)
     seeds = []  # the baselines of this space, priced first: the search starts from the best that fits
     if with_baselines:
         seeds.append(search.best(Pin(tensor=1, pipeline=1), zeros, recs)[0])

@@ -12,7 +12,7 @@ from autopar.core.ir import Graph
 from autopar.core.sequence import sequence_dims
 from autopar.core.strategy import Degrees, Strategy, TrainingOptions
 from autopar.planning.plan import Plan, SearchInfo, Stage
-from autopar.planning.step_price import Priced, data_groups
+from autopar.planning.step_price import Priced, data_groups, rerun_flops
 from autopar.planning.units import UnitStats
 
 
@@ -157,7 +157,7 @@ def to_plan(pr: Priced, search, common: dict, info: SearchInfo, baselines: dict,
     zero_axes = tuple(a for a, lvl in zip(roles["data"], data_levels)
                       if not c.zero_inner or lvl < max(data_levels)) if c.zero else ()
     options = TrainingOptions(zero=c.zero, precision=search.precision, recompute=c.recompute)
-    hw = search.totals.train_flops + (search.totals.forward_flops if c.recompute else 0.0)
+    hw = search.totals.train_flops + rerun_flops(c, search.totals)
     strategy = Strategy(options=options, zero_axes=zero_axes,
                         recompute=tuple(b.path for b in search.blocks) if c.recompute else (),
                         degrees=deg, microbatch_size=search.batch // (deg.d * c.microbatches),
@@ -167,7 +167,9 @@ def to_plan(pr: Priced, search, common: dict, info: SearchInfo, baselines: dict,
                         notes=[pr.bottleneck, f"ZeRO group: {g} device(s)" if c.zero else "no ZeRO",
                                *([f"pipeline schedule {c.schedule} ({c.virtual} stage(s) per rank)"]
                                  if deg.p > 1 else []),
-                               "tensor-group layouts minimise time (memory checked on the result)",
+                               "tensor-group layouts minimise time (memory checked on the result)"
+                               + ("; sequence parallel: saved activations at 1/t, gathered again in the backward"
+                                  if pr.sequence_parallel else ""),
                                "data-parallel sync and ZeRO gathers under compute where they fit "
                                "(at least the last bucket waited for)"]
                         + ([f"context parallelism over {deg.c} ranks priced (causal work balanced; its K/V gathers, "

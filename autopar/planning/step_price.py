@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.core.cluster import Cluster
-from autopar.core.strategy import ZERO_NAMES, Degrees
+from autopar.core.strategy import RECOMPUTE_ATTENTION, ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time, zero_sync_time
@@ -61,13 +61,16 @@ from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
 SCHEDULES = {"1f1b": (1, 1.0), "zero-bubble": (1, 1.0 / 3.0), "interleaved-1f1b": (2, 0.5)}
 
 
+RECOMPUTE_WORDS = {False: "no recompute", True: "recompute", RECOMPUTE_ATTENTION: "attention-only recompute"}
+
+
 @dataclass(frozen=True)
 class Candidate:
     degrees: Degrees
     microbatches: int
     zero: int = 0
     zero_inner: bool = False
-    recompute: bool = False
+    recompute: bool | str = False  # or RECOMPUTE_ATTENTION: each attention's core only
     schedule: str = "1f1b"  # with one pipeline stage: nothing to schedule
     stages_per_rank: int = 0  # interleaved 1F1B's v (0: the schedule's own, SCHEDULES)
 
@@ -77,7 +80,7 @@ class Candidate:
         if self.degrees.p > 1 and self.virtual > 1:
             sched += f" ({self.virtual} stages per rank)"
         return (f"{self.degrees.describe()}; {self.microbatches} microbatch(es){sched}; {z}; "
-                f"{'recompute' if self.recompute else 'no recompute'}")
+                f"{RECOMPUTE_WORDS.get(self.recompute, 'recompute')}")
 
     @property
     def virtual(self) -> int:
@@ -119,6 +122,7 @@ class Priced:
     terms: dict[str, float] = field(default_factory=dict)
     memory_terms: dict[str, float] = field(default_factory=dict)
     bottleneck: str = ""  # which units the slowest stage holds, in words
+    sequence_parallel: bool = False  # its group keeps every saved activation at 1/t (``price_fitting``)
 
 
 def level_link(cluster: Cluster, level: int) -> tuple[float, float]:
@@ -360,6 +364,14 @@ class Totals:
     numel: float
     expert_bytes: float = 0.0  # the routed experts' part of param_bytes
     expert_numel: float = 0.0
+    attention_flops: float = 0.0  # what attention-only recomputation runs again (``activations.py``)
+
+
+def rerun_flops(c: Candidate, tot: Totals) -> float:
+    """FLOPs a step runs again for the candidate's recomputation."""
+    if c.recompute == RECOMPUTE_ATTENTION:
+        return tot.attention_flops
+    return tot.forward_flops if c.recompute else 0.0
 
 
 def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: float, optimizer: str | None,
@@ -369,7 +381,7 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     (the data-parallel sync may hide under compute: 0); the memory of perfectly sharded state
     (activations left out)."""
     deg, m = c.degrees, c.microbatches
-    flops = tot.train_flops + (tot.forward_flops if c.recompute else 0.0)
+    flops = tot.train_flops + rerun_flops(c, tot)
     compute = c.rounds / m * flops / (cluster.devices * peak * eff)
     per = deg.t * deg.p
     g, _, _, _ = data_groups(deg, c.zero_inner)

@@ -19,8 +19,10 @@ the chosen configs' terms up per unit:
 The group's layout minimises the per-microbatch time (``AnalyticModel(sync_scale=0)``: the step's
 gradient syncs are priced by the caller) among those that shard every weight matrix over the
 group (``model_parallel_space``: what makes it a tensor-parallel group, and what keeps its
-parameter memory and gradient bytes at 1/t whatever the choice); memory is checked by the caller on the result (a layout that
-trades time for memory inside a group is not searched: stated in the plan's notes).
+parameter memory and gradient bytes at 1/t whatever the choice); memory is checked by the caller on the result.
+Beside it, ``sp_acts`` / ``sp_comm``: the same layout under sequence parallelism, every saved
+activation kept at 1/t and gathered again in the backward (``sequence_parallel_saved``): the
+caller takes it where the plain layout's activations do not fit (``step_price.price_fitting``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from autopar.core.space import mesh_configs
 from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
 from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel
-from autopar.cost_models.memory import already_saved, node_memory
+from autopar.cost_models.alpha_beta import collective_time
+from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.cost_models.tables import build_tables
 
 
@@ -63,6 +66,9 @@ class UnitStats:
     choice: list[int]
     cluster: Cluster  # the tensor group's
     node_map: list[int] | None = None  # full graph node -> node of ``graph`` (a window) that stands for it
+    # the same layout with every saved activation kept at 1/t of the group (``sequence_parallel``)
+    sp_acts: np.ndarray | None = None  # [U] bytes per device per microbatch in flight
+    sp_comm: np.ndarray | None = None  # [U] seconds per microbatch of gathering them again in the backward
 
     @property
     def time(self) -> np.ndarray:
@@ -96,7 +102,8 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         return dataclasses.replace(
             s, spans=spans, compute=s.compute[take], comm=s.comm[take], sync=s.sync[take], params=s.params[take],
             grads=s.grads[take], optimizer=s.optimizer[take], acts=s.acts[take], full_acts=s.full_acts[take],
-            numel=s.numel[take], boundary=cuts, node_map=list(window.node_map))
+            numel=s.numel[take], boundary=cuts, node_map=list(window.node_map), sp_acts=s.sp_acts[take],
+            sp_comm=s.sp_comm[take])
     sub = group_cluster(cluster, tensor)
     g = scale_batch(graph, microbatches)
     tables = build_tables(g, sub, model, space=model_parallel_space(g), mode=mode, optimizer=optimizer)
@@ -115,7 +122,8 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         unit_of[a:b] = k
     U = len(spans)
     out = {k: np.zeros(U) for k in ("compute", "comm", "sync", "params", "grads", "optimizer", "acts",
-                                    "full_acts", "numel")}
+                                    "full_acts", "numel", "sp_acts", "sp_comm")}
+    link = sub.link(len(tensor) > 1 and tensor[1] > 1)
     price = AnalyticModel(compute_efficiency=model.compute_efficiency, memory_efficiency=model.memory_efficiency,
                           backward_factor=model.backward_factor)  # the terms at face value
     cache: dict[tuple, tuple] = {}
@@ -147,8 +155,9 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
             per_param = {op.source: (mb.params + mb.grads + mb.optimizer) * (op.spec.numel / shard_factor(pl, mesh))
                          / numel if numel else 0.0
                          for op, pl in zip(node.params, lay.params) if op.spec.dtype in FLOAT_DTYPES}
-            cache[key] = (comp, sync, other, mb, full, numel, per_param)
-        comp, sync, other, mb, full, numel, per_param = cache[key]
+            sp = sequence_parallel_saved(node, cfg, sub, mesh, link, mode, shared)
+            cache[key] = (comp, sync, other, mb, full, numel, per_param, sp)
+        comp, sync, other, mb, full, numel, per_param, sp = cache[key]
         red = sum(float(price.output_cost(node, k, [cfg], sub, mode)[0]) for k in outputs.get(node.name, ()))
         out["compute"][u] += comp
         out["sync"][u] += sync
@@ -158,6 +167,8 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         out["optimizer"][u] += mb.optimizer
         out["acts"][u] += mb.activations
         out["full_acts"][u] += full
+        out["sp_acts"][u] += sp[0]
+        out["sp_comm"][u] += sp[1]
         out["numel"][u] += numel
         for op in node.params:
             seen_in_unit[u].add(op.source)
@@ -169,7 +180,27 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         shared = sum(state_of.get((src, 0), 0.0) for src, us in param_units.items() if 0 in us and U - 1 in us)
     return UnitStats(spans, out["compute"], out["comm"], out["sync"], out["params"], out["grads"],
                      out["optimizer"], out["acts"], out["full_acts"], out["numel"],
-                     crossing_bytes(g, spans) / sub.devices, shared, g, tables, choice, sub)
+                     crossing_bytes(g, spans) / sub.devices, shared, g, tables, choice, sub,
+                     sp_acts=out["sp_acts"], sp_comm=out["sp_comm"])
+
+
+def sequence_parallel_saved(node, cfg, group: Cluster, mesh, link: tuple[float, float], mode: str,
+                            shared: frozenset[int]) -> tuple[float, float]:
+    """(bytes, seconds per microbatch) of the node's saved activations under sequence parallelism
+    (Korthikanti et al. 2022, 4.2.2): every tensor the backward reads is kept at 1/t of the group
+    (split along the sequence where the layout keeps it whole: a norm's input, a column-parallel
+    linear's gathered input) and a tensor the layout reads less split is all-gathered again before
+    its backward (Megatron-LM re-gathers the linear's input). The forward's layout and its
+    collectives are the group's own (a reduce-scatter + all-gather pair moves what an all-reduce
+    does)."""
+    t = group.devices
+    bw, lat = link
+    kept, gather = 0.0, 0.0
+    for nbytes, k in saved_tensors(node, cfg, mesh, mode, shared):
+        kept += nbytes / t
+        if k < t:
+            gather += collective_time("all-gather", nbytes / k, t // k, bw, lat, group.call_latency)
+    return kept, gather
 
 
 def model_parallel_space(graph: Graph):

@@ -23,6 +23,20 @@ measured utilisation, so ``autopar plan zoo:NAME --published`` can price it besi
   tensor 8 x pipeline 35 x data 12 = 3360 A100 (420 DGX A100), ZeRO stage 1 data parallelism,
   microbatch 1, recomputation, bf16; 113 TFLOP/s per GPU at 420 nodes = 36.2% of peak (its
   table), same FLOP formula. Vocabulary: GPT-2's 50,257 padded to 51,200 as in Megatron-LM.
+  Its section 2.4 gives batch 1920 on 280, 350 and 420 nodes (data 8, 10, 12) at 60.1, 50.2 and
+  44.4 s per iteration: 126, 121, 113 TFLOP/s. Megatron-LM ran the same shape (tensor 8 x
+  pipeline 35, microbatch 1, recomputation) on 2520 A100 of the same machine at 163 TFLOP/s,
+  batch 2520 (Narayanan et al. 2021, Table 1). What the papers state that differs: 160 against
+  280 microbatches per pipeline (a bubble of 34/160 against 34/280 of the step), ZeRO-1 over 12
+  data-parallel ranks against plain data parallelism over 9 (a reduce-scatter and an all-gather
+  move what the all-reduce does), bf16 against fp16 (the same A100 peak); neither interleaves
+  and both reduce gradients after the pipeline's flush. Those are priced. At Megatron-LM's
+  speed per microbatch, 160 microbatches give 52% x (314/280) x (160/194) = 48% of peak, not
+  36.2%: the rest, 1.33x per microbatch on the same machines, shape and degrees, is the code
+  (DeepSpeed's pipeline engine against Megatron-LM's), which the paper does not break down. The
+  three sizes price at 43.1, 35.6 and 30.6 s per iteration, 1.40x, 1.41x and 1.45x faster than
+  measured: a factor nearly constant across the data-parallel degree, as a slower step per
+  microbatch would be.
 * ``palm_540b`` -- Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways", Table 1
   and sections 4 and 5: 118 layers, d_model 18432, 48 heads of 256, d_ff 73728 (SwiGLU),
   multi-query attention, parallel blocks, vocabulary 256k, sequence 2048, batch 2048 sequences
