@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from .inplace import IN_PLACE, STATE_WRITE
+from .placements import LayoutError
 from .training import BLOCK
 from .values import free_name
 
@@ -120,6 +121,9 @@ def add_count(graph: fx.Graph, root: nn.Module, name: str, counted: CountedMean,
               out: fx.Node) -> fx.Node:
     """The loss ``out`` scaled by its count: a ``CountStart`` on ``target`` (hoisted later by
     ``hoist_counts``) and the ``counted_scale`` that waits for it."""
+    if target is None:
+        raise LayoutError(f"{out.name}: a mean cross-entropy over split items whose target operand is no tensor "
+                          "of the call; pass the targets as its second argument or `target=`")
     name = free_name(root, name)
     root.add_module(name, CountStart(counted))
     start = graph.call_module(name, (target,) if weight is None else (target, weight))
