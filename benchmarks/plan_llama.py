@@ -20,10 +20,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks import fresh_process
+from benchmarks.fresh_process import rss_bytes
 
 HERE = Path(__file__).resolve().parent
 TARGET_S = 30.0
@@ -50,17 +52,11 @@ def build(layers: int):
     return model, kwargs
 
 
-def _rss_bytes() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
 def child(layers: int) -> dict:
     import autopar
 
     model, kwargs = build(layers)
-    before = _rss_bytes()
+    before = rss_bytes()
     w, c = time.perf_counter(), time.process_time()
     graph = autopar.trace(model, kwargs)
     trace_wall, trace_cpu = time.perf_counter() - w, time.process_time() - c
@@ -69,21 +65,13 @@ def child(layers: int) -> dict:
     plan_wall, plan_cpu = time.perf_counter() - w, time.process_time() - c
     dp = plan.baselines["data_parallel"].cost
     return {"layers": layers, "nodes": len(graph.nodes), "trace_wall": trace_wall, "trace_cpu": trace_cpu,
-            "plan_wall": plan_wall, "plan_cpu": plan_cpu, "rss_before": before, "rss_peak": _rss_bytes(),
+            "plan_wall": plan_wall, "plan_cpu": plan_cpu, "rss_before": before, "rss_peak": rss_bytes(),
             "cost": plan.cost, "dp_cost": dp, "stages": len(plan.stages or []), "search": plan.search.describe(),
             "dynamic_batch": graph.call.dynamic_batch, "replicated": len(plan.unsupported)}
 
 
 def run_child(layers: int, timeout: float = 900.0) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.plan_llama", "--child", "--layers", str(layers)]
-    try:
-        proc = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"})
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return fresh_process.run_child("benchmarks.plan_llama", ["--layers", str(layers)], timeout=timeout)
 
 
 def summary(runs: list[dict]) -> dict:

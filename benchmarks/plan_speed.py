@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.fresh_process import rss_bytes, run_child
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "plan_speed.md"
@@ -44,12 +44,6 @@ def cases():
     return out
 
 
-def _rss_bytes() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
 def child(name: str, repeat: int) -> dict:
     """Run one case in this process; return its figures."""
     import autopar
@@ -57,7 +51,7 @@ def child(name: str, repeat: int) -> dict:
 
     case = next(c for c in cases() if c.name == name)
     model, inputs = build(case)
-    before = _rss_bytes()
+    before = rss_bytes()
     walls, cpus = [], []
     plan = None
     for _ in range(repeat):
@@ -67,20 +61,12 @@ def child(name: str, repeat: int) -> dict:
         cpus.append(time.process_time() - c)
     return {"case": name, "devices": case.devices, "space": case.space, "cost_model": case.cost_model,
             "pipeline": case.pipeline, "walls": walls, "cpus": cpus, "wall": statistics.median(walls),
-            "cpu": statistics.median(cpus), "rss_before": before, "rss_peak": _rss_bytes(),
+            "cpu": statistics.median(cpus), "rss_before": before, "rss_peak": rss_bytes(),
             "cost": plan.cost, "search": plan.search.name, "stages": len(plan.stages or [])}
 
 
 def run_case(name: str, repeat: int, timeout: float = 900.0) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.plan_speed", "--child", name, "--repeat", str(repeat)]
-    try:
-        proc = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONHASHSEED": "0"})
-    except subprocess.TimeoutExpired:
-        return {"case": name, "error": f"timed out after {timeout:.0f} s"}
-    if proc.returncode != 0:
-        return {"case": name, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child("benchmarks.plan_speed", [name, "--repeat", str(repeat)], name, timeout, one_thread=False)
 
 
 def _gb(b: float) -> str:

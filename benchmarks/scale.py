@@ -36,12 +36,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.fresh_process import error_row, rss_bytes, run_child, timed
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "scale.md"
@@ -78,12 +78,6 @@ NOT_WITHIN = [
 ]
 
 
-def _rss_bytes() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _summary(plan) -> dict:
     s = plan.strategy
     d = s.degrees
@@ -97,19 +91,13 @@ def child_published(name: str, repeat: int) -> dict:
     import autopar
     from autopar.cli import build_parser, _plan
 
-    walls = []
-    plan = None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        args = build_parser().parse_args(["plan", f"zoo:{name}", "--published"])
-        plan = _plan(args)
-        walls.append(time.perf_counter() - start)
+    walls, plan = timed(repeat, lambda: _plan(build_parser().parse_args(["plan", f"zoo:{name}", "--published"])))
     rec = autopar.zoo.published_run(name)
     pub = plan.baselines["published"]
     hw = rec.measure == "hardware"
     pred = pub.strategy.hfu(pub.cost, pub.devices) if hw else pub.strategy.mfu(pub.cost, pub.devices)
     return {"case": name, "cluster": rec.cluster, "walls": walls, "wall": statistics.median(walls),
-            "rss_peak": _rss_bytes(), "autopar": _summary(plan), "published": _summary(pub),
+            "rss_peak": rss_bytes(), "autopar": _summary(plan), "published": _summary(pub),
             "published_figure": rec.utilisation, "measure": rec.measure, "predicted": pred,
             "fits": plan.memory_per_device <= plan.cluster["memory_capacity"],
             "published_fits": pub.memory_per_device <= plan.cluster["memory_capacity"],
@@ -124,14 +112,10 @@ def child_sweep(devices: int, repeat: int) -> dict:
     model, inputs = autopar.zoo.get("gpt", **ISSUE_GPT)
     graph = autopar.trace(model, inputs)
     cluster = Cluster.preset("dgxa100", devices=devices)
-    before = _rss_bytes()
-    walls = []
-    plan = None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        plan = autopar.plan(model, inputs, cluster, graph=graph, hierarchical=True, model_name="gpt-scale")
-        walls.append(time.perf_counter() - start)
-    rss_hier = _rss_bytes()  # the hierarchical search's peak, before the flat DP beside it
+    before = rss_bytes()
+    walls, plan = timed(repeat, lambda: autopar.plan(model, inputs, cluster, graph=graph, hierarchical=True,
+                                                     model_name="gpt-scale"))
+    rss_hier = rss_bytes()  # the hierarchical search's peak, before the flat DP beside it
     flat, fp, flat_error = [], None, ""
     if not use_hierarchical(cluster):  # what the automatic choice runs at this size: the flat exact DP
         from autopar.core.errors import InfeasibleError
@@ -147,7 +131,7 @@ def child_sweep(devices: int, repeat: int) -> dict:
     return {"case": f"sweep-{devices}", "devices": devices, "walls": walls, "wall": statistics.median(walls),
             "flat_wall": statistics.median(flat) if flat else None,
             "flat_cost": fp.cost if flat else None, "flat_error": flat_error,
-            "flat_rss": _rss_bytes() if flat else None,
+            "flat_rss": rss_bytes() if flat else None,
             "rss_before": before, "rss_peak": rss_hier, "auto_path": "hierarchical" if use_hierarchical(cluster)
             else "flat exact DP", **_summary(plan)}
 
@@ -159,17 +143,12 @@ def child_recipe(name: str, repeat: int) -> dict:
     sizes, cluster_name, pin = RECIPES[name]
     model, inputs = autopar.zoo.get("llama3", **sizes)
     cluster = Cluster.preset(cluster_name)
-    walls, plan = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        graph = autopar.trace(model, inputs)
-        plan = autopar.plan(model, inputs, cluster, graph=graph, hierarchical=True, pin=pin, precision="bf16",
-                            model_name=name)
-        walls.append(time.perf_counter() - start)
+    walls, plan = timed(repeat, lambda: autopar.plan(model, inputs, cluster, graph=autopar.trace(model, inputs),
+                                                     hierarchical=True, pin=pin, precision="bf16", model_name=name))
     pinned = plan.baselines["published"]
     capacity = plan.cluster["memory_capacity"]
     return {"case": name, "cluster": cluster_name, "pin": pin, "wall": statistics.median(walls),
-            "rss_peak": _rss_bytes(), "autopar": _summary(plan), "recipe": _summary(pinned),
+            "rss_peak": rss_bytes(), "autopar": _summary(plan), "recipe": _summary(pinned),
             "fits": plan.memory_per_device <= capacity, "recipe_fits": pinned.memory_per_device <= capacity}
 
 
@@ -180,7 +159,7 @@ def write_recipes(rows: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['case']} | error: {r['error']} |" + " |" * 12)
+            lines.append(error_row(r, 12))
             continue
         a, p = r["autopar"], r["recipe"]
         lines.append(f"| {r['case']} | {r['cluster']} | `{r['pin']}` | {p['degrees']}; {p['options']}; {p['microbatch']} | "
@@ -195,15 +174,7 @@ def write_recipes(rows: list[dict]) -> list[str]:
 
 
 def run(args_list: list[str], timeout: float = 1200.0) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.scale", "--child", *args_list]
-    try:
-        proc = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"})
-    except subprocess.TimeoutExpired:
-        return {"case": " ".join(args_list), "error": f"timed out after {timeout:.0f} s"}
-    if proc.returncode != 0:
-        return {"case": " ".join(args_list), "error": proc.stderr.strip().splitlines()[-1:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child("benchmarks.scale", args_list, " ".join(args_list), timeout)
 
 
 def gib(b: float) -> str:
@@ -220,7 +191,7 @@ def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in published:
         if "error" in r:
-            lines.append(f"| {r['case']} | error: {r['error']} |" + " |" * 12)
+            lines.append(error_row(r, 12))
             continue
         a, p = r["autopar"], r["published"]
         what = "HFU" if r["measure"] == "hardware" else "MFU"
@@ -246,7 +217,7 @@ def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sweep:
         if "error" in r:
-            lines.append(f"| {r['case']} | error: {r['error']} |" + " |" * 7)
+            lines.append(error_row(r, 7))
             continue
         flat = (f"{r['flat_wall']:.2f} s, {r['flat_rss'] / 1e9:.2f} GB, {r['flat_cost']:.3g} s"
                 if r.get("flat_wall") is not None else r["flat_error"] if r.get("flat_error") else

@@ -13,8 +13,9 @@ and 4 GB, fitting, mixed precision.
 from __future__ import annotations
 
 import os
-import resource
 import time
+
+from benchmarks.fresh_process import error_row, rss_bytes
 
 TARGET_S, TARGET_BYTES = 60.0, 4 * 10**9
 V3 = dict(vocab_size=128256, rope_theta=500000.0)
@@ -67,7 +68,7 @@ def child(name: str) -> dict:
     s = plan.strategy
     capacity = plan.cluster["memory_capacity"]
     return {"case": name, "cluster": cluster, "devices": plan.devices, "seq": seq, "batch": batch,
-            "wall": wall, "cpu": cpu, "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "wall": wall, "cpu": cpu, "rss_peak": rss_bytes(),
             "degrees": s.degrees.describe() if s else "-", "options": s.options.describe() if s else "-",
             "precision": s.options.precision if s else "fp32", "step": plan.cost,
             "memory": plan.memory_per_device, "fits": plan.memory_per_device <= capacity,
@@ -85,7 +86,7 @@ def table(rows: list[dict]) -> str:
              "load | search line |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['case']} | error: {r['error']} |" + " |" * 11)
+            lines.append(error_row(r, 11))
             continue
         lines.append(f"| {r['case'].split('@')[0]} | {r['cluster']} ({r['devices']}) | {r['seq']} x {r['batch']} | "
                      f"{r['wall']:.1f} s | {r['cpu']:.1f} s | {r['rss_peak'] / 1e9:.2f} GB | {r['degrees']}; "

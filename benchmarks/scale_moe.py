@@ -22,11 +22,11 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.fresh_process import error_row, run_child, timed
 from benchmarks.scale import TARGET_BYTES, TARGET_S, _summary
 
 HERE = Path(__file__).resolve().parent
@@ -49,13 +49,11 @@ def child(case: str, repeat: int) -> dict:
     import autopar
 
     _, name, sizes, cluster, pin = next(c for c in CASES if c[0] == case)
-    walls, plan = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
+    def trace_and_plan():
         model, inputs = autopar.zoo.get(name, device="meta", **sizes)
-        plan = autopar.plan(model, inputs, cluster, hierarchical=True, pin=pin, model_name=name,
-                            time_limit=LIMIT_S)
-        walls.append(time.perf_counter() - start)
+        return autopar.plan(model, inputs, cluster, hierarchical=True, pin=pin, model_name=name, time_limit=LIMIT_S)
+
+    walls, plan = timed(repeat, trace_and_plan)
     use = resource.getrusage(resource.RUSAGE_SELF)
     rep = plan.baselines.get("published")
     capacity = plan.cluster["memory_capacity"]
@@ -69,15 +67,7 @@ def child(case: str, repeat: int) -> dict:
 
 
 def run(case: str, repeat: int, timeout: float = 1800.0) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.scale_moe", "--child", case, "--repeat", str(repeat)]
-    try:
-        proc = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"})
-    except subprocess.TimeoutExpired:
-        return {"case": case, "error": f"timed out after {timeout:.0f} s"}
-    if proc.returncode != 0:
-        return {"case": case, "error": proc.stderr.strip().splitlines()[-1:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child("benchmarks.scale_moe", [case, "--repeat", str(repeat)], case, timeout)
 
 
 def write(rows: list[dict], repeat: int) -> str:
@@ -94,7 +84,7 @@ def write(rows: list[dict], repeat: int) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['case']} | error: {r['error']} |" + " |" * 12)
+            lines.append(error_row(r, 12))
             continue
         a, rep = r["autopar"], r["replicated"]
         base = (f"`{r.get('pin', 'expert=1')}`; {rep['degrees']}; {rep['cost']:.3g} s ({rep['mfu']:.1%})"

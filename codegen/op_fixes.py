@@ -17,10 +17,11 @@ from typing import Callable
 
 import torch
 import torch.fx as fx
-from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from autopar.core.ir import Node
+from autopar.core.loss_lead import counts_targets
 
+from .counted import CountedMean
 from .placements import LayoutError, NodeLayout
 
 MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy",
@@ -183,40 +184,16 @@ def dropout_slice(x: torch.Tensor, node: Node, layout: NodeLayout, index, p: flo
     return x * mask.div_(1 - p)
 
 
-def counted_mean(node: Node, layout: NodeLayout, mesh) -> Callable | None:
-    """For a cross-entropy over class indices averaged over split items: the repair that makes
-    it the mean over the WHOLE batch's counted items (targets that are not ``ignore_index``,
-    weighted by their class weights where the call has them), else None.
-
-    Each shard's call averages over its own counted items, and those counts differ whenever the
-    ignored targets fall unevenly: a causal LM's shifted labels end in an ignored position, which
-    a sequence split puts on the last shard alone. Scaling by 1/parts (``mean_scale``) is then
-    wrong; the local mean is scaled by its count over the total, summed over the mesh axes that
-    cut the averaged dims (one all-reduce of one number, priced as ``cost_models.loss_count``)."""
-    if (node.op != "cross_entropy" or len(node.inputs) < 2
-            or not node.inputs[1].spec.dtype.startswith(("int", "uint"))):
+def counted_mean(node: Node, layout: NodeLayout, mesh) -> CountedMean | None:
+    """For a cross-entropy over class indices averaged over split items: what its count of
+    counted targets needs (``counted.py``: the loss is then the mean over the WHOLE batch's
+    counted items, each shard's local mean weighted by its share of the count), else None.
+    Scaling by 1/parts (``mean_scale``) would be wrong wherever the ignored targets fall
+    unevenly over the shards."""
+    if not counts_targets(node):
         return None
     reductions = {d.name for d in node.dims if d.reduction}
-    if node.attrs.get("reduction", "mean") != "mean":
-        return None
     axes = tuple(a for a, d in enumerate(layout.axis_dims) if d in reductions and layout.split_counts.get(d, 1) > 1)
     if not axes:
         return None
-    ignore = int(node.attrs.get("ignore_index", -100))
-    partial = tuple(Partial() if a in axes else Replicate() for a in range(len(layout.axis_dims)))
-    whole = (Replicate(),) * len(layout.axis_dims)
-
-    def rescale(args: tuple, kwargs: dict, out: torch.Tensor) -> torch.Tensor:
-        names = ["input", "target", "weight"]
-        bound = dict(zip(names, args))
-        bound.update({k: v for k, v in kwargs.items() if k in names})
-        target, weight = bound["target"], bound.get("weight")
-        keep = target != ignore
-        mine = (weight[target.masked_fill(~keep, 0)] * keep).sum() if isinstance(weight, torch.Tensor) \
-            else keep.sum()
-        mine = mine.detach().to(torch.float64)  # exact counts past float32's 2**24
-        total = DTensor.from_local(mine, mesh, partial, run_check=False).redistribute(mesh, whole).to_local()
-        # a shard none of whose items count adds 0, not its mean's NaN
-        return torch.where(mine > 0, out, torch.zeros_like(out)) * (mine / total).to(out.dtype)
-
-    return rescale
+    return CountedMean(int(node.attrs.get("ignore_index", -100)), axes, mesh)

@@ -64,7 +64,6 @@ class LocalCall:
     writes_first: bool = False  # an in-place call: it writes into its first tensor (``inplace``)
     whole_dropout: float | None = None  # p of a dropout run with the whole tensor's mask (op_fixes)
     groups: int | None = None  # a grouped conv whose groups are split: how many this device runs
-    counted: Callable | None = None  # a mean loss over split items, rescaled by its global count (op_fixes)
     _fast: _Fast | None = field(default=None, init=False, repr=False, compare=False)
 
     def _prepare(self) -> _Fast:
@@ -123,9 +122,7 @@ class LocalCall:
             out = self._invoke(args, kwargs, tensors[len(self.slots):])
         if outside is not None:
             out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        if self.counted is not None:
-            out = self.counted(args, kwargs, out)
-        elif self.mean_scale == 0.0:  # a mean over none of the batch (this rank's rows are none): 0, not NaN
+        if self.mean_scale == 0.0:  # a mean over none of the batch (this rank's rows are none): 0, not NaN
             out = pytree.tree_map(lambda t: t.nan_to_num() * 0.0 if _is_float(t) else t, out)
         elif self.mean_scale != 1.0:
             out = pytree.tree_map(lambda t: t * self.mean_scale if _is_float(t) else t, out)
@@ -278,7 +275,6 @@ def inline_call(graph: fx.Graph, call: LocalCall, uses: list, args: list) -> fx.
         return None
     if (call.drop or call.groups is not None or call.causal_rows is not None
             or call.vocab is not None or call.whole_dropout is not None or call.mean_scale != 1.0
-            or call.counted is not None
             or any(u.strided for u in uses)
             or any(isinstance(c, torch.Tensor) for i, c in enumerate(call.flat) if i not in call.slots)):
         return None  # a tensor constant would need a buffer of the program: the NodeCall holds it

@@ -33,6 +33,7 @@ from autopar.core.tables import Config
 from .batchnorm import needs_sync, needs_sync_op
 from .built import Program
 from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
+from .counted import add_count, count_operands, hoist_counts
 from .devices import constant_on, makes_on_device, on_device, rank_device
 from .experts import experts_module, runs_experts
 from .inplace import IN_PLACE, STATE_WRITE, Writes, aliasing, refusal, through_storage, write_state, written_argument
@@ -43,8 +44,8 @@ from .placements import LayoutError, NodeLayout, Placements, node_layout
 from .runtime import OutputReshard, Reshard, ReshardSpec, grad_target, needs_reshard
 from .strided import chunk_index
 from .training import PLAIN, ProgramTraining, block_of, cast_placeholders, recompute_blocks, tag_new_nodes
-from .values import (aliases, concrete, describe, has_tensor, is_pl, is_state, local_groups, split_words,
-                     state_names, traced_values)
+from .values import (aliases, concrete, describe, free_name, has_tensor, is_pl, is_state, local_groups,
+                     split_words, state_names, traced_values)
 from .uneven import with_uneven_batch
 from .weight_views import lifted_weight
 
@@ -174,6 +175,7 @@ class _Builder:
         if self.training.dtype is not None:
             cast_placeholders(self.new, self._floating_parameters() + self.float_inputs, self.training.dtype)
         module = fx.GraphModule(self.root, self.new, class_name="RankProgram")
+        hoist_counts(module.graph)
         module.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or n.meta.get(IN_PLACE, False))
         module.recompile()
         state = [n.name for n in module.graph.nodes if n.op == "placeholder" and n.name.startswith("s_")]
@@ -196,7 +198,7 @@ class _Builder:
             value = const.constants.get(self.state_of[n.name]) if const is not None else None
             if not isinstance(value, torch.Tensor):
                 raise LayoutError(f"{n.name}: the exported constant {self.state_of[n.name]!r} is not available")
-            name = self._free("c_" + n.name)
+            name = free_name(self.root, "c_" + n.name)
             self.root.register_buffer(name, constant_on(value, self.device), persistent=False)
             self.env[n] = _Value(self.new.get_attr(name), self._replicated())
             return
@@ -331,7 +333,7 @@ class _Builder:
                 args.append(self._reshard(_Value(self._state(qualified), self.stored[canon]), use, param=canon))
                 uses.append(use)
         if runs_experts(node):  # its local experts and their token exchange (experts.py)
-            name = self._free(n.name)
+            name = free_name(self.root, n.name)
             self.root.add_module(name, experts_module(self.model, n, node, layout, self.mesh))
             self.made_by[out := self.new.call_module(name, tuple(args))] = node
             self.env[n] = _Value(out, layout.outputs[0])
@@ -341,19 +343,23 @@ class _Builder:
         in_place = written is not None and through_storage(n, written, self.writes, self.order, self._node_of,
                                                            args[0] if args else None)
         drop = {j for j, u in enumerate(uses) if any(self.coord[a] != 0 for a in u.additive)}
-        call = LocalCall(n, node, layout, module, consts, spec, slots, names, mean_scale(n, node, layout), drop,
+        counted = counted_mean(node, layout, self.mesh)  # the local mean, scaled by its count (counted.py)
+        scale = 1.0 if counted else mean_scale(n, node, layout)
+        call = LocalCall(n, node, layout, module, consts, spec, slots, names, scale, drop,
                          vocab_shard(node, layout, self.shape, self.coord), causal_rows(node, layout, index),
                          [(u.spec, u.strided) for u in uses], index, writes_first=written is not None and not in_place,
                          whole_dropout=whole_dropout(n, node, layout, module),
-                         groups=local_groups(node, layout), counted=counted_mean(node, layout, self.mesh))
+                         groups=local_groups(node, layout))
         out = inline_call(self.new, call, uses, args)
         if in_place and out is None:
             raise LayoutError(refusal(n, aliasing(n, self.writes.group(n, written), self.order), " (with a repair)"))
         if out is None:
             label = f"{describe(n)}; split {split_words(node, layout)}"
-            name = self._free(n.name)
+            name = free_name(self.root, n.name)
             self.root.add_module(name, NodeCall(call, label))
             out = self.new.call_module(name, tuple(args))
+        if counted is not None:
+            out = add_count(self.new, self.root, f"{n.name}_count", counted, *count_operands(call, args, names), out)
         self.made_by[out] = node
         out.meta[IN_PLACE] = in_place  # True: its effect is on other tensors' storage, kept unread
         self.env[n] = _Value(out, self._output_placements(n, layout))
@@ -392,19 +398,12 @@ class _Builder:
         x = self.env[n.args[0]]
         use = Use(layout.inputs[0], layout.input_grads[0])
         owner = [self.model.get_submodule(n.target)]
-        name = self._free(n.name)
+        name = free_name(self.root, n.name)
         self.root.add_module(name, SyncBatchNorm(owner, node, layout, self.mesh))
         for pname, _ in module.named_parameters():
             q = f"{n.target}.{pname}"
             self.sync_bn.add(self.canonical.get(q, q))
         self.env[n] = _Value(self.new.call_module(name, (self._reshard(x, use),)), layout.outputs[0])
-
-    def _free(self, name: str) -> str:
-        """A submodule name for a node: its own, unless nn.Module has an attribute of that name
-        (an ATen node called ``to`` or ``float``)."""
-        while hasattr(self.root, name):
-            name += "_"
-        return name
 
     def _sync_bn_op(self, n, node, layout) -> None:
         """``aten.batch_norm`` (input, weight, bias, running_mean, running_var, training, momentum,
@@ -422,7 +421,7 @@ class _Builder:
             tensors.append(self._reshard(self.env[a], use, param=param if param in self.stored else None))
         momentum = float(n.args[6] if len(n.args) > 6 else n.kwargs.get("momentum", 0.1))
         eps = float(n.args[7] if len(n.args) > 7 else n.kwargs.get("eps", 1e-5))
-        name = self._free(n.name)
+        name = free_name(self.root, n.name)
         self.root.add_module(name, SyncBatchNormOp(node, layout, self.mesh, momentum, eps))
         self.env[n] = _Value(self.new.call_module(name, tuple(tensors)), layout.outputs[0])
 

@@ -121,6 +121,14 @@ def aliases(model: nn.Module) -> dict[str, str]:
     return out
 
 
+def free_name(root: nn.Module, name: str) -> str:
+    """A submodule name for a node: its own, unless ``root`` has an attribute of that name (an
+    ATen node called ``to`` or ``float``)."""
+    while hasattr(root, name):
+        name += "_"
+    return name
+
+
 def is_pl(p) -> bool:
     return isinstance(p, tuple) and bool(p) and not isinstance(p[0], (tuple, list)) and p[0] is not None \
         and hasattr(p[0], "is_shard")

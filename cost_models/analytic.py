@@ -27,7 +27,8 @@ Graph outputs left Partial are all-reduced (forward only).
 A training batch norm whose batch dim is split runs with global statistics
 (``codegen/batchnorm.py``): two forward all-reduces of its ``C`` (local) channel statistics over
 the mesh axes that cut the batch (``bn_stats``); their backward is free. A mean cross-entropy over
-class indices with its items split all-reduces their count (``loss_count``), forward only.
+class indices with its items split all-reduces their count (``loss_count``), forward only, charged
+for what the forward work beside it leaves exposed.
 
 ``explain`` prints every term with its arithmetic, so a reader can redo the sum by hand.
 """
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from autopar.cost_models.batchnorm_stats import bn_stats, bn_stats_many
 from autopar.cost_models.experts import exchange_many, exchange_seconds
-from autopar.cost_models.loss_count import loss_count, loss_count_many
+from autopar.cost_models.loss_count import exposed, lead_seconds, loss_count, loss_count_many
 from autopar.cost_models.comm import collective, collective_time, reshard_matrix_codes, reshard_steps
 from autopar.cost_models.optimizer_step import OPTIMIZER_PASSES, local_elements, optimizer_step
 from autopar.cost_models.reshard_table import StructureCache
@@ -180,9 +181,11 @@ class AnalyticModel:
             out.terms.append(Term("expert parallelism: tokens to their experts' ranks and back", exchange, f,
                                   "exchange"))
         count = loss_count(node, cfg, mesh, cluster)
-        if count is not None:
-            out.terms.append(Term("loss's count of counted targets (all-reduce)", count.seconds,
-                                  count.formula() if text else "", "stats"))
+        if count is not None:  # issued at the targets, waited for at the loss: the forward hides some
+            lead = lead_seconds(node, mesh, cluster)
+            out.terms.append(Term("loss's count of counted targets (all-reduce, exposed)",
+                                  exposed(node, count, mesh, cluster),
+                                  f"max(0, {count.formula()} - lead {lead:.4g} s)" if text else "", "stats"))
         if mode == "inference":
             return out
         out.terms.append(Term("compute backward", self.backward_factor * fwd,

@@ -67,7 +67,7 @@ def measured4():
 @pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("plan,forward,backward", [
-    # the loss (Partial, Partial): the count of its counted targets (``op_fixes.counted_mean``)
+    # the loss (Partial, Partial): the count of its counted targets (``codegen/counted.py``)
     # and the loss, one all-reduce each over the flat group; the six gradients: one bucket (a few
     # KiB) over both axes, the reducer's c10d all-reduce (counted as all_reduce)
     ("data_parallel", {"all_reduce": 2}, {"all_reduce": 1}),

@@ -9,7 +9,7 @@ mask (split by rows with the queries), grouped-query attention (2 query heads, 1
 head: too few heads to split over 4 devices). On 2 and 4 gloo processes: the loss at every step,
 every gradient and every parameter after 3 AdamW steps equal the single-device run's. The
 shifted labels end in an ignored position, which the split puts on the last rank alone
-(``op_fixes.counted_mean`` keeps the loss the whole batch's mean).
+(``codegen/counted.py`` keeps the loss the whole batch's mean).
 
 The zoo's gpt (``is_causal=True`` attention: the local call masks by its rows' global positions,
 ``op_fixes.causal_rows``) under the same sequence split, and under Megatron's tensor parallelism

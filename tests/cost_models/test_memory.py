@@ -137,6 +137,36 @@ def test_cross_entropy_backward_working_set_matches_the_allocator(split):
     assert np.isclose(model.total - model.activations - model.params, model.transient)
 
 
+def saved_bytes(model, *inputs) -> int:
+    """What autograd keeps for the backward of ``model(*inputs)``: the bytes its saved-tensor hooks
+    see, each storage once, the parameters left out (the measure the model is checked against)."""
+    import torch
+
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(*inputs)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(b for ptr, b in saved.items() if ptr not in params)
+
+
+def replicated(graph) -> dict[str, Config]:
+    """Every node of ``graph`` on one device, nothing split."""
+    return {n.name: Config((1,) * len(n.dims), ((),) * len(n.dims)) for n in graph.nodes}
+
+
+def modelled_activations(graph) -> int:
+    """The activations the plan's memory keeps for ``graph`` on one device."""
+    from autopar.core.cluster import Cluster
+
+    _, per = plan_memory(graph, replicated(graph), Cluster.preset("cpu", devices=1).mesh())
+    return sum(b.activations for b in per.values())
+
+
 def test_saved_activations_match_what_autograd_saves():
     """A mean, a product with a number, an expand and a dropout with p = 0 save nothing; a dropout
     with p > 0 its mask (on a CPU in the input's dtype); a linear its input: the model's activations are the bytes autograd's
@@ -158,20 +188,10 @@ def test_saved_activations_match_what_autograd_saves():
             return (d + a.expand_as(h)).sum()
 
     model, x = Ops(), torch.randn(16, 24, 32)
-    saved = {}
-
-    def pack(t):
-        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    measured = sum(b for ptr, b in saved.items() if ptr not in params)
+    measured = saved_bytes(model, x)
     graph = trace(model, (x,))
-    one = Mesh((1,), (0,))
-    modelled = sum(node_memory(n, Config((1,) * len(n.dims), ((),) * len(n.dims)), one).activations
-                   for n in graph.nodes)
+    one, choice = Mesh((1,), (0,)), replicated(graph)
+    modelled = sum(node_memory(n, choice[n.name], one).activations for n in graph.nodes)  # node by node
     assert measured == x.nbytes + x.numel() // 32 * 48 * 4  # x for the linear's dW, the dropout's mask
     assert modelled == measured
 
@@ -196,21 +216,11 @@ def test_a_tensor_several_backward_formulas_read_is_saved_once():
             return self.b(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).sum()
 
     model, x = Norm(), torch.randn(16, 24, 32)
-    saved = {}
-
-    def pack(t):
-        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    measured = sum(b for ptr, b in saved.items() if ptr not in params)
+    measured = saved_bytes(model, x)
     assert measured == 4 * 16 * 24 * (32 + 48 + 1 + 48)  # x, h, the root's result, the normed h
     graph = trace(model, (x,))
     cluster = Cluster.preset("cpu", devices=1)
-    choice = {n.name: Config((1,) * len(n.dims), ((),) * len(n.dims)) for n in graph.nodes}
-    total, per = plan_memory(graph, choice, cluster.mesh())
+    total, per = plan_memory(graph, replicated(graph), cluster.mesh())
     assert sum(b.activations for b in per.values()) == measured
     tables = build_tables(graph, cluster, "analytic")
     picks = [next(i for i, c in enumerate(cs) if all(s == 1 for s in c.splits)) for cs in tables.configs]
@@ -223,7 +233,6 @@ def test_what_needs_no_gradient_is_not_kept_for_one():
     gradient reads it), as the saved-tensor hooks see."""
     import torch
 
-    from autopar.core.cluster import Cluster
     from autopar.frontend.trace import trace
 
     class Rot(torch.nn.Module):
@@ -236,21 +245,9 @@ def test_what_needs_no_gradient_is_not_kept_for_one():
             return (self.lin(x) * table).sum()
 
     model, x = Rot(), torch.randn(16, 24, 32)
-    saved = {}
-
-    def pack(t):
-        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    measured = sum(b for ptr, b in saved.items() if ptr not in params)
+    measured = saved_bytes(model, x)
     assert measured == x.nbytes + 24 * 4  # x for dW, the (24, 1) table
-    graph = trace(model, (x,))
-    choice = {n.name: Config((1,) * len(n.dims), ((),) * len(n.dims)) for n in graph.nodes}
-    _, per = plan_memory(graph, choice, Cluster.preset("cpu", devices=1).mesh())
-    assert sum(b.activations for b in per.values()) == measured
+    assert modelled_activations(trace(model, (x,))) == measured
 
 
 def test_a_dropout_with_p_0_passes_the_same_tensor_on():
@@ -259,7 +256,6 @@ def test_a_dropout_with_p_0_passes_the_same_tensor_on():
     import torch
     import torch.nn.functional as F
 
-    from autopar.core.cluster import Cluster
     from autopar.frontend.trace import trace
 
     class Attn(torch.nn.Module):
@@ -272,17 +268,5 @@ def test_a_dropout_with_p_0_passes_the_same_tensor_on():
             return (p @ self.v(x)).sum()
 
     model, x = Attn(), torch.randn(4, 24, 32)
-    saved = {}
-
-    def pack(t):
-        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    measured = sum(b for ptr, b in saved.items() if ptr not in params)
-    graph = trace(model, (x,))
-    choice = {n.name: Config((1,) * len(n.dims), ((),) * len(n.dims)) for n in graph.nodes}
-    _, per = plan_memory(graph, choice, Cluster.preset("cpu", devices=1).mesh())
-    assert sum(b.activations for b in per.values()) == measured
+    measured = saved_bytes(model, x)
+    assert modelled_activations(trace(model, (x,))) == measured
