@@ -118,7 +118,8 @@ class ProfiledModel(AnalyticModel):
     max_estimate: float = 2.0
     fit_comm: bool = True
     comm_via: str = "process_group"  # what ``fit_collectives`` times: "process_group" or "dtensor"
-    comm_kinds: tuple[str, ...] = ("all-reduce", "all-gather")  # the collectives it fits, each on its own line
+    # the collectives it fits, each on its own line; ``profile`` adds the all-to-all for a graph with experts
+    comm_kinds: tuple[str, ...] = ("all-reduce", "all-gather")
     comm_work: str = "mixed"  # what runs between the timed collectives (``compute_segment``)
     comm_gap: float = GAP_S  # seconds of it before each (``fit_collectives``)
     near_gap: float | None = NEAR_GAP_S  # a second fit's gap, for reshards after short nodes; None: one fit
@@ -402,6 +403,8 @@ class ProfiledModel(AnalyticModel):
         """Measure every (node, config) the tables will ask for; returns how many were run."""
         from autopar.core.space import configs_for
 
+        if "all-to-all" not in self.comm_kinds and any(n.op == "moe_experts" for n in graph.nodes):
+            self.comm_kinds = (*self.comm_kinds, "all-to-all")  # expert parallelism's exchange, fitted too
         mesh = cluster.mesh()
         todo: dict[str, tuple[Node, Config]] = {}
         for n in graph.nodes:
