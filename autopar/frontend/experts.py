@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from autopar.frontend.rules.moe import experts_call, is_experts
+from autopar.frontend.rules.moe import expert_list, experts_call, is_experts
 
 
 def fold_experts(gm: fx.GraphModule, model: nn.Module, state: dict[str, str]) -> list[str]:
@@ -47,7 +47,7 @@ def _fold(gm: fx.GraphModule, path: str, module: nn.Module, state: dict[str, str
     if not region:
         return ""
     inside = set(region)
-    weights = {f"{path}.{name}": name for name, _ in module.named_parameters(recurse=False)}
+    weights = {f"{path}.{name}": name for name, _ in module.named_parameters()}  # an expert list's too
     placeholders = {state.get(n.name): n for n in gm.graph.nodes if n.op == "placeholder"}
     params = [placeholders.get(q) for q in weights]
     tensors: list[fx.Node] = []
@@ -73,7 +73,8 @@ def _fold(gm: fx.GraphModule, path: str, module: nn.Module, state: dict[str, str
         return f"experts {path}: left as traced (its inputs are not hidden [t, h], top-k [t, k]); replicated"
     out = outs[0]
     with gm.graph.inserting_before(out):
-        new = gm.graph.call_function(experts_call, (hidden, index, weights_, *params), {"module": path})
+        listed = {"experts": module.num_experts} if expert_list(module) is not None else {}
+        new = gm.graph.call_function(experts_call, (hidden, index, weights_, *params), {"module": path, **listed})
     new.meta = {k: v for k, v in out.meta.items() if k in ("val", "tensor_meta", "stack_trace")}
     new.meta["nn_module_stack"] = _stack_to(region[0], path)
     out.replace_all_uses_with(new)
