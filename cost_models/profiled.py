@@ -33,6 +33,7 @@ from typing import Any, TextIO
 import numpy as np
 from autopar.cost_models.analytic import AnalyticModel, NodeCost, Term, check_mode
 from autopar.cost_models.collective_fit import GAP_S, NEAR_GAP_S, CommFit, compute_share, fit_collectives
+from autopar.cost_models.experts import exchange_seconds
 from autopar.cost_models.profile_cache import ProfileCache, Timing
 
 from autopar.core.cluster import Cluster
@@ -360,6 +361,11 @@ class ProfiledModel(AnalyticModel):
         nc = super().node_breakdown(node, config, cluster, mode, text, layouts)
         if not math.isfinite(nc.seconds):
             return nc
+        if node.op == "moe_experts" and self.near is not None and self.near.world == cluster.devices:
+            near = self._with_links(cluster, self.near)  # its back-to-back exchanges (experts.py)
+            seconds, f = exchange_seconds(node, config, cluster.mesh(), cluster, mode, near=near)
+            nc.terms = [dataclasses.replace(x, seconds=seconds, formula=f if text else "") if x.kind == "exchange"
+                        else x for x in nc.terms]
         est = next(t.seconds for t in nc.terms if t.kind == "compute")  # the forward, listed first
         t = self.timing(node, config, est)
         rest = [x for x in nc.terms if x.kind != "compute"]

@@ -73,3 +73,22 @@ def test_a_live_gloo_group_fits_its_all_to_all():
     for latency, bandwidth, factors in run_gloo(_fit, 2):
         assert latency > 0 and math.isfinite(bandwidth) and bandwidth > 0
         assert [k for k, _, _ in factors] == ["all-to-all"]
+
+
+NEAR = CommFit(latency=0.5e-3, bandwidth=1e9, world=4, all_to_all_latency=0.02e-3, all_to_all_bandwidth=3e9)
+
+
+def test_the_exchanges_that_follow_another_are_priced_on_the_near_fit(experts_node, tmp_path):
+    graph, node = experts_node
+    model = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"), optimizer=None)
+    model.comm, model.near, model._comm_done = FIT, NEAR, True
+    [term] = [t for t in model.node_breakdown(node, _split_experts(node, 4), CPU4).terms if t.kind == "exchange"]
+    tokens, hidden = node.inputs[0].spec.shape
+    p, rows = 4, tokens / 4 * 2
+    rows_bytes = rows * hidden * node.inputs[0].spec.itemsize
+    far = lambda n: (p - 1) * 0.1e-3 + (p - 1) / p * n / 2e9  # noqa: E731
+    near = lambda n: (p - 1) * 0.02e-3 + (p - 1) / p * n / 3e9  # noqa: E731
+    # the counts after the router's compute, the ids and the rows right after them, the results
+    # after the experts' compute; backward: both gradients after compute
+    expect = far(8.0 * p) + near(rows * 8) + near(rows_bytes) + 3 * far(rows_bytes)
+    assert term.seconds == pytest.approx(expect, rel=1e-9), term.formula
