@@ -201,13 +201,26 @@ def expert_level(deg: Degrees) -> int:
 
 
 def all_to_all_time(ex: ExpertStats, deg: Degrees, cluster: Cluster, recompute: bool) -> np.ndarray:
-    """[U] seconds per microbatch of the units' token all-to-alls over the expert group."""
+    """[U] seconds per microbatch of the units' token all-to-alls over the expert group.
+
+    A rank sends ``1/ep`` of its rows to each peer, each over the link to that peer: to the
+    ``(k_l - 1) x (the group's ranks below level l)`` peers that first differ from it at level
+    ``l`` over level ``l``'s link (in a node, NVLink; across nodes, the rank's own NIC). Those
+    links are distinct and carry their shares at once, so the exchange takes the slowest share's
+    time, not all ``(ep - 1)/ep`` of the rows on the slowest link: an expert group of 8 ranks
+    in each of 8 nodes sends 7/64 of its rows over NVLink while 56/64 cross the network. The
+    latency is the ring count's, ``(ep - 1)`` steps of the slowest link, and one call."""
     if deg.ep <= 1:
         return np.zeros(len(ex.layers))
-    bw, lat = cluster.kind_link("all-to-all", *level_link(cluster, expert_level(deg)))
+    _, lat = cluster.kind_link("all-to-all", *level_link(cluster, expert_level(deg)))
     per_layer = np.where(ex.layers > 0, ex.dispatch / np.maximum(ex.layers, 1), 0.0)
-    one = collective_time("all-to-all", per_layer, np.full(len(per_layer), float(deg.ep)), bw, lat,
-                          cluster.call_latency)
+    ep, below, slowest = float(deg.ep), 1, np.zeros(len(per_layer))
+    for level, k in enumerate(deg.expert):
+        if k > 1:
+            bw, _ = cluster.kind_link("all-to-all", *level_link(cluster, level))
+            slowest = np.maximum(slowest, (k - 1) * below / ep * per_layer / bw)
+        below *= k
+    one = np.where(per_layer > 0, slowest + (ep - 1) * lat + cluster.call_latency, 0.0)
     return (6 if recompute else 4) * ex.layers * one
 
 

@@ -96,18 +96,23 @@ def _search(graph, cluster):
 
 def test_all_to_all_price_is_the_alpha_beta_count(moe64):
     """Per MoE layer and microbatch: dispatch + combine, forward and backward, each an all-to-all
-    of tokens x top_k x hidden bf16 bytes per device over the expert group, on the slowest link
-    it spans."""
+    of tokens x top_k x hidden bf16 bytes per device over the expert group: each peer's 1/ep of
+    them on the link to that peer, the in-node and the cross-node shares at once, the latency of
+    ep - 1 steps of the slowest link."""
     cluster = Cluster.preset("2x4xH100")
     s = _search(moe64, cluster)
     b, seq, k, h, layers = SIZES["batch"], SIZES["seq"], SIZES["top_k"], SIZES["width"], SIZES["layers"]
-    for expert, link in (((4, 1), cluster.link(False)), ((4, 2), cluster.link(True))):
+    (nv, nv_lat), (ib, ib_lat) = cluster.link(False), cluster.link(True)
+    for expert in ((4, 1), (4, 2)):
         deg = Degrees((1, 1), (1, 1), (4, 2), expert=expert)
         m = 2
         pr = s.price(Candidate(deg, m))
         ep = deg.ep
         nbytes = b // (deg.d * m) * seq * k * h * 2
-        one = (ep - 1) / ep * nbytes / link[0] + (ep - 1) * link[1] + cluster.call_latency
+        if expert == (4, 1):  # 3 peers in the node
+            one = 3 / 4 * nbytes / nv + 3 * nv_lat + cluster.call_latency
+        else:  # 3 peers in the node over NVLink, 4 in the other over the NIC, at once
+            one = max(3 / 8 * nbytes / nv, 4 / 8 * nbytes / ib) + 7 * ib_lat + cluster.call_latency
         assert pr.terms["expert all-to-all"] == pytest.approx(m * layers * 4 * one, rel=1e-9)
         recomputed = s.price(Candidate(deg, m, recompute=True))
         assert recomputed.terms["expert all-to-all"] == pytest.approx(m * layers * 6 * one, rel=1e-9)
