@@ -183,3 +183,23 @@ def test_the_dispatch_scales_with_the_microbatch():
     differ = [a.name for a, b in zip(scaled.nodes, small.nodes) if [o.shape for o in a.outputs] != [o.shape for o in b.outputs]]
     assert [n.name for n in scaled.nodes] == [n.name for n in small.nodes]
     assert differ and all(name.startswith("argsort") for name in differ)
+
+
+def test_zero3_parameters_are_priced_whole_as_the_generated_program_holds_them(moe64):
+    """The program gathers a stage's ZeRO-3 parameter slices before its forward and frees them
+    after its backward (codegen/zero.py): a rank holds them whole through the step, so ZeRO-3's
+    parameters cost what no ZeRO's do (the experts' divided by the expert degree only), and its
+    memory is never below ZeRO-2's, whose gradients it shards alike."""
+    cluster = Cluster.preset("8x8xH100")
+    s = _search(moe64, cluster)
+    for expert in ((), (8, 1)):
+        deg = Degrees((1, 1), (1, 1), (8, 8), expert=expert)
+        whole, z2, z3 = (s.price(Candidate(deg, 1, zero=z)) for z in (0, 2, 3))
+        if expert:  # the experts' weights split over the expert group, the rest whole
+            stats, ex = s.stats(Candidate(deg, 1)), s.expert_stats(Candidate(deg, 1))
+            expect = float(np.sum(stats.params - ex.params)) + float(np.sum(ex.params)) / 8
+        else:
+            expect = float(np.sum(s.stats(Candidate(deg, 1)).params))
+        assert z3.memory_terms["parameters"] == pytest.approx(expect, rel=1e-9)
+        assert z3.memory_terms["parameters"] == pytest.approx(whole.memory_terms["parameters"], rel=1e-9)
+        assert z3.memory >= z2.memory
