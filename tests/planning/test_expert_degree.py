@@ -203,3 +203,20 @@ def test_zero3_parameters_are_priced_whole_as_the_generated_program_holds_them(m
         assert z3.memory_terms["parameters"] == pytest.approx(expect, rel=1e-9)
         assert z3.memory_terms["parameters"] == pytest.approx(whole.memory_terms["parameters"], rel=1e-9)
         assert z3.memory >= z2.memory
+
+
+def test_an_expert_list_s_weights_are_not_divided_by_the_expert_degree():
+    """Experts written as a list of modules are separate tensors every rank of the expert group
+    holds (the work and the tokens are split, not the weights: rules/moe.py), so the expert degree
+    leaves their memory whole; stacked experts' weights it divides."""
+    cluster = Cluster.preset("8x8xH100")
+    split, whole = Degrees((1, 1), (1, 1), (8, 8), expert=(8, 1)), Degrees((1, 1), (1, 1), (8, 8))
+    params = {}
+    for listed in (False, True):
+        model, inputs = autopar.zoo.get("moe", batch=64, seq=16, width=64, hidden=256, experts=8, top_k=2,
+                                        layers=2, listed=listed)
+        s = _search(autopar.trace(model, inputs), cluster)
+        params[listed] = [s.price(Candidate(d, 1)).memory_terms["parameters"] for d in (split, whole)]
+    assert params[True][0] == pytest.approx(params[True][1], rel=1e-12)
+    assert params[False][0] < params[False][1] / 4
+    assert params[True][1] == pytest.approx(params[False][1], rel=1e-12)
