@@ -3,8 +3,9 @@
 like one device on 2 and 4 gloo processes (float64): the loss at every step, every gradient and
 every parameter after 3 AdamW steps (``tests/helpers/numerics``), against a single-device run.
 
-Cases: "forced", the experts split over the whole mesh, data parallelism elsewhere; "mixed" (4
-processes), experts over one mesh axis and tokens over the other. The list is traced as one
+Cases: "forced", the experts split over the whole mesh, data parallelism elsewhere ("export": the
+same, traced by torch.export, whose graph holds the loop's ops until they are folded into one
+call); "mixed" (4 processes), experts over one mesh axis and tokens over the other. The list is traced as one
 ``moe_experts`` node whose experts dim the plan splits; each rank runs only its experts' modules,
 on the tokens the all-to-all brings it."""
 
@@ -24,7 +25,7 @@ from tests.helpers.numerics import check_module, reference_run
 pytestmark = pytest.mark.slow
 
 SIZES = dict(batch=4, seq=8, width=16, hidden=24, experts=4, top_k=2, layers=2, classes=8, listed=True)
-TWO, FOUR = ["forced"], ["forced", "mixed"]
+TWO, FOUR = ["forced", "export"], ["forced", "mixed"]
 
 
 def build():
@@ -33,13 +34,14 @@ def build():
 
 
 def _plan(model, inputs, world, kind):
-    best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
+    graph = autopar.trace(model, inputs, frontend="export") if kind == "export" else None
+    best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False, graph=graph)
     dp = best.baselines["data_parallel"]
     experts = [n for n in dp.graph.nodes if n.op == "moe_experts"]
     assert len(experts) == SIZES["layers"], "the expert lists traced to no moe_experts node"
     shape = tuple(dp.mesh.shape)
     everything = tuple(range(len(shape)))
-    ep, tokens = (everything, ()) if kind == "forced" else ((len(shape) - 1,), tuple(range(len(shape) - 1)))
+    ep, tokens = (everything, ()) if kind != "mixed" else ((len(shape) - 1,), tuple(range(len(shape) - 1)))
     assignment = dict(dp.assignment)
     for n in experts:
         names = [d.name for d in n.dims]
@@ -57,7 +59,7 @@ def _train(rank, world, cases) -> dict:
             ref = reference_run(model, inputs)
             module = autopar.compile(model, inputs, plan=_plan(model, inputs, world, kind))
             runs = [m for m in module.program.module.modules() if type(m).__name__ == "ExpertsCall"]
-            assert runs and all(r.local == SIZES["experts"] // (world if kind == "forced" else 2) for r in runs), \
+            assert runs and all(r.local == SIZES["experts"] // (2 if kind == "mixed" else world) for r in runs), \
                 [repr(r) for r in runs]
             check_module(rank, module, inputs, ref)
             out[kind] = None
