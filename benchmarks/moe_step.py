@@ -11,7 +11,8 @@ the tokens travel to their experts and back by all-to-all) and ``autopar`` (auto
 for the ``cpu`` cluster of ``nproc`` devices). A step is forward + backward + AdamW, fenced by
 barriers; the variants are timed in turns (``runtime._round_robin``) and each figure is the median
 of ``steps`` rounds after ``warmup``, on rank 0, beside the plan's predicted step. Results go to
-``benchmarks/moe_step.md``.
+``benchmarks/moe_step.md``. Beside the ``cpu`` preset's prediction, the profiled model's
+(``ProfiledModel``, links fitted on this group, the all-to-all's included) of the same plans.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "moe_step.md"
-NOTE = ("The predicted steps are the analytic model's on the ``cpu`` preset (alpha-beta figures of gloo's "
-        "ring all-reduce: 1 GB/s, 0.9 ms a step, 1.15 ms a call). It charges each of the experts' six "
-        "all-to-alls a call and three ring steps of latency (about 4 ms) and the data-parallel gradient "
-        "all-reduce of the experts' weights about 11 ms a layer; measured, the all-to-alls of about 130 "
-        "KB are cheaper and the all-reduce of 3 MB a layer dearer than that, so the model ranks data "
-        "parallelism first where the processes measure expert parallelism faster. The all-to-all's own "
-        "figures are not fitted (``cost_models/collective_fit.py`` fits the all-reduce and the all-gather).")
+NOTE = ("Two predictions of the same plans. The ``cpu`` preset's (alpha-beta figures of gloo's ring "
+        "all-reduce: 1 GB/s, 0.9 ms a step, 1.15 ms a call) is the search's objective: it charges each of the "
+        "experts' six all-to-alls a call and three ring steps of latency and ranks data parallelism before "
+        "expert parallelism. The profiled model prices the same assignments on links fitted on this group "
+        "(``cost_models/collective_fit.py``: the all-reduce, the all-gather and the all-to-all, each timed "
+        "as a step meets it), the expert ids' and the rows' all-to-alls, which follow the row counts' with no "
+        "compute between, on the fit after a short gap; its order is the measured one. The box is shared "
+        "with other work (load about 18 on 2 cores): the figures move from run to run, the ratios within a "
+        "run are what to compare.")
 SIZES = dict(batch=8, seq=64, width=128, hidden=512, experts=8, top_k=2, layers=2, classes=16)
 
 
@@ -61,7 +64,14 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
     plans = {"data_parallel": dp, "expert_parallel": _expert_parallel(dp), "autopar": best}
     from autopar.planning.breakdown import choice_of
 
-    steps_of, predicted = {}, {}
+    from autopar.cost_models.profiled import ProfiledModel
+    from autopar.cost_models.tables import build_tables
+
+    cluster = autopar.Cluster.preset("cpu", devices=world)
+    profiled = ProfiledModel(optimizer="adam")  # the links fitted on this group, all-to-all included
+    profiled.profile(best.graph, cluster, progress=False)
+    live = build_tables(best.graph, cluster, profiled, space="mesh", mode="train", optimizer="adam")
+    steps_of, predicted, fitted = {}, {}, {}
     for label, plan in plans.items():
         module = autopar.compile(model, inputs, plan=plan)
         opt = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=True)
@@ -73,10 +83,15 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
 
         steps_of[label] = step
         predicted[label] = best.tables.total(choice_of(best.tables, plan.assignment))  # the search's objective
+        fitted[label] = live.total(choice_of(live, plan.assignment))
     medians, _ = _round_robin(steps_of, steps, warmup)
     experts = [n for n in best.graph.nodes if n.op == "moe_experts"]
     chosen = [dict(zip([d.name for d in n.dims], best.assignment[n.name].splits)) for n in experts]
-    return {"measured": medians, "predicted": predicted, "autopar_experts": chosen}
+    c = profiled.comm
+    links = (f"all-reduce {c.latency * 1e6:.0f} us a step, {c.bandwidth / 1e9:.2g} GB/s; all-to-all "
+             f"{c.all_to_all_latency * 1e6:.0f} us a step, {c.all_to_all_bandwidth / 1e9:.2g} GB/s") if c else "none"
+    return {"measured": medians, "predicted": predicted, "profiled": fitted, "autopar_experts": chosen,
+            "links": links}
 
 
 def main(argv=None) -> None:
@@ -92,11 +107,13 @@ def main(argv=None) -> None:
     out = launch(worker, args.nproc, args.steps, args.warmup)[0]
     lines = [f"zoo moe {SIZES} on {args.nproc} gloo processes (OMP_NUM_THREADS=1); median of {args.steps} "
              f"steps after {args.warmup} warm-up, variants in turns", "",
-             "| plan | measured step | predicted step | measured / data parallel |", "|---|---|---|---|"]
-    base = out["measured"]["data_parallel"]
+             "| plan | measured step | measured / data parallel | predicted, cpu preset | predicted, profiled "
+             "on this group | profiled / data parallel |", "|---|---|---|---|---|---|"]
+    base, fit_base = out["measured"]["data_parallel"], out["profiled"]["data_parallel"]
     for label, seconds in out["measured"].items():
-        lines.append(f"| {label} | {seconds * 1e3:.1f} ms | {out['predicted'][label] * 1e3:.2f} ms | "
-                     f"{seconds / base:.2f} |")
+        lines.append(f"| {label} | {seconds * 1e3:.1f} ms | {seconds / base:.2f} | {out['predicted'][label] * 1e3:.2f} ms"
+                     f" | {out['profiled'][label] * 1e3:.2f} ms | {out['profiled'][label] / fit_base:.2f} |")
+    lines += ["", f"links fitted on the group (rank 0): {out['links']}"]
     lines += ["", f"autopar's own plan splits its experts nodes as {out['autopar_experts']}", "", NOTE]
     text = "\n".join(lines)
     print(text)

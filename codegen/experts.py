@@ -50,14 +50,37 @@ class ExpertsCall(nn.Module):
         self.parts = layout.split_counts.get(EXPERTS, 1)
         self.local = int(node.attrs["experts"]) // self.parts
         self.group = axes_group(mesh, self.axes) if self.axes else None
-        self.names = [name for name, _ in owner.named_parameters(recurse=False)]
-        self._shell = [_shell(owner, self.local)]  # a list: not a submodule (its weights are the program's)
+        self.names = [name for name, _ in owner.named_parameters()]
+        self.listed = _expert_list(owner) if node.attrs.get("listed") else None  # one module per expert
+        first = dist.get_rank(self.group) * self.local if self.group is not None and self.listed else 0
+        self.first = first  # an expert list's first local expert (the group rank's chunk, as the dispatch sends)
+        self._shell = [_shell(owner, self.local, self.listed, first)]  # a list: not a submodule
+
+    def _state(self, weights) -> tuple[dict, list]:
+        """(the shell's weights by name, the weights of experts not run here). Stacked weights
+        are the local shards already; an expert list's local experts are renamed ``0 ..``."""
+        if not self.listed or self.group is None:
+            return dict(zip(self.names, weights)), []
+        state, others = {}, []
+        for name, w in zip(self.names, weights):
+            e, rest = name[len(self.listed) + 1:].split(".", 1)
+            if self.first <= int(e) < self.first + self.local:
+                state[f"{self.listed}.{int(e) - self.first}.{rest}"] = w
+            else:
+                others.append(w)
+        return state, others
 
     def forward(self, hidden, top_k_index, top_k_weights, *weights):
-        state = dict(zip(self.names, weights))
+        state, others = self._state(weights)
         shell = self._shell[0]
         if self.group is None:
             return functional_call(shell, state, (hidden, top_k_index, top_k_weights))
+        out = self._exchanged(shell, state, hidden, top_k_index, top_k_weights)
+        if others:  # the other ranks' experts: a zero gradient here, summed with theirs over the group
+            out = out + sum(w.sum() for w in others) * 0
+        return out
+
+    def _exchanged(self, shell, state, hidden, top_k_index, top_k_weights):
         tokens, k = top_k_index.shape
         flat = top_k_index.reshape(-1)
         dest = torch.div(flat, self.local, rounding_mode="floor")
@@ -85,20 +108,29 @@ class ExpertsCall(nn.Module):
         return f"{self.node.name}: {self.local} local experts; {where}"
 
 
+def _expert_list(owner: nn.Module) -> str:
+    """The name of the experts module's list of expert modules (``rules/moe.py``: ``expert_list``)."""
+    return next(n for n, c in owner.named_children()
+                if isinstance(c, nn.ModuleList) and any(True for _ in c.parameters()))
+
+
 def _exchange(rows: torch.Tensor, recv: list[int], send: list[int], group) -> torch.Tensor:
     """``rows`` split by ``send`` to the group's ranks, ``recv`` rows from each back; differentiable
     (its backward is the reverse exchange)."""
     return wait_tensor(all_to_all_single_autograd(rows.contiguous(), recv, send, group))
 
 
-def _shell(module: nn.Module, experts: int) -> nn.Module:
+def _shell(module: nn.Module, experts: int, listed: str | None = None, first: int = 0) -> nn.Module:
     """A copy of the experts module that owns nothing: its own tables of tensors (which
-    ``functional_call`` fills with the program's local weights at each call), ``experts`` of them."""
+    ``functional_call`` fills with the program's local weights at each call), ``experts`` of them;
+    an expert list (``listed``: its name) cut to the ``experts`` modules from ``first`` on."""
     shell = copy.copy(module)
     shell._parameters = dict(module._parameters)
     shell._buffers = dict(module._buffers)
     shell._modules = dict(module._modules)
     shell.num_experts = experts
+    if listed:
+        shell._modules[listed] = nn.ModuleList(list(module._modules[listed])[first:first + experts])
     return shell
 
 

@@ -1,8 +1,8 @@
 """The collectives of the live process group, timed as a step meets them and fitted as links.
 
-``fit_collectives`` times an all-reduce and an all-gather at a few sizes, each after a few
-milliseconds of compute (``compute_segment``), and fits the ring formulas' alpha and beta
-(``CommFit``); ``compute_share`` measures how much slower ranks sharing a host compute together
+``fit_collectives`` times an all-reduce and an all-gather (and, where asked, an all-to-all) at a
+few sizes, each after a few milliseconds of compute (``compute_segment``), and fits the ring
+formulas' alpha and beta (``CommFit``); ``compute_share`` measures how much slower ranks sharing a host compute together
 than alone. ``ProfiledModel`` prices its reshards and gradient buckets on these fits; they are
 apart from it because they run collectives on every rank, where the model only reads numbers.
 """
@@ -36,12 +36,22 @@ class CommFit:
     via: str = "process_group"
     gather_latency: float = 0.0
     gather_bandwidth: float = 0.0
+    # the all-to-all's (``t(N) = (p-1) a + (p-1)/p N / bw``, N the bytes one rank sends), 0 where
+    # not fitted: expert parallelism's token exchange (``cost_models/experts.py``). gloo's
+    # all-to-all is pairwise sends, not a ring: on 4 processes its ~130 KB exchanges cost well
+    # under the all-reduce links' ``(p-1)`` latency steps
+    all_to_all_latency: float = 0.0
+    all_to_all_bandwidth: float = 0.0
 
     def kind_factors(self) -> tuple[tuple[str, float, float], ...]:
-        """``Cluster.kind_factors`` of this fit: the all-gather's links over the all-reduce's."""
-        if not (self.gather_latency > 0 and self.gather_bandwidth > 0):
-            return ()
-        return (("all-gather", self.gather_bandwidth / self.bandwidth, self.gather_latency / self.latency),)
+        """``Cluster.kind_factors`` of this fit: the all-gather's and the all-to-all's links over
+        the all-reduce's, each where fitted."""
+        out = []
+        for kind, a, bw in (("all-gather", self.gather_latency, self.gather_bandwidth),
+                            ("all-to-all", self.all_to_all_latency, self.all_to_all_bandwidth)):
+            if a > 0 and bw > 0:
+                out.append((kind, bw / self.bandwidth, a / self.latency))
+        return tuple(out)
 
 
 def _sync(device: str) -> None:
@@ -90,6 +100,8 @@ def fit_line(sizes, seconds) -> tuple[float, float]:
     return max(float(c0), 1e-7), max(float(c1), 1e-13)
 
 
+FIT_KINDS = ("all-reduce", "all-gather", "all-to-all")  # what ``fit_collectives`` can fit, in this order
+
 # the compute before each timed collective (``fit_collectives``): as long as a step's segments
 # between blocking collectives are, a few milliseconds (see its docstring)
 GAP_S = 4e-3
@@ -101,16 +113,17 @@ NEAR_GAP_S = 1e-3
 def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24), repeats: int = 7,
                     device: str = "cpu", via: str = "process_group", gap: float = GAP_S,
                     burst: int = 8, kinds=("all-reduce", "all-gather"), work: str = "mixed") -> CommFit | None:
-    """Fit alpha and beta of a ring all-reduce and all-gather on the live process group (None
-    without one).
+    """Fit alpha and beta of a ring all-reduce and all-gather (and an all-to-all, where ``kinds``
+    names it) on the live process group (None without one).
 
     Every rank must call it (it runs collectives); the fit is all-reduced with MAX so that all
     ranks price plans alike. Each kind gets its own line, ``t = c0 + c1 N`` over the ``sizes``
     (bytes: the all-reduced buffer, the gathered result), turned into the ring model's terms of
     ``comm``: ``c0 = 2(p-1) a``, ``c1 = 2(p-1)/p / bw`` for the all-reduce, ``c0 = (p-1) a``,
-    ``c1 = (p-1)/p / bw`` for the all-gather. The sizes reach 16 MiB: a gradient bucket is up to
-    25 MiB, and gloo's bytes per second at 8 MiB were half those at 512 KiB, so a fit on small
-    messages alone priced the buckets low.
+    ``c1 = (p-1)/p / bw`` for the all-gather and the all-to-all (N: the bytes one rank sends,
+    ``dist.all_to_all_single`` as expert parallelism's exchange runs it, on both ``via``). The
+    sizes reach 16 MiB: a gradient bucket is up to 25 MiB, and gloo's bytes per second at 8 MiB
+    were half those at 512 KiB, so a fit on small messages alone priced the buckets low.
     Each size is timed as a step meets it (``gap`` > 0, the default): ``burst`` collectives, each
     after about ``gap`` seconds of ``work`` (``compute_segment``: half matmul, half memory-bound
     by default), each collective timed from its call to its return (the wait for a peer still
@@ -143,15 +156,15 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     if via not in ("dtensor", "process_group"):
         raise ValueError(f"via must be 'dtensor' or 'process_group', not {via!r}")
     _check_work(work)
-    if "all-reduce" not in kinds or not set(kinds) <= {"all-reduce", "all-gather"}:
-        raise ValueError(f"kinds must hold 'all-reduce' and may hold 'all-gather', not {kinds!r}")
+    if "all-reduce" not in kinds or not set(kinds) <= set(FIT_KINDS):
+        raise ValueError(f"kinds must hold 'all-reduce' and may hold 'all-gather' and 'all-to-all', not {kinds!r}")
     p = dist.get_world_size()
     repeats = max(3, repeats)
     median = barrier_median(device)
     ops, via = _collective_ops(via, device)
     seg = compute_segment(gap, device, work) if gap > 0 else None
     lines = []
-    for kind in ("all-reduce", "all-gather"):
+    for kind in FIT_KINDS:
         if kind not in kinds:
             lines += [0.0, 0.0]
             continue
@@ -171,8 +184,10 @@ def fit_collectives(sizes=(2 ** 12, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24)
     gc.collect()  # DTensors and the mesh go now, not at an exit after the group is destroyed
     fit = torch.tensor(lines, dtype=torch.float64, device=device)
     dist.all_reduce(fit, op=dist.ReduceOp.MAX)
-    c0, c1, g0, g1 = (float(x) for x in fit)
+    c0, c1, g0, g1, x0, x1 = (float(x) for x in fit)
     gather = dict(gather_latency=g0 / (p - 1), gather_bandwidth=(p - 1) / p / g1) if g1 > 0 else {}
+    if x1 > 0:
+        gather.update(all_to_all_latency=x0 / (p - 1), all_to_all_bandwidth=(p - 1) / p / x1)
     return CommFit(latency=c0 / (2 * (p - 1)), bandwidth=2 * (p - 1) / p / c1, world=p, via=via, **gather)
 
 
@@ -263,7 +278,12 @@ def _collective_ops(via: str, device: str) -> tuple[dict, str]:
         part = out.new_zeros(out.numel() // p)
         return lambda: dist.all_gather_into_tensor(out, part)
 
-    bare = {"all-reduce": all_reduce, "all-gather": all_gather}
+    def all_to_all(nbytes: int):
+        send = buf(nbytes - nbytes % (4 * p))
+        got = torch.empty_like(send)
+        return lambda: dist.all_to_all_single(got, send)
+
+    bare = {"all-reduce": all_reduce, "all-gather": all_gather, "all-to-all": all_to_all}
     if via == "process_group":
         return bare, via
     try:
@@ -289,7 +309,8 @@ def _collective_ops(via: str, device: str) -> tuple[dict, str]:
             return once
         return make
 
-    return {"all-reduce": redistribute(Partial()), "all-gather": redistribute(Shard(0))}, via
+    # expert parallelism calls the process group's all-to-all itself, whatever the reshards use
+    return {"all-reduce": redistribute(Partial()), "all-gather": redistribute(Shard(0)), "all-to-all": all_to_all}, via
 
 
 GAP_WORK = ("mixed", "matmul")  # what ``compute_segment`` can run between timed collectives

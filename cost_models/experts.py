@@ -58,17 +58,30 @@ def exchange_bytes(node: Node, config: Config, mesh: Mesh) -> tuple[float, tuple
     return local * int(node.attrs.get("top_k", 1)) * hidden * spec.itemsize, axes
 
 
-def exchange_seconds(node: Node, config: Config, mesh: Mesh, cluster: Cluster, mode: str = "train") -> tuple[float, str]:
-    """Seconds of the node's all-to-alls per step and the arithmetic behind them."""
+# the exchanges codegen issues right after another all-to-all, with no compute between (the rows
+# and their expert ids follow the row counts): no rank has drifted from its peers since, so a fit
+# of collectives after a step's compute (``collective_fit``) prices them high
+BACK_TO_BACK = ("expert ids", "dispatch")
+
+
+def exchange_seconds(node: Node, config: Config, mesh: Mesh, cluster: Cluster, mode: str = "train",
+                     near: Cluster | None = None) -> tuple[float, str]:
+    """Seconds of the node's all-to-alls per step and the arithmetic behind them. ``near``: the
+    links of collectives that follow another with no compute between (a profiled model's fit
+    after a short gap), for the ``BACK_TO_BACK`` exchanges; None: ``cluster``'s for all."""
     steps = exchanges(node, config, mesh, mode)
     if not steps:
         return 0.0, ""
     axes = exchange_axes(node, config, mesh)
     p, cross = group_of(axes, mesh)
-    bw, lat = cluster.kind_link("all-to-all", *cluster.link(cross))
-    times = [collective_time("all-to-all", n, p, bw, lat, cluster.call_latency) for _, _, n in steps]
+    times = []
+    for _, what, n in steps:
+        c = near if near is not None and what in BACK_TO_BACK else cluster
+        bw, lat = c.kind_link("all-to-all", *c.link(cross))
+        times.append(collective_time("all-to-all", n, p, bw, lat, c.call_latency))
     text = (f"{len(steps)} all-to-alls over mesh axes {list(axes)} (p={p}), {FORMULA['all-to-all']} each: "
             + ", ".join(f"{what} N = {n:.6g} B: {t:.4g} s" for (_, what, n), t in zip(steps, times))
+            + ("; the expert ids and the dispatch on the links after no compute" if near is not None else "")
             + "; uniform routing assumed")
     return sum(times), text
 

@@ -33,6 +33,7 @@ from typing import Any, TextIO
 import numpy as np
 from autopar.cost_models.analytic import AnalyticModel, NodeCost, Term, check_mode
 from autopar.cost_models.collective_fit import GAP_S, NEAR_GAP_S, CommFit, compute_share, fit_collectives
+from autopar.cost_models.experts import exchange_seconds
 from autopar.cost_models.profile_cache import ProfileCache, Timing
 
 from autopar.core.cluster import Cluster
@@ -118,7 +119,8 @@ class ProfiledModel(AnalyticModel):
     max_estimate: float = 2.0
     fit_comm: bool = True
     comm_via: str = "process_group"  # what ``fit_collectives`` times: "process_group" or "dtensor"
-    comm_kinds: tuple[str, ...] = ("all-reduce", "all-gather")  # the collectives it fits, each on its own line
+    # the collectives it fits, each on its own line; ``profile`` adds the all-to-all for a graph with experts
+    comm_kinds: tuple[str, ...] = ("all-reduce", "all-gather")
     comm_work: str = "mixed"  # what runs between the timed collectives (``compute_segment``)
     comm_gap: float = GAP_S  # seconds of it before each (``fit_collectives``)
     near_gap: float | None = NEAR_GAP_S  # a second fit's gap, for reshards after short nodes; None: one fit
@@ -359,6 +361,11 @@ class ProfiledModel(AnalyticModel):
         nc = super().node_breakdown(node, config, cluster, mode, text, layouts)
         if not math.isfinite(nc.seconds):
             return nc
+        if node.op == "moe_experts" and self.near is not None and self.near.world == cluster.devices:
+            near = self._with_links(cluster, self.near)  # its back-to-back exchanges (experts.py)
+            seconds, f = exchange_seconds(node, config, cluster.mesh(), cluster, mode, near=near)
+            nc.terms = [dataclasses.replace(x, seconds=seconds, formula=f if text else "") if x.kind == "exchange"
+                        else x for x in nc.terms]
         est = next(t.seconds for t in nc.terms if t.kind == "compute")  # the forward, listed first
         t = self.timing(node, config, est)
         rest = [x for x in nc.terms if x.kind != "compute"]
@@ -402,6 +409,8 @@ class ProfiledModel(AnalyticModel):
         """Measure every (node, config) the tables will ask for; returns how many were run."""
         from autopar.core.space import configs_for
 
+        if "all-to-all" not in self.comm_kinds and any(n.op == "moe_experts" for n in graph.nodes):
+            self.comm_kinds = (*self.comm_kinds, "all-to-all")  # expert parallelism's exchange, fitted too
         mesh = cluster.mesh()
         todo: dict[str, tuple[Node, Config]] = {}
         for n in graph.nodes:

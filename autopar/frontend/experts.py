@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from autopar.frontend.rules.moe import experts_call, is_experts
+from autopar.frontend.rules.moe import expert_list, experts_call, is_experts
 
 
 def fold_experts(gm: fx.GraphModule, model: nn.Module, state: dict[str, str]) -> list[str]:
@@ -47,7 +47,18 @@ def _fold(gm: fx.GraphModule, path: str, module: nn.Module, state: dict[str, str
     if not region:
         return ""
     inside = set(region)
-    weights = {f"{path}.{name}": name for name, _ in module.named_parameters(recurse=False)}
+    # sizes of the region's own tensors used only inside it (a loop over experts: how many tokens
+    # each receives, checked by torch.export's asserts) go with it
+    own = {n for n in gm.graph.nodes if _is_size(n) and _in_module(n, path) and n.all_input_nodes}
+    while True:  # the sizes whose inputs and uses all stay among the region and such sizes
+        keep = {n for n in own if all(a in inside or a in own for a in n.all_input_nodes)
+                and all(u in inside or u in own for u in n.users)}
+        if keep == own:
+            break
+        own = keep
+    region = [n for n in gm.graph.nodes if n in inside or n in own]
+    inside = set(region)
+    weights = {f"{path}.{name}": name for name, _ in module.named_parameters()}  # an expert list's too
     placeholders = {state.get(n.name): n for n in gm.graph.nodes if n.op == "placeholder"}
     params = [placeholders.get(q) for q in weights]
     tensors: list[fx.Node] = []
@@ -57,7 +68,7 @@ def _fold(gm: fx.GraphModule, path: str, module: nn.Module, state: dict[str, str
                 tensors.append(a)
     outs = [n for n in region if any(u not in inside for u in n.users)]
     why = ""
-    sizes = [n for n in gm.graph.nodes if _is_size(n) and _in_module(n, path)]
+    sizes = [n for n in gm.graph.nodes if _is_size(n) and _in_module(n, path) and n not in inside]
     if any(p is None for p in params):
         why = "its weights are not all graph inputs"
     elif len(outs) != 1 or not _is_tensor(outs[0]):
@@ -73,7 +84,8 @@ def _fold(gm: fx.GraphModule, path: str, module: nn.Module, state: dict[str, str
         return f"experts {path}: left as traced (its inputs are not hidden [t, h], top-k [t, k]); replicated"
     out = outs[0]
     with gm.graph.inserting_before(out):
-        new = gm.graph.call_function(experts_call, (hidden, index, weights_, *params), {"module": path})
+        listed = {"experts": module.num_experts} if expert_list(module) is not None else {}
+        new = gm.graph.call_function(experts_call, (hidden, index, weights_, *params), {"module": path, **listed})
     new.meta = {k: v for k, v in out.meta.items() if k in ("val", "tensor_meta", "stack_trace")}
     new.meta["nn_module_stack"] = _stack_to(region[0], path)
     out.replace_all_uses_with(new)

@@ -205,13 +205,24 @@ def expert_level(deg: Degrees) -> int:
 
 
 def all_to_all_time(ex: ExpertStats, deg: Degrees, cluster: Cluster, recompute: bool) -> np.ndarray:
-    """[U] seconds per microbatch of the units' token all-to-alls over the expert group."""
+    """[U] seconds per microbatch of the units' token all-to-alls over the expert group.
+
+    A rank sends ``1/ep`` of its rows to each peer over the link to it: to the ``(k_l - 1) x
+    (ranks below level l)`` peers first differing at level ``l`` over that level's link (NVLink in
+    a node, its own NIC across). The links carry their shares at once: the slowest share's time
+    (8 ranks in each of 8 nodes: 7/64 of the rows on NVLink, 56/64 on the NIC, not 63/64 there),
+    and ``ep - 1`` latency steps of the slowest link and one call."""
     if deg.ep <= 1:
         return np.zeros(len(ex.layers))
-    bw, lat = cluster.kind_link("all-to-all", *level_link(cluster, expert_level(deg)))
+    _, lat = cluster.kind_link("all-to-all", *level_link(cluster, expert_level(deg)))
     per_layer = np.where(ex.layers > 0, ex.dispatch / np.maximum(ex.layers, 1), 0.0)
-    one = collective_time("all-to-all", per_layer, np.full(len(per_layer), float(deg.ep)), bw, lat,
-                          cluster.call_latency)
+    ep, below, slowest = float(deg.ep), 1, np.zeros(len(per_layer))
+    for level, k in enumerate(deg.expert):
+        if k > 1:
+            bw, _ = cluster.kind_link("all-to-all", *level_link(cluster, level))
+            slowest = np.maximum(slowest, (k - 1) * below / ep * per_layer / bw)
+        below *= k
+    one = np.where(per_layer > 0, slowest + (ep - 1) * lat + cluster.call_latency, 0.0)
     return (6 if recompute else 4) * ex.layers * one
 
 
@@ -236,6 +247,9 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     g, _, _, _ = data_groups(deg, c.zero_inner)
     fp, fg, fo = zero_factors(c.zero, g)
     s, ex, (efp, efg, efo) = expert_split(c, s, experts)
+    if c.zero >= 3:  # codegen/zero.py gathers a stage's parameters before its forward and frees
+        # them after its backward (not FSDP's one unit at a time): held whole through the step
+        fp, efp = 1.0, (float(deg.ep) if ex is not None else 1.0)
     static = s.params / fp + s.grads / fg + s.optimizer / fo
     if ex is not None:
         static = static + ex.params / efp + ex.grads / efg + ex.optimizer / efo
@@ -244,8 +258,6 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         static = static.copy()
         static[-1] -= s.shared * float(np.sum(static)) / raw if raw else 0.0
     transient = float(np.max(s.full_acts - s.acts)) if c.recompute else 0.0
-    if c.zero >= 3:
-        transient += 2 * float(np.max(s.params + (ex.params / deg.ep if ex is not None else 0.0)))
     cut = np.zeros(max(len(s.spans) - 1, 0))
     if p > 1:
         cut = cut_times(s.boundary, deg, cluster)

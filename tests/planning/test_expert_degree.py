@@ -96,18 +96,23 @@ def _search(graph, cluster):
 
 def test_all_to_all_price_is_the_alpha_beta_count(moe64):
     """Per MoE layer and microbatch: dispatch + combine, forward and backward, each an all-to-all
-    of tokens x top_k x hidden bf16 bytes per device over the expert group, on the slowest link
-    it spans."""
+    of tokens x top_k x hidden bf16 bytes per device over the expert group: each peer's 1/ep of
+    them on the link to that peer, the in-node and the cross-node shares at once, the latency of
+    ep - 1 steps of the slowest link."""
     cluster = Cluster.preset("2x4xH100")
     s = _search(moe64, cluster)
     b, seq, k, h, layers = SIZES["batch"], SIZES["seq"], SIZES["top_k"], SIZES["width"], SIZES["layers"]
-    for expert, link in (((4, 1), cluster.link(False)), ((4, 2), cluster.link(True))):
+    (nv, nv_lat), (ib, ib_lat) = cluster.link(False), cluster.link(True)
+    for expert in ((4, 1), (4, 2)):
         deg = Degrees((1, 1), (1, 1), (4, 2), expert=expert)
         m = 2
         pr = s.price(Candidate(deg, m))
         ep = deg.ep
         nbytes = b // (deg.d * m) * seq * k * h * 2
-        one = (ep - 1) / ep * nbytes / link[0] + (ep - 1) * link[1] + cluster.call_latency
+        if expert == (4, 1):  # 3 peers in the node
+            one = 3 / 4 * nbytes / nv + 3 * nv_lat + cluster.call_latency
+        else:  # 3 peers in the node over NVLink, 4 in the other over the NIC, at once
+            one = max(3 / 8 * nbytes / nv, 4 / 8 * nbytes / ib) + 7 * ib_lat + cluster.call_latency
         assert pr.terms["expert all-to-all"] == pytest.approx(m * layers * 4 * one, rel=1e-9)
         recomputed = s.price(Candidate(deg, m, recompute=True))
         assert recomputed.terms["expert all-to-all"] == pytest.approx(m * layers * 6 * one, rel=1e-9)
@@ -178,3 +183,40 @@ def test_the_dispatch_scales_with_the_microbatch():
     differ = [a.name for a, b in zip(scaled.nodes, small.nodes) if [o.shape for o in a.outputs] != [o.shape for o in b.outputs]]
     assert [n.name for n in scaled.nodes] == [n.name for n in small.nodes]
     assert differ and all(name.startswith("argsort") for name in differ)
+
+
+def test_zero3_parameters_are_priced_whole_as_the_generated_program_holds_them(moe64):
+    """The program gathers a stage's ZeRO-3 parameter slices before its forward and frees them
+    after its backward (codegen/zero.py): a rank holds them whole through the step, so ZeRO-3's
+    parameters cost what no ZeRO's do (the experts' divided by the expert degree only), and its
+    memory is never below ZeRO-2's, whose gradients it shards alike."""
+    cluster = Cluster.preset("8x8xH100")
+    s = _search(moe64, cluster)
+    for expert in ((), (8, 1)):
+        deg = Degrees((1, 1), (1, 1), (8, 8), expert=expert)
+        whole, z2, z3 = (s.price(Candidate(deg, 1, zero=z)) for z in (0, 2, 3))
+        if expert:  # the experts' weights split over the expert group, the rest whole
+            stats, ex = s.stats(Candidate(deg, 1)), s.expert_stats(Candidate(deg, 1))
+            expect = float(np.sum(stats.params - ex.params)) + float(np.sum(ex.params)) / 8
+        else:
+            expect = float(np.sum(s.stats(Candidate(deg, 1)).params))
+        assert z3.memory_terms["parameters"] == pytest.approx(expect, rel=1e-9)
+        assert z3.memory_terms["parameters"] == pytest.approx(whole.memory_terms["parameters"], rel=1e-9)
+        assert z3.memory >= z2.memory
+
+
+def test_an_expert_list_s_weights_are_not_divided_by_the_expert_degree():
+    """Experts written as a list of modules are separate tensors every rank of the expert group
+    holds (the work and the tokens are split, not the weights: rules/moe.py), so the expert degree
+    leaves their memory whole; stacked experts' weights it divides."""
+    cluster = Cluster.preset("8x8xH100")
+    split, whole = Degrees((1, 1), (1, 1), (8, 8), expert=(8, 1)), Degrees((1, 1), (1, 1), (8, 8))
+    params = {}
+    for listed in (False, True):
+        model, inputs = autopar.zoo.get("moe", batch=64, seq=16, width=64, hidden=256, experts=8, top_k=2,
+                                        layers=2, listed=listed)
+        s = _search(autopar.trace(model, inputs), cluster)
+        params[listed] = [s.price(Candidate(d, 1)).memory_terms["parameters"] for d in (split, whole)]
+    assert params[True][0] == pytest.approx(params[True][1], rel=1e-12)
+    assert params[False][0] < params[False][1] / 4
+    assert params[True][1] == pytest.approx(params[False][1], rel=1e-12)

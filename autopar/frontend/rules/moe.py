@@ -20,7 +20,11 @@ divides evenly; a skewed router makes the busiest rank slower than priced.
 An experts module (``is_experts``): ``num_experts`` experts, every direct parameter stacked along
 axis 0 (``[num_experts, ...]``, some of them matrices), called as ``(hidden [t, h], top_k_index [t, k], top_k_weights
 [t, k])`` and returning ``[t, h]``: transformers' experts classes (Mixtral, Qwen2-MoE, ...) and
-``autopar.zoo.moe``'s. Its call reaches the rule as ``experts_call`` (the torch.export front end
+``autopar.zoo.moe``'s. Or, as most hand-written MoE code has it, an ``nn.ModuleList`` of
+``num_experts`` expert modules of the same weights (``expert_list``; ``moe(listed=True)``): its
+weights stack logically along the expert axis, but they are separate tensors, so each rank of an
+expert group holds all of them (their gradients summed over the group) while it runs only its
+own experts' modules, on the tokens dispatched to it. Its call reaches the rule as ``experts_call`` (the torch.export front end
 folds the module's ops into one such call) or as a leaf module (torch.fx).
 """
 
@@ -37,20 +41,41 @@ SITES: dict = {}  # reached through ``sites.FUNCTIONS[experts_call]`` and the le
 
 
 def is_experts(module: nn.Module) -> bool:
-    """Whether ``module`` is a stack of routed experts this rule understands (see the docstring)."""
+    """Whether ``module`` is a stack of routed experts this rule understands (see the docstring):
+    its weights stacked (``[num_experts, ...]``) or one expert module each (``expert_list``)."""
     e = getattr(module, "num_experts", None)
     params = list(module.named_parameters(recurse=False))
-    if not isinstance(e, int) or e < 1 or not params:
+    if not isinstance(e, int) or e < 1:
         return False
+    if not params:
+        return expert_list(module) is not None
     if any(p.dim() < 2 or p.shape[0] != e for _, p in params) or not any(p.dim() >= 3 for _, p in params):
         return False  # a router's [e, h] weight is no stack of matrices
     return not any(True for c in module.children() for _ in c.parameters())  # activations only
 
 
+def expert_list(module: nn.Module) -> str | None:
+    """The name of ``module``'s ``nn.ModuleList`` of ``num_experts`` experts, one module each with
+    the same parameters (names and shapes: the list's weights stack logically along the expert
+    axis), when that list holds all its parameters; None otherwise. Its forward runs each expert
+    on its routed tokens (``(hidden, top_k_index, top_k_weights)``, as the stacked form)."""
+    e = getattr(module, "num_experts", None)
+    if list(module.parameters(recurse=False)) or not isinstance(e, int) or e < 1:
+        return None
+    holders = [(n, c) for n, c in module.named_children() if any(True for _ in c.parameters())]
+    if len(holders) != 1 or not isinstance(holders[0][1], nn.ModuleList) or len(holders[0][1]) != e:
+        return None
+    shapes = [[(n, tuple(p.shape)) for n, p in expert.named_parameters()] for expert in holders[0][1]]
+    if not shapes[0] or any(s != shapes[0] for s in shapes):
+        return None
+    return holders[0][0]
+
+
 def experts_call(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, *weights,
-                 module: str = "") -> torch.Tensor:
+                 module: str = "", experts: int = 0) -> torch.Tensor:
     """The torch.export graph's stand-in for an experts module's ops (``frontend/experts.py``):
-    on meta or fake tensors its result's shape; the compiled program runs the module itself."""
+    on meta or fake tensors its result's shape; the compiled program runs the module itself.
+    ``experts``: how many, where the module holds one module per expert (0: stacked weights)."""
     if hidden.device.type == "meta" or type(hidden).__name__ == "FakeTensor":
         return torch.empty_like(hidden)
     raise RuntimeError(f"the experts of {module or 'a mixture of experts'} are run by autopar.compile's "
@@ -63,15 +88,22 @@ def moe_experts(call: Call) -> Result:
     if x.ndim != 2 or index.ndim != 2 or weights.shape != index.shape or index.shape[0] != x.shape[0]:
         raise ValueError(f"experts take hidden [t, h] and top-k [t, k], got {x.shape}, {index.shape}, "
                          f"{weights.shape}")
-    experts = params[0].shape[0]
-    if any(p.shape[0] != experts for p in params):
+    listed = call.args.get("experts")  # one module per expert: that many, each its own weights
+    experts = listed or params[0].shape[0]
+    if not listed and any(p.shape[0] != experts for p in params):
         raise ValueError("expert weights must all be stacked along axis 0")
+    if listed and len(params) % listed:
+        raise ValueError(f"{len(params)} weights for {listed} experts: each expert must hold the same weights")
     tokens, hidden = x.shape
     k = index.shape[1]
     dims = [Dim(TOKENS, tokens), Dim(EXPERTS, experts), Dim("h", hidden, splittable=False)]
     reads = [(x, ((TOKENS,), ("h",))), (index, ((TOKENS,), ())), (weights, ((TOKENS,), ()))]
-    reads += [(p, ((EXPERTS,),) + ((),) * (p.ndim - 1)) for p in params]
+    # an expert list's weights are separate tensors, none of them along the expert axis: every
+    # rank of an expert group holds them all and updates them alike (their gradients, each from
+    # the rank running that expert, summed over the group); only the work is split
+    reads += [(p, ((),) * p.ndim) if listed else (p, ((EXPERTS,),) + ((),) * (p.ndim - 1)) for p in params]
     per_token = sum(p.numel for p in params) // experts  # weight elements of one expert
-    attrs = {"experts": experts, "top_k": k, CARRIES: {EXPERTS: TOKENS}, "module": call.args.get("module", "")}
+    attrs = {"experts": experts, "top_k": k, CARRIES: {EXPERTS: TOKENS}, "module": call.args.get("module", ""),
+             "listed": bool(listed)}
     return Result("moe_experts", dims, reads, [((TOKENS,), ("h",))], 2 * tokens * k * per_token, attrs)
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from autopar.frontend.rules.base import Tensor, signature
-from autopar.frontend.rules.moe import experts_call, is_experts
+from autopar.frontend.rules.moe import expert_list, experts_call, is_experts
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ SDPA = "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale
 CE = ("input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean', "
       "label_smoothing=0.0")
 
-EXPERTS = "hidden, top_k_index, top_k_weights, *weights, module=''"
+EXPERTS = "hidden, top_k_index, top_k_weights, *weights, module='', experts=0"
 FACTORY = "creates a new tensor (factory op); made whole on every device (replicated)"
 
 UNARY = ("relu gelu silu sigmoid tanh exp log log1p sqrt rsqrt abs neg erf sin cos leaky_relu elu selu celu "
@@ -327,10 +327,11 @@ def _adapt_module(m: nn.Module, x: list, kwargs: dict, param: Callable[[str], Te
                            "weights": [param("in_proj_weight"), param("in_proj_bias"),
                                        param("out_proj.weight"), param("out_proj.bias")]})
     if is_experts(m):
+        listed = expert_list(m) is not None
         return ModuleCall(site("moe_experts", name), {
             "hidden": first, "top_k_index": x[1] if len(x) > 1 else kwargs.get("top_k_index"),
             "top_k_weights": x[2] if len(x) > 2 else kwargs.get("top_k_weights"),
-            "weights": [param(n) for n, _ in m.named_parameters(recurse=False)]})
+            "weights": [param(n) for n, _ in m.named_parameters()], "experts": m.num_experts if listed else None})
     if isinstance(m, nn.CrossEntropyLoss):
         return ModuleCall(site("cross_entropy", name), {
             "input": first, "target": x[1] if len(x) > 1 else kwargs.get("target"), "weight": param("weight"),
