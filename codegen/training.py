@@ -40,6 +40,7 @@ class ProgramTraining:
     recompute: tuple[str, ...] = ()  # block paths run under torch.utils.checkpoint
     zero: int = 0  # ZeRO stage (1: optimizer state sliced, 2: also gradients, 3: also parameters)
     zero_axes: tuple[int, ...] | None = None  # mesh axes ZeRO shards over (None: every axis a gradient sums over)
+    accumulate: int = 1  # microbatches per ``train_step``, the gradients synchronized once (``accumulate.py``)
 
     @property
     def plain(self) -> bool:
@@ -49,7 +50,8 @@ class ProgramTraining:
 PLAIN = ProgramTraining()
 
 
-def program_training(graph, strategy=None, *, zero=None, precision=None, recompute=None) -> ProgramTraining:
+def program_training(graph, strategy=None, *, zero=None, precision=None, recompute=None,
+                     accumulate=None) -> ProgramTraining:
     """The plan's strategy, with the options given to ``compile`` in its place (or over it)."""
     from autopar.core.strategy import PRECISIONS, TrainingOptions
 
@@ -60,7 +62,8 @@ def program_training(graph, strategy=None, *, zero=None, precision=None, recompu
         opts = TrainingOptions(opts.zero if zero is None else int(zero),
                                opts.precision if precision is None else precision,
                                opts.recompute if recompute is None else bool(recompute),
-                               opts.every if recompute is None else max(1, int(recompute)))
+                               opts.every if recompute is None else max(1, int(recompute)),
+                               opts.accumulate)
         if recompute is not None:  # True: every block; an int k: every k-th (blocks 0, k, 2k, ...)
             blocks = recomputed_blocks(graph, opts)
         if zero is not None and strategy is None:
@@ -71,7 +74,10 @@ def program_training(graph, strategy=None, *, zero=None, precision=None, recompu
         raise ValueError("fp16 mixed precision needs loss scaling, which codegen does not do: "
                          "compile with precision='bf16' (or 'fp32')")
     dtype = getattr(torch, PRECISIONS[opts.precision]) if opts.mixed else None
-    return ProgramTraining(dtype, blocks, opts.zero, axes if opts.zero else None)
+    steps = opts.accumulate if accumulate is None else int(accumulate)
+    if steps < 1:
+        raise ValueError(f"accumulate must be a count of microbatches >= 1, not {accumulate!r}")
+    return ProgramTraining(dtype, blocks, opts.zero, axes if opts.zero else None, steps)
 
 
 def block_of(module_path: str, recompute: tuple[str, ...]) -> str | None:
