@@ -42,7 +42,7 @@ from .ops import LocalCall, inline_call
 from .placements import LayoutError, NodeLayout, Placements, node_layout
 from .runtime import OutputReshard, Reshard, ReshardSpec, grad_target, needs_reshard
 from .strided import chunk_index
-from .training import PLAIN, ProgramTraining, block_of, cast_placeholders, recompute_blocks, tag_new_nodes
+from .training import PLAIN, ProgramTraining, cast_placeholders, recompute_blocks, tag_new_nodes
 from .values import (aliases, concrete, describe, has_tensor, is_pl, is_state, local_groups, split_words,
                      state_names, traced_values)
 from .uneven import with_uneven_batch
@@ -156,7 +156,7 @@ class _Builder:
         for n in self.src.graph.nodes:
             mark = self.new._root.prev
             if n.name in self.layouts:
-                block = block_of(self.graph.node(n.name).module, self.training.recompute)
+                block = self.training.tag_of(n.name, self.graph.node(n.name).module)
             elif n.op == "output":
                 block = None
             if n.op == "placeholder":

@@ -28,6 +28,10 @@ from dataclasses import dataclass, field
 
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 ZERO_STAGES = (0, 1, 2, 3)
+# The recompute mode that re-runs only each attention's core (scores, softmax, dropout and the
+# product with the values), not the linears: Korthikanti et al. 2022's selective recomputation,
+# beside False (none) and True (every repeated block's forward).
+RECOMPUTE_ATTENTION = "attention"
 # Each ZeRO stage under the name users also know it by. ZeRO-3 is FSDP (FSDP2's ``fully_shard``
 # per block, FSDP1's FULL_SHARD); ZeRO-2 is FSDP2 with ``reshard_after_forward=False`` (FSDP1's
 # SHARD_GRAD_OP). codegen/zero.py shards the gradient buckets itself (why: its docstring); the
@@ -51,7 +55,7 @@ class TrainingOptions:
 
     zero: int = 0
     precision: str = "fp32"
-    recompute: bool = False
+    recompute: bool | str = False  # or RECOMPUTE_ATTENTION
     every: int = 1  # with ``recompute``: every k-th repeated block (blocks 0, k, 2k, ...) is recomputed
     accumulate: int = 1  # gradient accumulation: microbatches per step, one gradient sync
 
@@ -59,6 +63,8 @@ class TrainingOptions:
         if not (isinstance(self.accumulate, int) and self.accumulate >= 1):
             raise ValueError(f"gradient accumulation needs an integer count of microbatches >= 1, "
                              f"not {self.accumulate!r}")
+        if self.recompute not in (False, True, RECOMPUTE_ATTENTION):
+            raise ValueError(f"recompute must be True, False or {RECOMPUTE_ATTENTION!r}, not {self.recompute!r}")
         if self.zero not in ZERO_STAGES:
             raise ValueError(f"zero must be one of {ZERO_STAGES} (ZeRO stage), not {self.zero!r}")
         if not (isinstance(self.every, int) and self.every >= 1):
@@ -78,6 +84,7 @@ class TrainingOptions:
     def describe(self) -> str:
         parts = [ZERO_NAMES[self.zero],
                  f"{self.precision} mixed precision" if self.mixed else "fp32",
+                 "attention-only recompute" if self.recompute == RECOMPUTE_ATTENTION else
                  ("recompute per block" if self.every == 1 else f"recompute every {self.every} blocks")
                  if self.recompute else "no recomputation"]
         if self.accumulate > 1:
