@@ -336,8 +336,8 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
     if plan.stages:
         from autopar.codegen import pipeline
 
-        if overrides or (plan.strategy is not None and plan.strategy.options.zero + plan.strategy.options.recompute
-                         + plan.strategy.options.mixed):
+        if overrides or (plan.strategy is not None and (plan.strategy.options.zero or plan.strategy.options.recompute
+                                                        or plan.strategy.options.mixed)):
             raise ValueError("ZeRO, mixed precision and recomputation are generated for single-stage plans only: "
                              "plan with pipeline=False to use them")
         if graph.fx_graph.meta.get("autopar_frontend") == "export":

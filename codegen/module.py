@@ -77,6 +77,7 @@ class CompiledModule(nn.Module):
         self._programs = {self._batch: (program, self._state)}  # per global batch size (``batches.py``)
         self._rebuild = None  # batch size -> Program, set by compile_module
         self.training = training
+        self.loss_reduction = "mean"  # with gradient accumulation: "mean" or "sum" over the batch
         self.reducer = GradReducer(mesh, leaves, zero=training.zero, zero_axes=training.zero_axes)
         if training.zero:  # state dicts read and write whole parameters; a load reseeds the master slices
             self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module.unshard())
@@ -135,7 +136,17 @@ class CompiledModule(nn.Module):
         """Forward and backward of one batch; returns the (detached) whole loss. Then
         optimizer.step(). The program's outputs are left as this rank holds them: the loss's
         all-reduce runs beside the backward (``runtime.finish_loss``), the outputs other than the
-        loss are not made whole (the step drops them)."""
+        loss are not made whole (the step drops them). With gradient accumulation
+        (``training.accumulate`` k > 1) the batch runs as k microbatches, the gradients reduced
+        once (``accumulate.py``; ``loss_reduction``: how the loss is made of its batch's)."""
+        if self.training.accumulate > 1:
+            from .accumulate import accumulated_step
+
+            return accumulated_step(self, args, kwargs, self.training.accumulate, self.loss_reduction)
+        return self.one_step(args, kwargs)
+
+    def one_step(self, args: tuple, kwargs: dict, scale: float = 1.0) -> torch.Tensor:
+        """One forward and a backward of ``scale`` times the loss; the (detached, unscaled) loss."""
         with contextlib.ExitStack() as stack:  # a program built in this call returns its outputs whole
             lists = [stack.enter_context(p.outputs_deferred()) for p, _ in self._programs.values()]
             out = self(*args, **kwargs)
@@ -148,9 +159,9 @@ class CompiledModule(nn.Module):
             at = next((i for i, t in enumerate(leaves) if t is loss), None)
             spec = next((s for i, _, s in undone if i == at), None)
         if spec is None:  # the loss needed no reshard: whole already
-            loss.backward()
+            (loss * scale if scale != 1.0 else loss).backward()
             return loss.detach()
-        return finish_loss(loss, spec)
+        return finish_loss(loss, spec, scale)
 
     def _bind(self, args: tuple, kwargs: dict) -> list:
         names = self.program.inputs

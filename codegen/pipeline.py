@@ -138,9 +138,8 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) \
         else (example_inputs,)
     schedule = (schedule if schedule is not None else plan.schedule) or "gpipe"
-    if schedule == "interleaved-1f1b":
-        raise ValueError("interleaved 1F1B (two stages per rank) is priced but not generated yet: run the plan's "
-                         "stages with schedule='zero-bubble' or '1f1b' on a plan of one stage per rank")
+    if schedule == "interleaved-1f1b":  # several stages per rank: interleaved.py
+        return _interleaved(model, plan, example_inputs, group, device, loss_reduction, graph)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     if loss_reduction not in ("mean", "sum"):
@@ -225,6 +224,26 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     ir = stage_ir(scale_batch(graph, plan.microbatches), names, part, graph.fx_graph, module)
     sharded = shard_module(module, ir, assignment, shape, device_mesh=mesh[inner])
     return sharded, mesh.get_group("pp")
+
+def _interleaved(model, plan, example_inputs: tuple, group, device, loss_reduction: str, graph):
+    """Interleaved 1F1B's module for this rank (``interleaved.py``), after the common checks."""
+    from .interleaved import interleaved_module
+
+    if loss_reduction not in ("mean", "sum"):
+        raise ValueError(f"loss_reduction must be 'mean' or 'sum', not {loss_reduction!r}")
+    if not dist.is_initialized():
+        raise RuntimeError("pipeline_module needs an initialized process group (torchrun, or "
+                           "autopar.runtime.launch.launch)")
+    graph = graph if graph is not None else plan.graph
+    if graph is None or getattr(graph, "fx_graph", None) is None:
+        raise ValueError("pipeline_module needs the model's traced graph: pass "
+                         "graph=autopar.trace(model, inputs) (a plan read from a file has none)")
+    if any(n.op == "placeholder" and n.target.startswith("*") for n in graph.fx_graph.graph.nodes):
+        raise ValueError("pipelining needs a model with named inputs (no *args)")
+    device = torch.device(device if device is not None else _default_device(group))
+    return interleaved_module(model, plan, example_inputs, graph, group, device, loss_reduction,
+                              _loss_meta(graph.fx_graph, example_inputs))
+
 
 def _loss_meta(gm: fx.GraphModule, example_inputs: tuple) -> torch.Tensor:
     """The model's output on meta tensors: the shape and dtype of the loss to broadcast."""

@@ -157,7 +157,7 @@ class _Builder:
         for n in self.src.graph.nodes:
             mark = self.new._root.prev
             if n.name in self.layouts:
-                block = block_of(self.graph.node(n.name).module, self.training.recompute)
+                block = self.training.tag_of(n.name, self.graph.node(n.name).module)
             elif n.op == "output":
                 block = None
             if n.op == "placeholder":

@@ -142,6 +142,8 @@ class GradReducer:
         self._queued = False
         self._base: dict[int, torch.Tensor] = {}  # id(leaf) -> gradient already reduced (accumulation)
         self._started = False
+        self.defer = False  # gradient accumulation: backwards that add locally, reduced by a later one
+        self._held = False  # ``_base`` taken for the accumulation window under way
         self._hooks = [leaf.register_post_accumulate_grad_hook(self._on_grad) for _, leaf, _ in leaves]
         self.zero = int(zero)
         self.shards = {}
@@ -176,7 +178,10 @@ class GradReducer:
 
     def sync_zeroed(self) -> None:
         """Before a forward: a parameter whose ``.grad`` the optimizer set to None has its leaf's
-        gradient dropped too (they are one tensor otherwise)."""
+        gradient dropped too (they are one tensor otherwise); not inside an accumulation window,
+        whose earlier backwards left their gradients on the leaves only."""
+        if self._held:
+            return
         for p, leaf in self.leaves:
             if p.grad is None and leaf.grad is not None:
                 leaf.grad = None
@@ -192,20 +197,31 @@ class GradReducer:
     def _queue(self) -> None:
         if not self._queued:
             self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_deferred if self.defer
+                                                                     else self._finish)
+
+    def _end_deferred(self) -> None:
+        """The end of a backward under ``defer``: its gradients stay local, added to by the next."""
+        self._ready = [0] * len(self.buckets)
+        self._queued = False
+        self._started = False
 
     def _begin(self, grad):
         if not self._started:
             self._started = True
             self._queue()
-            for bucket in self.buckets:
-                for leaf in bucket:
-                    if leaf.grad is not None:
-                        self._base[id(leaf)] = leaf.grad.clone()
+            if not self._held:  # once per accumulation window: what the window adds is reduced
+                self._held = True
+                for bucket in self.buckets:
+                    for leaf in bucket:
+                        if leaf.grad is not None:
+                            self._base[id(leaf)] = leaf.grad.clone()
         return grad
 
     def _on_grad(self, leaf: torch.Tensor) -> None:
         self._queue()
+        if self.defer:
+            return
         b = self.bucket_of.get(id(leaf))
         if b is None:
             return
@@ -274,6 +290,7 @@ class GradReducer:
             self.release_params()
         self._work.clear()
         self._base.clear()
+        self._held = False
         self._ready = [0] * len(self.buckets)
         self._queued = False
         self._started = False
@@ -301,15 +318,16 @@ class GradReducer:
             h.remove()
 
 
-def finish_loss(loss: torch.Tensor, spec: ReshardSpec) -> torch.Tensor:
+def finish_loss(loss: torch.Tensor, spec: ReshardSpec, scale: float = 1.0) -> torch.Tensor:
     """Backward from a loss left as this rank's term (``OutputReshard`` deferred) and its whole
     value: a sum over the partial axes is started asynchronously before the backward (gloo runs
-    it beside the backward's compute), waited for after; another move runs after the backward."""
+    it beside the backward's compute), waited for after; another move runs after the backward.
+    ``scale``: the backward runs on ``scale`` times the loss (a microbatch of accumulation)."""
     value = loss.detach().clone()
     axes = partial_axes(spec.src)
     summed = all(p.is_replicate() or is_sum(p) for p in spec.src)
     work = dist.all_reduce(value, group=_group(spec.mesh, axes), async_op=True) if summed and axes else None
-    loss.backward()
+    (loss * scale if scale != 1.0 else loss).backward()
     if work is not None:
         work.wait()
         return value

@@ -17,6 +17,7 @@ has none):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -40,18 +41,33 @@ class ProgramTraining:
     recompute: tuple[str, ...] = ()  # block paths run under torch.utils.checkpoint
     zero: int = 0  # ZeRO stage (1: optimizer state sliced, 2: also gradients, 3: also parameters)
     zero_axes: tuple[int, ...] | None = None  # mesh axes ZeRO shards over (None: every axis a gradient sums over)
+    accumulate: int = 1  # microbatches per ``train_step``, the gradients synchronized once (``accumulate.py``)
+    # attention-only recomputation: (IR node, its attention core) for each node of a core
+    # (``core/attention_core.py``), each core run under ``torch.utils.checkpoint`` on its own
+    cores: tuple[tuple[str, str], ...] = ()
+
+    @functools.cached_property
+    def _core_of(self) -> dict[str, str]:
+        return dict(self.cores)
+
+    def tag_of(self, node: str, module_path: str) -> str | None:
+        """The recomputed group an IR node's program nodes belong to: its attention core, or its
+        recomputed block, or None."""
+        return self._core_of.get(node) or block_of(module_path, self.recompute)
 
     @property
     def plain(self) -> bool:
-        return self.dtype is None and not self.recompute and not self.zero
+        return self.dtype is None and not self.recompute and not self.zero and not self.cores
 
 
 PLAIN = ProgramTraining()
 
 
-def program_training(graph, strategy=None, *, zero=None, precision=None, recompute=None) -> ProgramTraining:
+def program_training(graph, strategy=None, *, zero=None, precision=None, recompute=None,
+                     accumulate=None) -> ProgramTraining:
     """The plan's strategy, with the options given to ``compile`` in its place (or over it)."""
-    from autopar.core.strategy import PRECISIONS, TrainingOptions
+    from autopar.core.attention_core import attention_members
+    from autopar.core.strategy import PRECISIONS, RECOMPUTE_ATTENTION, TrainingOptions
 
     opts = strategy.options if strategy is not None else TrainingOptions()
     blocks = tuple(strategy.recompute) if strategy is not None else ()
@@ -59,9 +75,11 @@ def program_training(graph, strategy=None, *, zero=None, precision=None, recompu
     if zero is not None or precision is not None or recompute is not None:
         opts = TrainingOptions(opts.zero if zero is None else int(zero),
                                opts.precision if precision is None else precision,
-                               opts.recompute if recompute is None else bool(recompute),
-                               opts.every if recompute is None else max(1, int(recompute)))
-        if recompute is not None:  # True: every block; an int k: every k-th (blocks 0, k, 2k, ...)
+                               opts.recompute if recompute is None else
+                               recompute if recompute == RECOMPUTE_ATTENTION else bool(recompute),
+                               opts.every if recompute in (None, RECOMPUTE_ATTENTION) else max(1, int(recompute)),
+                               opts.accumulate)
+        if recompute is not None and recompute != RECOMPUTE_ATTENTION:  # True: every block; k: every k-th
             blocks = recomputed_blocks(graph, opts)
         if zero is not None and strategy is None:
             axes = None
@@ -71,7 +89,13 @@ def program_training(graph, strategy=None, *, zero=None, precision=None, recompu
         raise ValueError("fp16 mixed precision needs loss scaling, which codegen does not do: "
                          "compile with precision='bf16' (or 'fp32')")
     dtype = getattr(torch, PRECISIONS[opts.precision]) if opts.mixed else None
-    return ProgramTraining(dtype, blocks, opts.zero, axes if opts.zero else None)
+    steps = opts.accumulate if accumulate is None else int(accumulate)
+    if steps < 1:
+        raise ValueError(f"accumulate must be a count of microbatches >= 1, not {accumulate!r}")
+    cores = tuple((graph.nodes[i].name, c) for i, c in attention_members(graph).items()) \
+        if opts.recompute == RECOMPUTE_ATTENTION else ()
+    return ProgramTraining(dtype, blocks if opts.recompute != RECOMPUTE_ATTENTION else (), opts.zero,
+                           axes if opts.zero else None, steps, cores)
 
 
 def block_of(module_path: str, recompute: tuple[str, ...]) -> str | None:

@@ -8,7 +8,8 @@ each position. The planner fills these from a cost model; this module only does 
 never imports one.
 
 Model of one training step with S stages of equal device groups and M microbatches (non-interleaved
-schedules): both GPipe and 1F1B take ``(M + S - 1) * t_max + sync_max`` where ``t_max`` is the
+schedules): both GPipe and 1F1B take ``(M + S - 1) * t_max + sync_max`` (zero bubble
+``(M + (S - 1) / 3) * t_max + sync_max`` at 1F1B's memory: ``SCHEDULES``, ``rounds``) where ``t_max`` is the
 slowest stage's forward + backward time per microbatch (its compute plus sending its boundary
 activations and receiving their gradients) and ``sync_max`` the slowest stage's gradient
 synchronization. They differ in memory: GPipe keeps the activations of all M microbatches, 1F1B at
@@ -26,6 +27,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from autopar.core.schedules import FLAT_SCHEDULES, SCHEDULES, rounds  # noqa: F401
 
 
 @dataclass
@@ -53,9 +56,11 @@ class PipelineSolution:
     sync: list[float] = field(default_factory=list)  # each stage's gradient sync, once per step
 
 
-def step_time(stage_time: list[float], sync: list[float], microbatches: int) -> float:
-    s = len(stage_time)
-    return (microbatches + s - 1) * max(stage_time) + max(sync)
+# the schedules' bubbles: ``core.schedules`` (one formula for both planning paths and the report)
+
+
+def step_time(stage_time: list[float], sync: list[float], microbatches: int, schedule: str = "1f1b") -> float:
+    return rounds(schedule, microbatches, len(stage_time)) * max(stage_time) + max(sync)
 
 
 def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
@@ -125,7 +130,7 @@ def best_cuts(c: StageCosts, stages: int, capacity: float, schedule: str,
         for k, (a, b) in enumerate(bounds)
     ]
     return PipelineSolution(bounds, c.devices, c.microbatches, schedule,
-                            step_time(times, syncs, c.microbatches), times, mems, syncs)
+                            step_time(times, syncs, c.microbatches, schedule), times, mems, syncs)
 
 
 def search(options: list[StageCosts], total_devices: int, capacity: float = math.inf,

@@ -19,7 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from autopar.core.ir import Graph, Node, Operand, TensorSpec
-from autopar.core.strategy import NodeTraining, TrainingOptions
+from autopar.core.attention_core import attention_members
+from autopar.core.strategy import RECOMPUTE_ATTENTION, NodeTraining, TrainingOptions
 
 _NUMBERED = re.compile(r"^((?:[^.]+\.)*?\d+)(?:\.|$)")  # up to the first numbered path component
 
@@ -94,7 +95,7 @@ def _cast_node(node: Node, dtype: str) -> Node:
 def recomputed_blocks(graph: Graph, options: TrainingOptions) -> tuple[str, ...]:
     """The block paths ``options`` recomputes: none, every repeated block, or every k-th (blocks
     0, k, 2k, ...: the memory of the others kept, 1/k of the recomputed forward paid)."""
-    if not options.recompute:
+    if not options.recompute or options.recompute == RECOMPUTE_ATTENTION:
         return ()
     return tuple(b.path for i, b in enumerate(repeated_blocks(graph)) if i % options.every == 0)
 
@@ -111,6 +112,8 @@ def apply_training(graph: Graph, options: TrainingOptions, recompute: tuple[str,
     for b in repeated_blocks(graph):
         if b.path in recompute:
             members.update((i, b.path) for i in b.nodes)
+    if options.recompute == RECOMPUTE_ATTENTION:  # each attention core on its own (attention_core.py)
+        members.update(attention_members(graph))
     plain = options.zero == 0 and not options.mixed and not members
     if plain:
         return graph

@@ -15,6 +15,9 @@ is what codegen reads:
   parameters and gradients held in it, fp32 master weights and optimizer state.
 * ``recompute``: module paths (repeated blocks) whose forward is re-run in the backward
   (``torch.utils.checkpoint`` around each); only their inputs are saved.
+* ``accumulate``: gradient accumulation, the batch run as that many equal microbatches one after
+  another, gradients summed locally and synchronized (and the optimizer stepped) once per step:
+  a microbatch's activations for k forwards and backwards.
 """
 
 from __future__ import annotations
@@ -54,8 +57,14 @@ class TrainingOptions:
     precision: str = "fp32"
     recompute: bool | str = False  # or RECOMPUTE_ATTENTION
     every: int = 1  # with ``recompute``: every k-th repeated block (blocks 0, k, 2k, ...) is recomputed
+    accumulate: int = 1  # gradient accumulation: microbatches per step, one gradient sync
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.accumulate, int) and self.accumulate >= 1):
+            raise ValueError(f"gradient accumulation needs an integer count of microbatches >= 1, "
+                             f"not {self.accumulate!r}")
+        if self.recompute not in (False, True, RECOMPUTE_ATTENTION):
+            raise ValueError(f"recompute must be True, False or {RECOMPUTE_ATTENTION!r}, not {self.recompute!r}")
         if self.zero not in ZERO_STAGES:
             raise ValueError(f"zero must be one of {ZERO_STAGES} (ZeRO stage), not {self.zero!r}")
         if not (isinstance(self.every, int) and self.every >= 1):
@@ -78,6 +87,8 @@ class TrainingOptions:
                  "attention-only recompute" if self.recompute == RECOMPUTE_ATTENTION else
                  ("recompute per block" if self.every == 1 else f"recompute every {self.every} blocks")
                  if self.recompute else "no recomputation"]
+        if self.accumulate > 1:
+            parts.append(f"gradient accumulation over {self.accumulate} microbatches")
         return ", ".join(parts)
 
 

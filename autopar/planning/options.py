@@ -20,6 +20,7 @@ during its backward and of ZeRO-3's gathered parameters (the hierarchical search
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -29,15 +30,17 @@ from autopar.core.cost_model import CostModel
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
 from autopar.core.margin import usable_memory
-from autopar.core.strategy import Strategy, TrainingOptions, default_precision
+from autopar.core.strategy import RECOMPUTE_ATTENTION, Strategy, TrainingOptions, default_precision
 from autopar.core.tables import CostTables, Solution
+from autopar.planning.accumulation import STEPS, accumulated_tables, microbatch_graph
 
 NOTE = "memory leaves out the transients of recomputed blocks and ZeRO-3 gathers (flat path)"
 
 
-def option_sets(precision: str | None, zero, recompute, cluster=None, mode: str = "train"
-                ) -> list[TrainingOptions]:
-    """Plain first, then by ZeRO stage, then with recomputation. ``precision`` None: training
+def option_sets(precision: str | None, zero, recompute, cluster=None, mode: str = "train",
+                accumulate="auto") -> list[TrainingOptions]:
+    """Plain first, then by ZeRO stage, then with recomputation, then with gradient accumulation
+    (``accumulate``: "auto" adds 2 and 4 microbatches a step; an int k: every set takes k). ``precision`` None: training
     takes ``core.strategy.default_precision(cluster)`` (the rule the hierarchical path uses),
     inference and a call without a cluster fp32."""
     if precision is None:
@@ -45,9 +48,22 @@ def option_sets(precision: str | None, zero, recompute, cluster=None, mode: str 
     zs = [0, 1, 2, 3] if zero == "auto" else [int(zero)]
     # recomputation: none, then every 4th, every 2nd, every block (each more memory saved for
     # more forward run again); ``recompute`` True is every block, an int k every k-th
-    rcs = ([(False, 1)] + [(True, k) for k in SPARSE] + [(True, 1)] if recompute == "auto"
+    # ``recompute`` "attention": each attention core only (core/attention_core.py), searched
+    # after none: it saves the scores (seq^2 per head) for their forward again
+    rcs = ([(False, 1), (RECOMPUTE_ATTENTION, 1)] + [(True, k) for k in SPARSE] + [(True, 1)]
+           if recompute == "auto" else [(RECOMPUTE_ATTENTION, 1)] if recompute == RECOMPUTE_ATTENTION
            else [(bool(recompute), max(1, int(recompute)))])
-    return [TrainingOptions(z, precision, rc, k) for rc, k in rcs for z in zs]
+    out = [TrainingOptions(z, precision, rc, k) for rc, k in rcs for z in zs]
+    if mode != "train" or accumulate in (1, "1"):
+        return out
+    if accumulate == "auto":  # gradient accumulation (``accumulation.py``): ZeRO 0/1, the first
+        rc, every = rcs[0]  # recomputation (none unless asked for), last in order
+        return out + [TrainingOptions(z, precision, rc, every, k) for k in STEPS for z in zs if z <= 1]
+    steps = int(accumulate)
+    if steps < 1 or not any(z <= 1 for z in zs):
+        raise ValueError(f"accumulate={accumulate!r}: gradient accumulation takes a count of microbatches "
+                         ">= 1 and runs with ZeRO 0 or 1 (zero=0, 1 or 'auto')")
+    return [dataclasses.replace(o, accumulate=steps) for o in out if o.zero <= 1]
 
 
 SPARSE = (4, 2)  # every k-th block recomputed, the sparsest first
@@ -60,9 +76,16 @@ def dominators(opts: TrainingOptions) -> list[TrainingOptions]:
     (ZeRO-2 moves ZeRO-1's bytes, once per microbatch; ZeRO-3 adds the parameter gathers). So
     where memory does not bind a dominator's best plan, ``opts`` cannot beat it. ZeRO-1 has none:
     it moves plain data parallelism's bytes and steps the optimizer on a 1/d shard, so it can be
-    faster without any memory pressure."""
+    faster without any memory pressure. Gradient accumulation over k microbatches is dominated by
+    the next fewer: it runs the same nodes on smaller batches more often, which the cost models
+    price at no less time (compute and bytes scale with the batch, each call adds its latency),
+    and syncs as often."""
     out = []
-    if opts.recompute:  # the next sparser recomputation (every 2k-th block, or none)
+    if opts.accumulate > 1:  # half the microbatches (each a step's sync, one larger batch's compute)
+        out.append(dataclasses.replace(opts, accumulate=max(s for s in (1,) + STEPS if s < opts.accumulate)))
+    if opts.recompute == RECOMPUTE_ATTENTION:  # the attention cores' forward again, nothing less
+        out.append(dataclasses.replace(opts, recompute=False))
+    elif opts.recompute:  # the next sparser recomputation (every 2k-th block, or none)
         sparser = [k for k in SPARSE if k > opts.every and k % opts.every == 0]
         out.append(TrainingOptions(opts.zero, opts.precision, True, min(sparser)) if sparser
                    else TrainingOptions(opts.zero, opts.precision, False))
@@ -89,8 +112,13 @@ class FlatOptions:
         if opts not in self._tables:
             from autopar.cost_models.tables import build_tables
 
-            g = apply_training(self.graph, opts)
+            micro = microbatch_graph(self.graph, opts.accumulate) if opts.accumulate > 1 else self.graph
+            if micro is None:
+                raise ValueError(f"the batch does not split into {opts.accumulate} microbatches")
+            g = apply_training(micro, opts)
             t = build_tables(g, self.cluster, self.model, space="mesh", mode=self.mode, optimizer=self.optimizer)
+            if opts.accumulate > 1:
+                t = accumulated_tables(g, t, opts.accumulate, self.model, self.cluster, self.mode)
             # plans are searched against what a plan may use: the device's memory (an explicit
             # ``capacity`` or the cluster's) less the margin of core/margin.py that compile enforces
             t.memory_capacity = usable_memory(t.memory_capacity if self.capacity is None else self.capacity)
@@ -106,7 +134,11 @@ class FlatOptions:
             if any(slack.get(d, False) for d in dominators(opts)):
                 slack[opts] = True  # no faster than a set whose best plan memory does not bind
                 continue
-            g, t = self.tables_for(opts)
+            try:
+                g, t = self.tables_for(opts)
+            except ValueError:  # a batch that does not split into the set's microbatches
+                slack[opts] = False
+                continue
             try:
                 sol = run(t)
             except InfeasibleError as e:
@@ -138,7 +170,10 @@ class FlatOptions:
         ``choice_of(graph, tables)`` gives its configs."""
         out = None
         for opts in self.sets:
-            g, t = self.tables_for(opts)
+            try:
+                g, t = self.tables_for(opts)
+            except ValueError:
+                continue
             choice = choice_of(g, t)
             out = (opts, g, t, choice)
             if t.total_memory(choice) <= t.memory_capacity:

@@ -86,7 +86,7 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
          model_name: str = "", pase_profile: str | None = None, pase_rate: tuple[float, float] = (10.0, 16.0),
          baselines: bool = True, pipeline: bool | str = "auto", explain: bool = False,
          precision: str | None = None, zero="auto", recompute="auto", pin=None,
-         hierarchical: bool | str = "auto", follow: bool | str = "auto") -> Plan:
+         hierarchical: bool | str = "auto", follow: bool | str = "auto", accumulate="auto") -> Plan:
     """Find the best strategy for ``model`` on ``cluster`` under ``cost_model``.
 
     ``example_inputs``/``example_kwargs``: the call, as ``autopar.trace`` takes it (positional inputs,
@@ -113,13 +113,15 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     the pinned plan as the "published" baseline. ``follow``: search a space where view-like ops
     follow their producer's layout (``planning/follow.py``): True, False, or "auto" (only when the
     exact DP over the full space would be too slow); the plan's search line says which space.
+    ``accumulate``: gradient accumulation on the flat path, k microbatches a step with one
+    gradient sync ("auto": 2 and 4 searched where memory binds; an int k: k, 1 for none).
     """
     return plan_with(model, example_inputs, cluster, example_kwargs=example_kwargs, devices=devices,
                      cost_model=cost_model, memory_capacity=memory_capacity, graph=graph,
                      model_name=model_name,
                      searching=SearchSettings(search, time_limit, pipeline, hierarchical, follow, baselines,
                                               explain),
-                     training=TrainingSettings(mode, optimizer, precision, zero, recompute),
+                     training=TrainingSettings(mode, optimizer, precision, zero, recompute, accumulate),
                      scope=SpaceSettings(space, pin, pase_profile, pase_rate))
 
 
@@ -215,7 +217,7 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
     model = entry.make(graph, cluster, mode, optimizer)
     # training options (planning/options.py): the plain set's tables; ZeRO / recompute when memory binds
     flat = FlatOptions(graph, cluster, model, mode, optimizer, memory_capacity,
-                       option_sets(*training.choices, cluster=cluster, mode=mode))
+                       option_sets(*training.choices, cluster=cluster, mode=mode, accumulate=training.accumulate))
     priced, tables = flat.tables_for(flat.sets[0])
     unsupported = {n.name: n.unsupported for n in graph.nodes if n.unsupported}
     base = _mesh_baselines(priced, tables, cluster, common, unsupported, flat) if searching.baselines else {}

@@ -49,6 +49,7 @@ class TrainingSettings:
     precision: str | None = None
     zero: int | str = "auto"
     recompute: bool | str = "auto"
+    accumulate: int | str = "auto"  # gradient accumulation on the flat path (planning/accumulation.py)
 
     @property
     def choices(self) -> tuple:

@@ -23,7 +23,7 @@ import numpy as np
 from autopar.core.batch import scale_batch
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Graph
-from autopar.search.pipeline import PipelineSolution, StageCosts, search
+from autopar.search.pipeline import FLAT_SCHEDULES, PipelineSolution, StageCosts, search
 from autopar.core.tables import Config, CostTables
 
 
@@ -215,7 +215,7 @@ def best_pipeline(graph, cluster, mode, optimizer, capacity, solve, model, bound
             continue
         stages, axes, micro = specs[j]
         option = price_option(graph, cluster, stages, axes, micro, mode, optimizer, solve, model, graphs[j])
-        sol = search([option.costs], cluster.devices, capacity)
+        sol = search([option.costs], cluster.devices, capacity, FLAT_SCHEDULES)
         if sol is not None:
             found[j] = (sol, option)
             best = min(best, sol.cost)

@@ -47,18 +47,12 @@ from autopar.cost_models.training import optimizer_step_time, zero_sync_time
 from autopar.planning.overlap import exposed, window
 from autopar.planning.routed import ExpertStats
 from autopar.planning.units import UnitStats
+from autopar.core.schedules import SCHEDULES, rounds
 from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
 
 
-# Pipeline schedules (torch.distributed.pipelining's classes, codegen/pipeline.py): name ->
-# (stages per rank v, the bubble as a fraction of 1F1B's (p - 1) slowest-rank microbatch times).
-# 1F1B (Narayanan et al. 2021): (p - 1) t. Interleaved 1F1B, v stages per rank (same paper,
-# section 2.2): (p - 1) t / v, for v times the send/recv and a little more in flight on the first
-# rank. Zero bubble (Qi et al. 2024, ZB-H1, torch's ScheduleInterleavedZeroBubble on one stage per
-# rank): the backward split into input and weight gradients, the weight half filling the bubble:
-# (p - 1)(F + B - W) = (p - 1) t / 3 where F = B = W = t / 3 (the backward at twice the forward),
-# at 1F1B's peak memory.
-SCHEDULES = {"1f1b": (1, 1.0), "zero-bubble": (1, 1.0 / 3.0), "interleaved-1f1b": (2, 0.5)}
+# Pipeline schedules and their bubbles: ``core.schedules`` (one formula, ``rounds``, for both
+# planning paths).
 
 
 RECOMPUTE_WORDS = {False: "no recompute", True: "recompute", RECOMPUTE_ATTENTION: "attention-only recompute"}
@@ -91,10 +85,7 @@ class Candidate:
     def rounds(self) -> float:
         """Slowest-rank microbatch times per step: ``m`` and the schedule's bubble; interleaved
         1F1B's bubble is ``(p - 1) / v`` of them for any v (Narayanan et al. 2021, 2.2)."""
-        v, frac = SCHEDULES[self.schedule]
-        if v > 1:
-            frac = 1.0 / self.virtual
-        return self.microbatches + frac * (self.degrees.p - 1)
+        return rounds(self.schedule, self.microbatches, self.degrees.p, self.virtual)
 
 
 def schedule_options(schedules, p: int, units: int) -> list[tuple[str, int]]:

@@ -3,6 +3,7 @@ stage's nodes on its devices, per microbatch, as the planner priced them (``plan
 
 from __future__ import annotations
 
+from autopar.core.schedules import rounds
 from autopar.report.format import NODE_HEADER, PLACEMENT_KEY, fmt_bytes, fold, node_cells, table
 
 STAGE_HEADER = ["stage", "nodes", "first .. last", "devices", "per microbatch", "compute", "comm", "send/recv",
@@ -13,10 +14,10 @@ def step_numbers(plan) -> dict[str, float]:
     """slots (M + S - 1), the slowest stage's time, the slowest sync, the step and the bubble."""
     times = [s.cost for s in plan.stages]
     syncs = [s.sync for s in plan.stages]
-    slots = plan.microbatches + len(plan.stages) - 1
+    slots = rounds(plan.schedule, plan.microbatches, len(plan.stages))
     busy = sum(plan.microbatches * t for t in times)
     return {"slots": slots, "bottleneck": max(times), "sync": max(syncs),
-            "step": slots * max(times) + max(syncs), "bubble": (len(plan.stages) - 1) / slots,
+            "step": slots * max(times) + max(syncs), "bubble": (slots - plan.microbatches) / slots,
             "idle": 1.0 - busy / (len(plan.stages) * slots * max(times)) if max(times) > 0 else 0.0}
 
 
@@ -29,10 +30,17 @@ def pipeline_lines(plan, units) -> list[str]:
     n = step_numbers(plan)
     slow = max(range(s_count), key=lambda k: plan.stages[k].cost)
     sync = max(range(s_count), key=lambda k: plan.stages[k].sync)
-    lines.append(f"  step = (M + S - 1) x slowest stage + slowest sync and update = ({m} + {s_count} - 1) x "
+    if n["slots"] == m + s_count - 1:  # GPipe, 1F1B
+        slots, fill = ("(M + S - 1) x slowest stage", f"({m} + {s_count} - 1)"), "(S - 1)/(M + S - 1)"
+        counted = f"{s_count - 1}/{n['slots']}"
+    else:  # a smaller bubble (zero bubble: a third of 1F1B's)
+        frac = (n["slots"] - m) / (s_count - 1)
+        slots = (f"(M + {frac:.3g}(S - 1)) x slowest stage", f"({m} + {frac:.3g} x {s_count - 1})")
+        fill, counted = f"{frac:.3g}(S - 1)/(M + {frac:.3g}(S - 1))", f"{n['slots'] - m:.3g}/{n['slots']:.3g}"
+    lines.append(f"  step = {slots[0]} + slowest sync and update = {slots[1]} x "
                  f"{units(n['bottleneck'])} (stage {slow}) + {units(n['sync'])} (stage {sync}) = "
                  f"{units(n['step'])}")
-    lines.append(f"  bubble (fill and drain): (S - 1)/(M + S - 1) = {s_count - 1}/{n['slots']} = "
+    lines.append(f"  bubble (fill and drain, {plan.schedule}): {fill} = {counted} = "
                  f"{n['bubble']:.1%} of the pipelined time; idle with stage imbalance: {n['idle']:.1%}")
     if not plan.stage_rows:  # an older plan file: the stages' own figures only
         for k, st in enumerate(plan.stages):

@@ -109,7 +109,7 @@ def test_recomputing_every_kth_block_is_priced_per_block_and_chosen_where_it_fit
     blocks are identical); with the memory of the every-2nd plan, it is the automatic choice:
     nothing sparser fits, recomputing every block is slower."""
     model, inputs, g = long_gpt
-    kw = dict(graph=g, pipeline=False, baselines=False, zero=0)
+    kw = dict(graph=g, pipeline=False, baselines=False, zero=0, accumulate=1)  # recomputation alone
     each = {k: autopar.plan(model, inputs, "8xA100", recompute=k, **kw) for k in (False, 4, 2, True)}
     assert each[2].strategy.recompute == ("blocks.0", "blocks.2") and each[4].strategy.recompute == ("blocks.0",)
     none, full = each[False], each[True]
