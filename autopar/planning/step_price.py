@@ -324,6 +324,8 @@ def in_flight(c: Candidate, rank: int) -> float:
     bubble's too); interleaved adds ``(p - 1) / v`` on every rank (Narayanan et al. 2021, 2.2:
     the first rank holds ``p (1 + (p - 1) / (p v))``), counted in whole-rank microbatches."""
     p, m = c.degrees.p, c.microbatches
+    if m < p and c.virtual == 1:  # fewer microbatches than stages: run in GPipe's order, all held
+        return float(m)
     extra = (p - 1) / c.virtual if c.virtual > 1 else 0.0
     return min(float(m), p - rank + extra)
 
