@@ -245,6 +245,9 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     ir = stage_ir(micro, names, part, graph.fx_graph, module)
     sharded = shard_module(module, ir, {n: assignment[n] for n in names if n in assignment}, shape,
                            device_mesh=mesh[inner], boundary=boundary)
+    # the program's calls keep the traced fx nodes, and through them ``module``: its unsharded
+    # weights (built from a copy of the whole model) go, the sharded module has its own
+    module.to("meta")
     return sharded, mesh.get_group("pp")
 
 def _loss_meta(gm: fx.GraphModule, example_inputs: tuple) -> torch.Tensor:

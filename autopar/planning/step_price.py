@@ -233,6 +233,8 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     fp, fg, fo = zero_factors(c.zero, g)
     s, ex, (efp, efg, efo) = expert_split(c, s, experts)
     static = s.params / fp + s.grads / fg + s.optimizer / fo
+    if s.transient is not None:  # the loss's backward working set, once per step
+        static = static + s.transient
     if ex is not None:
         static = static + ex.params / efp + ex.grads / efg + ex.optimizer / efo
     if p == 1 and s.shared:  # tied parameters counted by the first and the last unit, one stage

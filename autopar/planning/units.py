@@ -63,6 +63,9 @@ class UnitStats:
     choice: list[int]
     cluster: Cluster  # the tensor group's
     node_map: list[int] | None = None  # full graph node -> node of ``graph`` (a window) that stands for it
+    # [U] bytes per device held once, while a loss's backward runs: the gradients it makes
+    # (``cost_models.memory``'s ``transient``), beside the stage's activations in flight
+    transient: np.ndarray | None = None
 
     @property
     def time(self) -> np.ndarray:
@@ -96,7 +99,8 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         return dataclasses.replace(
             s, spans=spans, compute=s.compute[take], comm=s.comm[take], sync=s.sync[take], params=s.params[take],
             grads=s.grads[take], optimizer=s.optimizer[take], acts=s.acts[take], full_acts=s.full_acts[take],
-            numel=s.numel[take], boundary=cuts, node_map=list(window.node_map))
+            numel=s.numel[take], boundary=cuts, node_map=list(window.node_map),
+            transient=s.transient[take] if s.transient is not None else None)
     sub = group_cluster(cluster, tensor)
     g = scale_batch(graph, microbatches)
     tables = build_tables(g, sub, model, space=model_parallel_space(g), mode=mode, optimizer=optimizer)
@@ -115,7 +119,7 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         unit_of[a:b] = k
     U = len(spans)
     out = {k: np.zeros(U) for k in ("compute", "comm", "sync", "params", "grads", "optimizer", "acts",
-                                    "full_acts", "numel")}
+                                    "full_acts", "numel", "transient")}
     price = AnalyticModel(compute_efficiency=model.compute_efficiency, memory_efficiency=model.memory_efficiency,
                           backward_factor=model.backward_factor)  # the terms at face value
     cache: dict[tuple, tuple] = {}
@@ -158,6 +162,7 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         out["optimizer"][u] += mb.optimizer
         out["acts"][u] += mb.activations
         out["full_acts"][u] += full
+        out["transient"][u] += mb.transient
         out["numel"][u] += numel
         for op in node.params:
             seen_in_unit[u].add(op.source)
@@ -169,7 +174,8 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         shared = sum(state_of.get((src, 0), 0.0) for src, us in param_units.items() if 0 in us and U - 1 in us)
     return UnitStats(spans, out["compute"], out["comm"], out["sync"], out["params"], out["grads"],
                      out["optimizer"], out["acts"], out["full_acts"], out["numel"],
-                     crossing_bytes(g, spans) / sub.devices, shared, g, tables, choice, sub)
+                     crossing_bytes(g, spans) / sub.devices, shared, g, tables, choice, sub,
+                     transient=out["transient"])
 
 
 def model_parallel_space(graph: Graph):
