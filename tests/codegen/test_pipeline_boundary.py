@@ -114,3 +114,19 @@ def test_stages_send_their_shards_and_train_like_one_device(wide, case):
 def test_1f1b_with_fewer_microbatches_than_stages_runs_in_gpipe_order():
     per_rank = run_gloo(_train, 2, [("1f1b-1", "1f1b", 1, 1, "")])
     _check(per_rank, "1f1b-1")
+
+
+def test_the_report_says_1f1b_with_fewer_microbatches_than_stages_runs_as_gpipe():
+    model, inputs = gpt()
+    graph = autopar.trace(model, inputs)
+    text = two_stage_plan(graph, 1, "1f1b").report()
+    assert "1F1B with fewer microbatches than stages (1 < 2) runs in GPipe's order" in text, text
+    assert "GPipe's order" not in two_stage_plan(graph, 2, "1f1b").report()
+
+
+def test_1f1b_with_fewer_microbatches_than_stages_is_priced_as_gpipe_holds():
+    from autopar.search.pipeline import in_flight
+
+    # 4 stages, 3 microbatches: GPipe's order holds all 3 on every stage, the last included
+    assert [in_flight("1f1b", k, 4, 3) for k in range(4)] == [3, 3, 3, 3]
+    assert [in_flight("1f1b", k, 4, 8) for k in range(4)] == [4, 3, 2, 1]  # enough: 1F1B's own
