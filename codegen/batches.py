@@ -32,8 +32,8 @@ def batch_of(module, inputs: list) -> int:
     program = module.program
     sizes: dict[str, int] = {}
     for name, v in zip(program.inputs, inputs):
-        if not isinstance(v, torch.Tensor) or name not in module._input_specs:
-            continue
+        if not isinstance(v, torch.Tensor) or name not in module._input_specs or name in program.boundary.inputs:
+            continue  # a pipeline stage's received shard is no batch the caller chose
         expected, parts, batched = _expected(module, name)
         if v.shape == expected:
             if batched:

@@ -13,6 +13,26 @@ from .placements import NodeLayout, Placements
 
 
 @dataclass
+class Boundary:
+    """What a pipeline stage of several devices receives and sends, as this rank's local shards:
+    per received input its layout on the stage's sub-mesh, per sent output leaf the layout it
+    leaves in (None: the stage sends nothing, its outputs leave as ``outputs=`` says)."""
+
+    inputs: dict[str, Placements] = field(default_factory=dict)
+    outputs: list[Placements] | None = None
+
+    def send(self, placements: list):
+        """How the next output leaf leaves (appended to ``placements``): in its sent layout, its
+        gradient coming back whole where the layout is a partial sum (``runtime.grad_target``)."""
+        from .operands import Use
+        from .runtime import grad_target
+
+        want = self.outputs[len(placements)]
+        placements.append(want)
+        return Use(want, grad_target(want))
+
+
+@dataclass
 class Program:
     """The built program and what its caller must feed it."""
 
@@ -27,6 +47,7 @@ class Program:
     output_placements: list = field(default_factory=list)  # per output leaf (fx order): placements or None
     input_placements: dict[str, Placements] = field(default_factory=dict)  # inputs="local": each input's slice
     output_reshards: list = field(default_factory=list)  # the OutputReshard modules of ``module``
+    boundary: Boundary = field(default_factory=Boundary)  # a pipeline stage's local inputs and outputs
 
     @contextlib.contextmanager
     def outputs_deferred(self):

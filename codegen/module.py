@@ -27,6 +27,7 @@ from autopar.core.tables import Config
 
 from .batch_check import check_same_batch
 from .batches import batch_of, program_for_batch, rebuilt
+from .built import Boundary
 from .local_step import local_stepping
 from .placements import LayoutError
 from .program import Program, build
@@ -294,7 +295,7 @@ def _tensor(module: nn.Module, name: str) -> torch.Tensor:
 def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh,
                    outputs: str = "replicate", inputs: str = "global",
                    training: ProgramTraining = PLAIN, keep: dict[str, nn.Parameter] | None = None,
-                   check_batch: bool = False) -> CompiledModule:
+                   check_batch: bool = False, boundary: Boundary | None = None) -> CompiledModule:
     """This rank's module for ``graph`` under ``assignment`` on ``mesh`` (``model`` is copied);
     ``training``: mixed precision, recomputation and ZeRO (``training.py``). ``keep``: parameter
     objects by name that become the module's parameters (their values swapped for the DTensors,
@@ -302,7 +303,9 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
     this module's parameters (``autopar.compile`` without example inputs plans at the first call).
     ``check_batch``: at the first call, check that every rank passed the same global batch
     (``batch_check.py``; what ``autopar.compile`` asks for: the user's batch, not a pipeline
-    stage's activations).
+    stage's activations). ``boundary``: a pipeline stage's received and sent tensors, taken and
+    left as this rank's shards (``built.Boundary``); such a module runs its traced batch only (a
+    stage's microbatch), and does not keep ``graph`` (whose GraphModule holds the unsharded weights).
     """
     if graph.fx_graph is None:
         raise LayoutError("compile needs graph.fx_graph, the traced GraphModule the IR came from")
@@ -314,7 +317,7 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
         from .mesh import device_type, local_device
 
         model = model.to(local_device("nccl") if device_type() == "cuda" else torch.device("cuda"))
-    program = build(graph, assignment, mesh, model, outputs, inputs, training)  # on the plain copy: it reads shapes
+    program = build(graph, assignment, mesh, model, outputs, inputs, training, boundary)  # on the plain copy: reads shapes
     _distribute_state(model, mesh, program.stored, keep or {})
     try:
         signature = inspect.signature(model.forward) if graph.fx_graph.meta.get("autopar_frontend") != "export" \
@@ -324,7 +327,8 @@ def compile_module(model: nn.Module, graph: Graph, assignment: dict[str, Config]
     if signature is not None and any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values()):
         signature = None
     module = CompiledModule(model, program, mesh, graph, signature, outputs, training, check_batch)
-    module._rebuild = functools.partial(program_for_batch, graph, assignment, mesh, outputs, inputs, training)
+    if boundary is None:
+        module._rebuild = functools.partial(program_for_batch, graph, assignment, mesh, outputs, inputs, training)
     return module
 
 
@@ -360,15 +364,16 @@ def _buffer(b: torch.Tensor, mesh: DeviceMesh, placements) -> torch.Tensor:
 
 
 def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], mesh_shape: tuple[int, ...],
-                 device_mesh: DeviceMesh | None = None, outputs: str = "replicate") -> CompiledModule:
+                 device_mesh: DeviceMesh | None = None, outputs: str = "replicate",
+                 boundary: Boundary | None = None) -> CompiledModule:
     """``compile_module`` on a mesh of ``mesh_shape`` (built on the process group's devices) or on
-    ``device_mesh`` (a caller's, e.g. one pipeline stage's sub-mesh)."""
+    ``device_mesh`` (a caller's, e.g. one pipeline stage's sub-mesh, with its ``boundary``)."""
     from .mesh import device_mesh as make_mesh
 
     mesh = device_mesh if device_mesh is not None else make_mesh(tuple(mesh_shape))
     if tuple(mesh.shape) != tuple(mesh_shape):
         raise LayoutError(f"device mesh {tuple(mesh.shape)} is not the plan's mesh {tuple(mesh_shape)}")
-    return compile_module(model, graph, assignment, mesh, outputs)
+    return compile_module(model, graph, assignment, mesh, outputs, boundary=boundary)
 
 
 __all__ = ["CompiledModule", "compile_module", "shard_module"]

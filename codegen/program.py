@@ -31,7 +31,7 @@ from autopar.core.ir import METADATA_READS, Graph, Node
 from autopar.core.tables import Config
 
 from .batchnorm import needs_sync, needs_sync_op
-from .built import Program
+from .built import Boundary, Program
 from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
 from .counted import add_count, count_operands, hoist_counts
 from .devices import constant_on, makes_on_device, on_device, rank_device
@@ -59,21 +59,21 @@ class _Value:
 
 
 def build(graph: Graph, assignment: dict[str, Config], mesh: DeviceMesh, model: nn.Module,
-          outputs: str = "replicate", inputs: str = "global", training: ProgramTraining = PLAIN) -> Program:
+          outputs: str = "replicate", inputs: str = "global", training: ProgramTraining = PLAIN, boundary=None) -> Program:
     """This rank's program for ``graph`` under ``assignment`` on ``mesh``; ``model`` is the
     compiled module (its children are called by fx leaf-module nodes). ``inputs``: "global" (every
     rank passes the whole batch) or "local" (each its slice over the data-parallel axes).
-    ``training``: mixed-precision casts and recomputed blocks (``training.py``)."""
+    ``training``: mixed-precision casts and recomputed blocks (``training.py``); ``boundary``: ``Boundary``."""
     if inputs not in ("global", "local"):
         raise ValueError(f"inputs must be 'global' or 'local', not {inputs!r}")
-    return _Builder(graph, assignment, mesh, model, outputs, inputs, training).run()
+    return _Builder(graph, assignment, mesh, model, outputs, inputs, training, boundary).run()
 
 
 class _Builder:
-    def __init__(self, graph, assignment, mesh, model, outputs, inputs="global", training=PLAIN):
+    def __init__(self, graph, assignment, mesh, model, outputs, inputs="global", training=PLAIN, boundary=None):
         if outputs not in ("replicate", "local", "dtensor"):
             raise ValueError(f"outputs must be 'replicate', 'local' or 'dtensor', not {outputs!r}")
-        self.graph, self.mesh, self.model, self.outputs = graph, mesh, model, outputs
+        self.graph, self.mesh, self.model, self.outputs, self.boundary = graph, mesh, model, outputs, boundary or Boundary()
         self.shape = tuple(mesh.shape)
         self.coord = mesh.get_coordinate() or [0] * mesh.ndim
         self.device = rank_device(mesh)  # where the tensors the model makes are made (devices.py)
@@ -82,14 +82,12 @@ class _Builder:
         self.src = graph.fx_graph
         self.values = traced_values(graph, model)
         self.state_of = state_names(graph)
-        self.new = fx.Graph()
-        self.root = nn.Module()
+        self.new, self.root = fx.Graph(), nn.Module()
         self.env: dict[fx.Node, _Value] = {}
         self.stored: dict[str, Placements] = {}
         self.grad_of: dict[str, Placements] = {}  # the gradient layout every read must give back
         self.state_nodes: dict[str, fx.Node] = {}
-        self.inputs: list[str] = []
-        self.input_specs: dict[str, Any] = {}
+        self.inputs, self.input_specs = [], {}  # the user's input names in order; name -> TensorSpec
         self.sync_bn: set[str] = set()
         self.canonical = aliases(model)  # a tied tensor has several names: one placeholder
         self._stored_placements()
@@ -186,7 +184,7 @@ class _Builder:
         module = recompute_blocks(module)
         return Program(module, names, self.inputs, self.input_specs, dict(self.stored),
                        reduce_axes, self.sync_bn, self.layouts, self.output_placements, self.input_placements,
-                       [m for m in module.modules() if isinstance(m, OutputReshard)])
+                       [m for m in module.modules() if isinstance(m, OutputReshard)], self.boundary)
 
     def _placeholder(self, n: fx.Node) -> None:
         if n.name in self.state_of and is_state(self.model, self.state_of[n.name]):
@@ -211,8 +209,8 @@ class _Builder:
             return
         if self.values[n].is_floating_point():
             self.float_inputs.append(ph)
-        pl = self._replicated()
-        if self.local_inputs:  # each rank passes its own slice of the batch over the data axes
+        pl = self.boundary.inputs.get(n.name, self._replicated())  # a stage's received shard, or whole
+        if self.local_inputs and n.name not in self.boundary.inputs:  # each rank its slice of the batch
             pl = self.input_layout.get(n.name, pl)
             self.input_placements[n.name] = pl
         self.env[n] = _Value(ph, pl)
@@ -242,6 +240,8 @@ class _Builder:
             if not is_pl(v.placements):
                 placements.append(None)
                 return v.node
+            if self.boundary.outputs is not None:  # a stage's send: its shard in the plan's layout
+                return self._reshard(v, self.boundary.send(placements))
             if self.outputs == "replicate":
                 placements.append(self._replicated())
                 leaf = len(placements) - 1

@@ -239,6 +239,31 @@ def stage_ir(graph, names: list[str], part: StageGraph, gm: fx.GraphModule,
     return Graph(nodes, inputs, outputs or list(graph.outputs), graph.model_name, module)
 
 
+def stage_boundary(graph, assignment: dict, mesh_shape: tuple[int, ...], part: StageGraph, gm: fx.GraphModule,
+                   last: bool):
+    """What a stage of several devices receives and sends (``built.Boundary``): each tensor in its
+    producer's output layout under the plan (``assignment``: every node's config on the stage's
+    sub-mesh ``mesh_shape``; ``graph``: the model's IR at microbatch size), so that the rank at one
+    place of a stage's sub-mesh sends its shard to the rank at the same place of the next one, as
+    the plan prices the cut; a tensor passed through a stage leaves as it came. The last stage
+    sends nothing (its loss leaves whole)."""
+    from .built import Boundary
+    from .placements import node_layout
+
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+    ir_names = {n.name for n in graph.nodes}
+
+    def layout(v: str):
+        source = _ir_source(fx_nodes[v], ir_names)
+        if source is None:
+            raise ValueError(f"stage input {v!r} is no IR node output: cannot shard the stage")
+        node = graph.node(source[0])
+        return node_layout(node, assignment.get(source[0]), tuple(mesh_shape)).outputs[source[1]]
+
+    return Boundary({v: layout(v) for v in part.carried_in},
+                    None if last else [layout(v) for v in part.carried_out])
+
+
 def _ir_source(n: fx.Node, ir_names: set[str]) -> tuple[str, int] | None:
     """The IR (node, output) an fx value is: the node itself or ``getitem`` of its tuple."""
     if n.name in ir_names:

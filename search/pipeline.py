@@ -64,8 +64,9 @@ def step_time(stage_time: list[float], sync: list[float], microbatches: int, sch
 
 
 def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
-    """Microbatches whose activations stage ``stage`` holds at its peak."""
-    if schedule == "gpipe":
+    """Microbatches whose activations stage ``stage`` holds at its peak (1F1B with fewer
+    microbatches than stages runs in GPipe's order: ``codegen.pipeline.schedule_run``)."""
+    if schedule == "gpipe" or (schedule == "1f1b" and microbatches < stages):
         return microbatches
     return min(microbatches, stages - stage)
 

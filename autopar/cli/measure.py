@@ -178,13 +178,6 @@ def _build(model, plan, inputs, device: str, lr: float):
     """(module, optimizer, one training step) of this rank."""
     from autopar.compiler import build_rank_module
 
-    if plan.stages and plan.schedule == "1f1b" and plan.microbatches < len(plan.stages):
-        import copy
-
-        # fewer microbatches than stages: 1F1B's order is GPipe's (each stage holds every microbatch
-        # it has), which torch's Schedule1F1B does not take; only the order of the stage's work is run
-        plan = copy.copy(plan)
-        plan.schedule = "gpipe"
     try:
         module = build_rank_module(model, plan, inputs)
         if plan.stages:

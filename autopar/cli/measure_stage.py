@@ -9,9 +9,10 @@ schedule's order. 1F1B: stage ``k`` of ``S`` runs ``min(M, S - k)`` forwards bef
 backward and then one backward per forward, so at most that many microbatches' activations are
 alive at once; GPipe: all ``M`` forwards, then all backwards. What a stage receives is made here:
 a fresh buffer per microbatch (as a receive writes one) of the shape and dtype the traced graph
-gives at microbatch size (the whole microbatch: a stage of several devices takes its inputs whole
-and returns its outputs replicated, so that is what a receive brings; floats a constant,
-integers zeros, valid indices); the gradient each non-last stage receives for its outputs likewise. Then the optimizer steps this rank's
+gives at microbatch size, cut to this rank's shard where the stage has several devices (each
+rank of a stage receives its shard, in the layout the sending stage leaves it: codegen's
+``Boundary``; floats a constant, integers zeros, valid indices); the gradient each non-last
+stage receives for its outputs likewise, shaped as the outputs it sends. Then the optimizer steps this rank's
 parameters. The sends and receives themselves take no time and no memory here, as every
 collective on the fake group.
 
@@ -106,6 +107,19 @@ def microbatch(inputs: tuple, microbatches: int) -> tuple:
     return tuple(x.tensor_split(microbatches)[0] if isinstance(x, torch.Tensor) and x.dim() else x for x in inputs)
 
 
+def _received_shard(stage, name: str, value: torch.Tensor) -> torch.Tensor:
+    """The meta tensor a stage receives for ``name``: its shard in the layout the sending stage
+    leaves it in (``codegen`` ``Boundary``), or the whole tensor (a stage of one device)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    program = getattr(stage, "program", None)
+    placements = program.boundary.inputs.get(name) if program is not None else None
+    if placements is None:
+        return value
+    shape, _ = compute_local_shape_and_global_offset(value.shape, stage.mesh, placements)
+    return torch.empty(shape, dtype=value.dtype, device="meta")
+
+
 def stage_run(module, plan, graph, inputs: tuple, device, lr: float) -> StageRun:
     """What this rank runs of a pipelined plan: ``module`` is its ``PipelinedModule``."""
     from autopar.codegen.stage_split import check_stages, split_stages
@@ -118,12 +132,12 @@ def stage_run(module, plan, graph, inputs: tuple, device, lr: float) -> StageRun
     probe = _Values(gm)
     probe.run(*micro)
     names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    stage = module.stage_module
     if module.is_first:
         args, kwargs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in micro], {}
-    else:
-        args = [probe.values[v] for v in part.carried_in]  # meta: made per microbatch
+    else:  # meta: made per microbatch, this rank's shard where the stage has several devices
+        args = [_received_shard(stage, v, probe.values[v]) for v in part.carried_in]
         kwargs = {k: x.to(device) if isinstance(x, torch.Tensor) else x for k, x in zip(names, micro)}
-    stage = module.stage_module
     optimizer = (stage.optimizer(torch.optim.AdamW, lr=lr) if hasattr(stage, "optimizer")
                  else torch.optim.AdamW(list(module.parameters()), lr=lr, foreach=True))
     held = in_flight(plan.schedule or "gpipe", module.stage_index, module.num_stages, module.microbatches)

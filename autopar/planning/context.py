@@ -80,7 +80,8 @@ def context_stats(s: UnitStats, kv: np.ndarray, context: int, tensor: int, bandw
     gathered = per_device * (c - 1) / c  # the other ranks' K/V, saved for attention's backward
     return dataclasses.replace(
         s, compute=s.compute / c, comm=s.comm / c + comm, acts=s.acts / c + (0.0 if recompute else gathered),
-        full_acts=s.full_acts / c + gathered, boundary=s.boundary / c)
+        full_acts=s.full_acts / c + gathered, boundary=s.boundary / c,
+        transient=s.transient / c if s.transient is not None else None)  # the loss's rows split too
 
 
 __all__ = ["context_stats", "kv_bytes"]

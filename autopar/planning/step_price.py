@@ -242,6 +242,8 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         # them after its backward (not FSDP's one unit at a time): held whole through the step
         fp, efp = 1.0, (float(deg.ep) if ex is not None else 1.0)
     static = s.params / fp + s.grads / fg + s.optimizer / fo
+    if s.transient is not None:  # the loss's backward working set, once per step
+        static = static + s.transient
     if ex is not None:
         static = static + ex.params / efp + ex.grads / efg + ex.optimizer / efo
     if p == 1 and s.shared:  # tied parameters counted by the first and the last unit, one stage
@@ -331,6 +333,8 @@ def in_flight(c: Candidate, rank: int) -> float:
     bubble's too); interleaved adds ``(p - 1) / v`` on every rank (Narayanan et al. 2021, 2.2:
     the first rank holds ``p (1 + (p - 1) / (p v))``), counted in whole-rank microbatches."""
     p, m = c.degrees.p, c.microbatches
+    if m < p and c.virtual == 1:  # fewer microbatches than stages: run in GPipe's order, all held
+        return float(m)
     extra = (p - 1) / c.virtual if c.virtual > 1 else 0.0
     return min(float(m), p - rank + extra)
 

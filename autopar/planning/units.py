@@ -69,6 +69,9 @@ class UnitStats:
     # the same layout with every saved activation kept at 1/t of the group (``sequence_parallel``)
     sp_acts: np.ndarray | None = None  # [U] bytes per device per microbatch in flight
     sp_comm: np.ndarray | None = None  # [U] seconds per microbatch of gathering them again in the backward
+    # [U] bytes per device held once, while a loss's backward runs: the gradients it makes
+    # (``cost_models.memory``'s ``transient``), beside the stage's activations in flight
+    transient: np.ndarray | None = None
 
     @property
     def time(self) -> np.ndarray:
@@ -103,7 +106,7 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
             s, spans=spans, compute=s.compute[take], comm=s.comm[take], sync=s.sync[take], params=s.params[take],
             grads=s.grads[take], optimizer=s.optimizer[take], acts=s.acts[take], full_acts=s.full_acts[take],
             numel=s.numel[take], boundary=cuts, node_map=list(window.node_map), sp_acts=s.sp_acts[take],
-            sp_comm=s.sp_comm[take])
+            sp_comm=s.sp_comm[take], transient=s.transient[take] if s.transient is not None else None)
     sub = group_cluster(cluster, tensor)
     g = scale_batch(graph, microbatches)
     tables = build_tables(g, sub, model, space=model_parallel_space(g), mode=mode, optimizer=optimizer)
@@ -122,7 +125,7 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         unit_of[a:b] = k
     U = len(spans)
     out = {k: np.zeros(U) for k in ("compute", "comm", "sync", "params", "grads", "optimizer", "acts",
-                                    "full_acts", "numel", "sp_acts", "sp_comm")}
+                                    "full_acts", "numel", "sp_acts", "sp_comm", "transient")}
     link = sub.link(len(tensor) > 1 and tensor[1] > 1)
     price = AnalyticModel(compute_efficiency=model.compute_efficiency, memory_efficiency=model.memory_efficiency,
                           backward_factor=model.backward_factor)  # the terms at face value
@@ -169,6 +172,7 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         out["full_acts"][u] += full
         out["sp_acts"][u] += sp[0]
         out["sp_comm"][u] += sp[1]
+        out["transient"][u] += mb.transient
         out["numel"][u] += numel
         for op in node.params:
             seen_in_unit[u].add(op.source)
@@ -181,7 +185,8 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
     return UnitStats(spans, out["compute"], out["comm"], out["sync"], out["params"], out["grads"],
                      out["optimizer"], out["acts"], out["full_acts"], out["numel"],
                      crossing_bytes(g, spans) / sub.devices, shared, g, tables, choice, sub,
-                     sp_acts=out["sp_acts"], sp_comm=out["sp_comm"])
+                     sp_acts=out["sp_acts"], sp_comm=out["sp_comm"],
+                     transient=out["transient"])
 
 
 def sequence_parallel_saved(node, cfg, group: Cluster, mesh, link: tuple[float, float], mode: str,

@@ -27,6 +27,9 @@ def pipeline_lines(plan, units) -> list[str]:
     lines = [f"pipeline: {s_count} stages x {plan.stages[0].devices} devices, {m} microbatches"
              + (f" of {batch // m} (batch {batch})" if batch and batch % m == 0 else "")
              + f", schedule {plan.schedule}"]
+    if plan.schedule == "1f1b" and m < s_count:  # what codegen.pipeline.schedule_run does with it
+        lines.append(f"  1F1B with fewer microbatches than stages ({m} < {s_count}) runs in GPipe's order: every "
+                     f"stage does its {m} forward(s) before its backwards, and holds all {m} (priced so)")
     n = step_numbers(plan)
     slow = max(range(s_count), key=lambda k: plan.stages[k].cost)
     sync = max(range(s_count), key=lambda k: plan.stages[k].sync)
