@@ -165,21 +165,20 @@ def memory_floors(search, c: Candidate) -> MemoryFloors:
         mesh, g, mode, opt = s.cluster.mesh(), s.graph, search.mode, search.optimizer
         dup = already_saved(g)
         acts, rerun, state = np.zeros(len(spans)), np.zeros(len(spans)), []
+        cache: dict[tuple, tuple] = {}  # identical nodes share their config list (as in unit_stats)
         for k, (a, b) in enumerate(spans):
             seen: set[str] = set()  # a parameter used twice in a unit is counted once (units.unit_stats)
             state.append([])
             for i in range(a, b):
                 node, shared = g.nodes[i], dup.get(g.nodes[i].name, frozenset())
                 skip = frozenset(p.source for p in node.params if p.source in seen)
-                saved, extra, held = [], [], []
-                for cfg in s.tables.configs[i]:
-                    mb = node_memory(node, cfg, mesh, mode, opt, skip, shared=shared)
-                    saved.append(mb.activations)
-                    extra.append(_unrecomputed(node, cfg, mesh, mode, opt, shared) - mb.activations)
-                    held.append((mb.params, mb.grads, mb.optimizer))
-                acts[k] += min(saved)
-                rerun[k] += min(extra)
-                state[-1].append(np.asarray(held, dtype=float))
+                at = (id(s.tables.configs[i]), skip, shared)
+                if at not in cache:
+                    cache[at] = _node_floors(node, s.tables.configs[i], mesh, mode, opt, skip, shared)
+                saved, extra, held = cache[at]
+                acts[k] += saved
+                rerun[k] += extra
+                state[-1].append(held)
                 seen.update(p.source for p in node.params)
         if take is not None:
             acts, rerun, state = acts[take], rerun[take], [state[u] for u in take]
@@ -187,10 +186,16 @@ def memory_floors(search, c: Candidate) -> MemoryFloors:
     return search.floors[key]
 
 
-def _unrecomputed(node, cfg, mesh, mode, opt, shared) -> float:
-    """What ``node`` saves under ``cfg`` without recomputation (``units.unit_stats``'s full_acts)."""
+def _node_floors(node, configs, mesh, mode, opt, skip, shared) -> tuple[float, float, np.ndarray]:
+    """(least activations saved, least extra while recomputed, [configs, 3] state) of one node over
+    its configs, as ``units.unit_stats`` counts them (``full_acts``: saved without recomputation)."""
     rec = node_training(node)
-    if not rec.recompute:
-        return node_memory(node, cfg, mesh, mode, opt, shared=shared).activations
     plain = dataclasses.replace(node, attrs={**node.attrs, "train": dataclasses.replace(rec, recompute=False)})
-    return node_memory(plain, cfg, mesh, mode, opt, shared=shared).activations
+    saved, extra, held = [], [], []
+    for cfg in configs:
+        mb = node_memory(node, cfg, mesh, mode, opt, skip, shared=shared)
+        saved.append(mb.activations)
+        extra.append(node_memory(plain, cfg, mesh, mode, opt, skip, shared=shared).activations - mb.activations
+                     if rec.recompute else 0.0)
+        held.append((mb.params, mb.grads, mb.optimizer))
+    return min(saved), min(extra), np.asarray(held, dtype=float)
