@@ -292,10 +292,11 @@ class Search:
             if level == 1:
                 valid[i] = max(valid[i], any_layout_bound(self, c, comp, rest))
                 if memory_floor(self, c, cands[i][2]) > self.capacity or not math.isfinite(valid[i]):
-                    del valid[i]  # no layout of its group fits (docs/bound.md)
+                    del valid[i]  # no layout of its group fits (docs/bound.md): not worth pricing
+                    continue
                 tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize,
                                     self.expert_stats(c))
-                heapq.heappush(heap, (max(tight, lb), i, 2))
+                heapq.heappush(heap, (max(tight, lb, valid[i]), i, 2))
                 continue
             pr = self.price(c)
             priced += 1
