@@ -47,8 +47,8 @@ from autopar.planning.degrees import Pin, divisors, expert_options, level_degree
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats, expert_totals
 from autopar.planning.settings import TrainingSettings
-from autopar.planning.space_bound import cut_bound, memory_floor
-from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups, layout_bound,
+from autopar.planning.space_bound import any_layout_bound, memory_floor
+from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups,
                                          lower_bound, price, reference_bound, schedule_options, stats_bound)
 from autopar.planning.units import UnitStats, unit_stats
 from autopar.planning.hierarchical_plan import assignment_of, mesh_of, to_plan  # noqa: F401  (also imported from here)
@@ -296,13 +296,13 @@ class Search:
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
             if level == 1:
-                valid[i] = max(valid[i], layout_bound(c, self.stats(c), self.cluster, comp, rest),
-                               cut_bound(self, c, rest))
+                valid[i] = max(valid[i], any_layout_bound(self, c, comp, rest))
                 if memory_floor(self, c, cands[i][2]) > self.capacity or not math.isfinite(valid[i]):
-                    del valid[i]  # no layout of its group fits (docs/bound.md)
+                    del valid[i]  # no layout of its group fits (docs/bound.md): not worth pricing
+                    continue
                 tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize,
                                     self.expert_stats(c))
-                heapq.heappush(heap, (max(tight, lb), i, 2))
+                heapq.heappush(heap, (max(tight, lb, valid[i]), i, 2))
                 continue
             pr = self.price(c)
             priced += 1

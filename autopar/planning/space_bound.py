@@ -1,74 +1,201 @@
 """Lower bounds on the best plan of the hierarchical space under any tensor-group layout
-(docs/bound.md): a candidate's memory floor with its microbatches in flight, and a bound on its
-step from the cuts themselves. ``search`` is a ``hierarchical.Search`` (its solved groups)."""
+(docs/bound.md): a candidate's memory floor with its microbatches in flight, a bound on its
+step from the cuts themselves, and the data-parallel sync every layout waits for. ``search`` is
+a ``hierarchical.Search`` (its solved groups)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
-from autopar.planning.step_price import Candidate, data_groups, in_flight, level_link, pipeline_level, zero_factors
+from autopar.cost_models.memory import already_saved, node_memory
+from autopar.planning.step_price import (Candidate, cut_times, data_groups, dp_sync, in_flight, layout_bound,
+                                         zero_factors)
 from autopar.search.pipeline import StageCosts, best_cuts
 
 
-def memory_floor(search, c: Candidate, static: float) -> float:
-    """Bytes per device that every layout of ``c`` needs in its fullest stage, ``static``
-    being its floor of parameters, gradients and optimizer state per stage (``lower_bound``).
+@dataclass(frozen=True)
+class MemoryFloors:
+    """Per unit, what every layout of a tensor group holds per device at least: the activations
+    saved per microbatch in flight, and with recomputation what the recomputed unit holds on top
+    of them while its backward runs (``price``'s transient)."""
 
-    Activations: the unsplit graph's saved activations at the whole batch (one device's
-    group, solved once per recomputation), scaled to the microbatch (no more than its share:
-    what a batch-free tensor saves does not shrink with it), split perfectly over the group's
-    t devices: ``A`` per microbatch over all stages. Stage w holds ``h_w`` microbatches
-    (``step_price.in_flight``) and ``s_w`` of state, so the fullest holds ``X >= s_w + h_w a_w``
-    for every w with ``sum a_w = A``: ``sum_w (X - s_w) / h_w >= A``, and as ``h_w <= H``,
-    ``X >= (A + S / H) / sum_w 1 / h_w`` with ``S = p x static``; also ``X >= static + A / p``
-    (each stage holds at least one microbatch)."""
-    deg = c.degrees
-    whole = float(np.sum(search.whole_stats(c.recompute).acts))
-    acts = whole / (deg.d * c.microbatches * deg.t * deg.c)  # context ranks split each sequence
+    acts: np.ndarray
+    rerun: np.ndarray
+    state: list[list[np.ndarray]]  # per unit, per node: [configs, 3] parameters, gradients, optimizer state
+
+
+def any_layout_bound(search, c: Candidate, comp: float, rest: float) -> float:
+    """The tightest bound on ``c``'s price under any layout this module and ``layout_bound`` give:
+    the pipeline part (balanced stages, or the cuts themselves), then the data-parallel sync:
+    ``price >= max(pipeline + last bucket, slowest rank's sync) + rest`` (``sync_floors``)."""
+    pipe = max(layout_bound(c, search.stats(c), search.cluster, comp, rest), cut_bound(search, c, rest)) - rest
+    bucket, sync = sync_floors(search, c)
+    return max(pipe + bucket, sync) + rest
+
+
+def sync_floors(search, c: Candidate) -> tuple[float, float]:
+    """(last bucket, slowest rank's sync): seconds of the data-parallel sync every layout and every
+    cut of ``c`` waits for. A rank's exposed sync is at least its last bucket, the gradients of its
+    first unit (the first rank's is the prologue, unit 0, whatever the cut), and the step is at least
+    any rank's whole sync (its overlap window is at most its share of the pipeline: overlap.py), at
+    least the average rank's, as the sync is affine in the bytes. Each unit's gradients and
+    parameters per device are at least its unsplit ones over t (every weight matrix is sharded
+    over the group, ``units.model_parallel_space``). (0, 0) with context or expert degrees."""
+    deg, m = c.degrees, c.microbatches
+    if deg.c > 1 or deg.ep > 1:
+        return 0.0, 0.0
+    whole = search.whole_stats(c.recompute)
+    g, p = whole.grads / deg.t, whole.params / deg.t
+    bucket = float(dp_sync(c.zero, float(g[0]), float(p[0]), 1, search.cluster, deg, c.zero_inner))
+    sync = float(dp_sync(c.zero, float(np.sum(g)) / deg.p, float(np.sum(p)) / deg.p, m, search.cluster, deg,
+                         c.zero_inner))
+    return bucket, sync
+
+
+def transient_floor(search, c: Candidate) -> float:
+    """Bytes every layout of ``c`` holds on top of its fullest stage at least: the recomputed
+    unit's activations (the largest floor of them) and ZeRO-3's two gathered units (the largest
+    unit's unsplit parameters over t, over the expert degree at most)."""
+    out = float(np.max(memory_floors(search, c).rerun)) if c.recompute and c.degrees.c == 1 else 0.0
+    if c.zero >= 3:
+        out += 2 * float(np.max(search.whole_stats(c.recompute).params)) / (c.degrees.t * c.degrees.ep)
+    return out
+
+
+def memory_floor(search, c: Candidate, static: float) -> float:
+    """Bytes per device that every layout of ``c`` needs in its fullest stage with its transient,
+    ``static`` being its floor of parameters, gradients and optimizer state per stage
+    (``lower_bound``).
+
+    Activations ``A`` per microbatch over all stages: per node of the group's graph, the least any
+    config of its space saves, summed (``memory_floors``); with context ranks, the unsplit graph's
+    at the microbatch over t x c. Rank w holds ``h_w`` microbatches (``step_price.in_flight``),
+    ``s_w`` of state and ``a_w`` of activations, ``sum a_w = A``, ``sum s_w >= S = p x static``;
+    it runs v stages of at least one unit each, so ``s_w = v s0 + s'_w``, ``a_w >= v a0`` (``s0``,
+    ``a0`` the least unit floors: ``unit_static``, ``memory_floors``). The fullest holds
+    ``X >= s_w + h_w a_w`` for every w: ``X >= v (s0 + H a0)`` (H the largest ``h_w``), and
+    ``sum_w (X - v s0 - s'_w) / h_w >= A`` gives ``X >= v s0 + (A + (S - p v s0) / H) / sum_w 1 / h_w``;
+    also ``X >= static + A / p`` (each rank holds at least one microbatch)."""
+    deg, v = c.degrees, c.virtual if c.degrees.p > 1 else 1
+    if deg.c > 1:  # context ranks split each sequence
+        whole = float(np.sum(search.whole_stats(c.recompute).acts))
+        acts, a0, s0 = whole / (deg.d * c.microbatches * deg.t * deg.c), 0.0, 0.0
+    else:
+        floors = memory_floors(search, c).acts
+        acts, a0 = float(np.sum(floors)), float(np.min(floors))
+        s0 = float(np.min(unit_static(search, c))) if deg.ep == 1 else 0.0
     held = [in_flight(c, w) for w in range(deg.p)]
-    spread = (acts + deg.p * static / max(held)) / sum(1.0 / h for h in held)
-    return max(static + acts / deg.p, spread)
+    rest = max(deg.p * static - deg.p * v * s0, 0.0)
+    spread = v * s0 + (acts + rest / max(held)) / sum(1.0 / h for h in held)
+    least = max(static + acts / deg.p, spread, v * (s0 + max(held) * a0))
+    return least + transient_floor(search, c)
+
+
+def unit_static(search, c: Candidate) -> np.ndarray:
+    """Per unit, the parameters, gradients and optimizer state every layout's unit holds at least,
+    ZeRO applied: per node the least over the configs of its space, summed (``memory_floors``)."""
+    g, _, _, _ = data_groups(c.degrees, c.zero_inner)
+    scale = 1.0 / np.asarray(zero_factors(c.zero, g))
+    return np.asarray([sum(float(np.min(k @ scale)) for k in unit) for unit in memory_floors(search, c).state])
 
 
 def cut_bound(search, c: Candidate, rest: float) -> float:
     """A lower bound on ``c``'s price under any layout from the cuts themselves (1F1B and zero
     bubble over p > 1 stages; else 0): each unit takes at least its own nodes' and inner
     edges' least time (its group tables cut to the unit, solved exactly), holds at least its
-    unsplit state and activations over t (ZeRO applied), and the cut into p stages that
-    fits is found exactly on those floors (``best_cuts``): any layout's cut fits them too and
-    is no faster. ``math.inf`` when none fits: no layout of ``c`` fits."""
+    unsplit state over t (ZeRO applied) and its activation floor (``memory_floors``), a cut
+    costs what crosses it (``cut_times``: its 1/t slices, whatever the layout), the transient
+    comes on top (``transient_floor``), and the cut into p stages that fits is found exactly on
+    those floors (``best_cuts``): any layout's cut fits them too and is no faster. ``math.inf``
+    when none fits: no layout of ``c`` fits."""
     deg, m = c.degrees, c.microbatches
     if deg.p == 1 or c.virtual > 1 or deg.c > 1 or deg.ep > 1:
         return 0.0  # context and expert degrees change the units' state and work: no floor from them here
-    s, whole = search.stats(c), search.whole_stats(c.recompute)
-    g, _, _, _ = data_groups(deg, c.zero_inner)
-    fp, fg, fo = zero_factors(c.zero, g)
-    static = (whole.params / fp + whole.grads / fg + whole.optimizer / fo) / deg.t
-    acts = whole.acts / (deg.d * m * deg.t)
-    bw, lat = level_link(search.cluster, pipeline_level(deg))
-    cut = 2 * (lat + search.cluster.call_latency + s.boundary / bw)
+    s = search.stats(c)
     costs = StageCosts(search.cluster.devices // deg.p, m, unit_floors(search, c), np.zeros(len(s.spans)),
-                       static, acts, cut)
-    sol = best_cuts(costs, deg.p, search.capacity, "1f1b")
+                       unit_static(search, c), memory_floors(search, c).acts, cut_times(s.boundary, deg, search.cluster))
+    sol = best_cuts(costs, deg.p, search.capacity - transient_floor(search, c), "1f1b")
     return math.inf if sol is None else c.rounds * max(sol.stage_time) + rest
 
 
+def _spans(search, c: Candidate):
+    """The group's units as its tables see them, and the map from the model's units to them."""
+    win = search.window(c.recompute)
+    return (win.spans, np.asarray(win.unit_map)) if win is not None else (search.spans, None)
+
+
 def unit_floors(search, c: Candidate) -> np.ndarray:
-    """Per unit, the least per-microbatch time of its own nodes and the edges among them."""
+    """Per unit, the least per-microbatch time of its own nodes and every edge into them: a unit's
+    time in ``units.unit_stats`` is its nodes' costs and the costs of the edges into them (from
+    any unit, the resharding its inputs need), so the least of that over the configs of its nodes
+    and of the edges' sources (those costing nothing here) bounds it under any layout."""
     key = search.group_key(c)
     if key not in search.floors:
         t = search.stats(c).tables
-        win = search.window(c.recompute)
-        spans = win.spans if win is not None else search.spans
+        spans, take = _spans(search, c)
         least = []
         for a, b in spans:
-            edges = {(u - a, v - a): e for (u, v), e in t.edge_cost.items() if a <= u and v < b}
-            sub = CostTables(t.nodes[a:b], t.configs[a:b], t.node_cost[a:b], edges,
-                             [np.zeros(len(k)) for k in t.configs[a:b]])
+            src = sorted({u for u, v in t.edge_cost if a <= v < b and u < a})
+            pos = {u: k for k, u in enumerate(src + list(range(a, b)))}
+            edges = {(pos[u], pos[v]): e for (u, v), e in t.edge_cost.items() if a <= v < b and u in pos}
+            sub = CostTables([t.nodes[u] for u in src] + t.nodes[a:b], [t.configs[u] for u in src] + t.configs[a:b],
+                             [np.zeros(len(t.configs[u])) for u in src] + t.node_cost[a:b], edges,
+                             [np.zeros(len(t.configs[u])) for u in pos])
             least.append(float(search.solve(sub).cost))
         least = np.asarray(least)
-        search.floors[key] = least[np.asarray(win.unit_map)] if win is not None else least
+        search.floors[key] = least[take] if take is not None else least
     return search.floors[key]
+
+
+def memory_floors(search, c: Candidate) -> MemoryFloors:
+    """``MemoryFloors`` of ``c``'s group: per node of its graph (at the microbatch), the least
+    activations any config of its space saves (``cost_models.memory.node_memory``, as
+    ``units.unit_stats`` counts them) and the least the node adds while recomputed, summed per
+    unit. Each is separable over nodes, so the sum of the least is the least of the sum."""
+    key = ("memory",) + search.group_key(c)
+    if key not in search.floors:
+        s = search.stats(c)
+        spans, take = _spans(search, c)
+        mesh, g, mode, opt = s.cluster.mesh(), s.graph, search.mode, search.optimizer
+        dup = already_saved(g)
+        acts, rerun, state = np.zeros(len(spans)), np.zeros(len(spans)), []
+        cache: dict[tuple, tuple] = {}  # identical nodes share their config list (as in unit_stats)
+        for k, (a, b) in enumerate(spans):
+            seen: set[str] = set()  # a parameter used twice in a unit is counted once (units.unit_stats)
+            state.append([])
+            for i in range(a, b):
+                node, shared = g.nodes[i], dup.get(g.nodes[i].name, frozenset())
+                skip = frozenset(p.source for p in node.params if p.source in seen)
+                at = (id(s.tables.configs[i]), skip, shared)
+                if at not in cache:
+                    cache[at] = _node_floors(node, s.tables.configs[i], mesh, mode, opt, skip, shared)
+                saved, extra, held = cache[at]
+                acts[k] += saved
+                rerun[k] += extra
+                state[-1].append(held)
+                seen.update(p.source for p in node.params)
+        if take is not None:
+            acts, rerun, state = acts[take], rerun[take], [state[u] for u in take]
+        search.floors[key] = MemoryFloors(acts, rerun, state)
+    return search.floors[key]
+
+
+def _node_floors(node, configs, mesh, mode, opt, skip, shared) -> tuple[float, float, np.ndarray]:
+    """(least activations saved, least extra while recomputed, [configs, 3] state) of one node over
+    its configs, as ``units.unit_stats`` counts them (``full_acts``: saved without recomputation)."""
+    rec = node_training(node)
+    plain = dataclasses.replace(node, attrs={**node.attrs, "train": dataclasses.replace(rec, recompute=False)})
+    saved, extra, held = [], [], []
+    for cfg in configs:
+        mb = node_memory(node, cfg, mesh, mode, opt, skip, shared=shared)
+        saved.append(mb.activations)
+        extra.append(node_memory(plain, cfg, mesh, mode, opt, skip, shared=shared).activations - mb.activations
+                     if rec.recompute else 0.0)
+        held.append((mb.params, mb.grads, mb.optimizer))
+    return min(saved), min(extra), np.asarray(held, dtype=float)
