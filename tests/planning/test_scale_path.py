@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import autopar
+from autopar.core.blocks import apply_training, block_window, units
+from autopar.core.strategy import TrainingOptions
 from autopar.frontend.depth import trace_for_planning
 from autopar.planning import budget
 from autopar.planning import hierarchical as H
@@ -116,6 +118,18 @@ def test_blocks_solved_once_give_the_full_searchs_plan():
     assert runs[0][0] == runs[1][0]
     assert runs[0][1] == pytest.approx(runs[1][1], rel=1e-9)
     assert runs[0][2] == runs[1][2]
+
+
+def test_a_deepened_decoders_layers_give_the_window_of_three():
+    """Exported Hugging Face layers each hold a weight view named for the layer's own parameter
+    (``attrs["weight_view"]``); the layers are still one block repeated, so the hierarchical
+    search solves its tensor groups on the 3-block window, not on every layer."""
+    model, inputs = _llama(8)
+    graph = apply_training(trace_for_planning(model, inputs), TrainingOptions(precision="bf16"))
+    assert any("weight_view" in n.attrs for n in graph.nodes)
+    window = block_window(graph)
+    assert window is not None
+    assert len(units(window.graph)) == len(units(graph)) - 5  # 8 layers -> 3
 
 
 def _solve(whole, tables, graph=None):
