@@ -73,8 +73,19 @@ def child(name: str) -> dict:
             "precision": s.options.precision if s else "fp32", "step": plan.cost,
             "memory": plan.memory_per_device, "fits": plan.memory_per_device <= capacity,
             "mfu": s.mfu(plan.cost, plan.devices) if s else float("nan"),
-            "search": f"{plan.search.name} in {plan.search.seconds:.3g} s, {plan.search.describe()}",
+            "search": f"{plan.search.name} in {plan.search.seconds:.3g} s, {plan.search.describe()}{_ending(plan)}",
             "load": os.getloadavg()[0]}
+
+
+def _ending(plan) -> str:
+    """How the hierarchical search ended: closed (its next bound reached the best plan; the
+    candidates it priced and the tensor-group DPs it solved) or stopped at its time limit."""
+    detail = plan.search.detail
+    if plan.search.name != "hierarchical":
+        return ""
+    if detail.startswith("time limit reached"):
+        return "; stopped at the time limit"
+    return "; search closed: " + detail.rsplit("; ", 1)[-1]
 
 
 def table(rows: list[dict]) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from autopar.core.ir import Graph, Node, Operand, TensorSpec
 from autopar.core.attention_core import attention_members
 from autopar.core.strategy import RECOMPUTE_ATTENTION, NodeTraining, TrainingOptions
+from autopar.core.weight_views import WEIGHT_VIEW
 
 _NUMBERED = re.compile(r"^((?:[^.]+\.)*?\d+)(?:\.|$)")  # up to the first numbered path component
 
@@ -144,8 +145,16 @@ def apply_training(graph: Graph, options: TrainingOptions, recompute: tuple[str,
 
 
 def _shape_of(node: Node) -> tuple:
+    """What two blocks' nodes at the same place must share to be the same block. An attribute
+    naming one of the node's own weights (``weight_views.WEIGHT_VIEW``: each layer's own
+    parameter path) is compared by the weight's place among the node's parameters."""
+    attrs = dict(node.attrs)
+    view = attrs.get(WEIGHT_VIEW)
+    sources = [o.source for o in node.params]
+    if view in sources:
+        attrs[WEIGHT_VIEW] = ("param", sources.index(view))
     return (node.op, node.dims, tuple(o.spec for o in node.inputs), tuple(o.spec for o in node.params),
-            node.outputs, node.flops, repr(sorted(node.attrs.items(), key=str)))
+            node.outputs, node.flops, repr(sorted(attrs.items(), key=str)))
 
 
 @dataclass(frozen=True)

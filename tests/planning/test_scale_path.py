@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import autopar
+from autopar.core.blocks import apply_training, block_window, units
+from autopar.core.strategy import TrainingOptions
 from autopar.frontend.depth import trace_for_planning
 from autopar.planning import budget
 from autopar.planning import hierarchical as H
@@ -116,6 +118,41 @@ def test_blocks_solved_once_give_the_full_searchs_plan():
     assert runs[0][0] == runs[1][0]
     assert runs[0][1] == pytest.approx(runs[1][1], rel=1e-9)
     assert runs[0][2] == runs[1][2]
+
+
+def test_a_deepened_decoders_layers_give_the_window_of_three():
+    """Exported Hugging Face layers each hold a weight view named for the layer's own parameter
+    (``attrs["weight_view"]``); the layers are still one block repeated, so the hierarchical
+    search solves its tensor groups on the 3-block window, not on every layer."""
+    model, inputs = _llama(8)
+    graph = apply_training(trace_for_planning(model, inputs), TrainingOptions(precision="bf16"))
+    assert any("weight_view" in n.attrs for n in graph.nodes)
+    window = block_window(graph)
+    assert window is not None
+    assert len(units(window.graph)) == len(units(graph)) - 5  # 8 layers -> 3
+
+
+def test_the_search_closes_before_its_time_limit_and_a_larger_limit_changes_nothing():
+    """A deepened 8-layer Llama on 64 devices (16 nodes of 4): the branch and bound closes (its
+    next bound reaches the best plan) within the planner's default limit, on tensor groups solved
+    on the 3-block window, and without any limit it ends at the same candidate and cost."""
+    import time
+
+    model, inputs = _llama(8)
+    model_inputs = dict(inputs, input_ids=torch.zeros(32, 16, dtype=torch.long))
+    model_inputs["labels"] = model_inputs["input_ids"]
+    graph = trace_for_planning(model, model_inputs)
+    cluster = autopar.Cluster.preset("16x4xH100")
+    solve = functools.partial(_solve, frozenset(kept_whole(graph)))
+    runs = []
+    for deadline in (time.process_time() + 60.0, None):
+        s = H.Search(graph, cluster, "bf16", "adam", "train", cluster.memory_capacity * 0.9, solve, max_tensor=8)
+        best, _, priced, closed = s.best(None, (0, 1, 2, 3), (False, True), deadline, tuple(H.SCHEDULES))
+        assert closed and priced > 0
+        assert all(len(st.graph.nodes) < len(graph.nodes) for st in s._memo.values())  # the window's
+        runs.append((best.candidate, best.cost))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] == pytest.approx(runs[1][1], rel=1e-12)
 
 
 def _solve(whole, tables, graph=None):
