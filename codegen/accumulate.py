@@ -52,6 +52,9 @@ def accumulated_step(module, args: tuple, kwargs: dict, k: int, reduction: str =
             reducer.defer = i < k - 1
             loss = module.one_step(a, kw, scale)
             total = loss if total is None else total + loss
+    except BaseException:
+        reducer.abandon()  # a step that failed half way leaves no accumulation window open
+        raise
     finally:
         reducer.defer = False
     return total * scale

@@ -200,6 +200,12 @@ class GradReducer:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_deferred if self.defer
                                                                      else self._finish)
 
+    def abandon(self) -> None:
+        """Close an accumulation window a failed step left open (its gradients stay as they are)."""
+        self._base.clear()
+        self._held = self._queued = self._started = False
+        self._ready = [0] * len(self.buckets)
+
     def _end_deferred(self) -> None:
         """The end of a backward under ``defer``: its gradients stay local, added to by the next."""
         self._ready = [0] * len(self.buckets)
