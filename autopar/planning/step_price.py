@@ -238,8 +238,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     g, _, _, _ = data_groups(deg, c.zero_inner)
     fp, fg, fo = zero_factors(c.zero, g)
     s, ex, (efp, efg, efo) = expert_split(c, s, experts)
-    if c.zero >= 3:  # codegen/zero.py gathers a stage's parameters before its forward and frees
-        # them after its backward (not FSDP's one unit at a time): held whole through the step
+    if c.zero >= 3:  # codegen/zero.py holds a stage's gathered parameters whole from its forward to its backward's end
         fp, efp = 1.0, (float(deg.ep) if ex is not None else 1.0)
     static = s.params / fp + s.grads / fg + s.optimizer / fo
     if s.transient is not None:  # the loss's backward working set, once per step
@@ -398,6 +397,7 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     fp, fg, fo = zero_factors(c.zero, g)
     ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
     efp, efg, efo = (ep * f for f in zero_factors(c.zero, ge))
+    fp, efp = (1.0, float(ep)) if c.zero >= 3 else (fp, efp)  # ZeRO-3's held whole, as ``price`` counts them
     states = optimizer_states(optimizer)
     rest += optimizer_step_time((tot.numel - xn) / per / fo, itemsize, states, master, cluster.memory_bandwidth)
     opt_bytes = (states * 4 + (4 if master else 0))
