@@ -378,7 +378,8 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
             f"the least found needs "
             f"{need:.3g} GiB ({least.candidate.describe() if least else '-'}): add devices or memory",
             least.memory if least else math.inf)
-    gap = best.cost / search.space_bound - 1.0  # against the optimum of the space (docs/bound.md)
+    # against the optimum of the space (docs/bound.md); a bound equal to the plan up to rounding is no gap
+    gap = max(best.cost / search.space_bound - 1.0, 0.0)
     timed_out = not closed
     info = SearchInfo("hierarchical", time.perf_counter() - start, gap=gap, status="bound",
                       detail=DETAIL + (f"; stopped at the time limit after {priced} candidates" if timed_out else
