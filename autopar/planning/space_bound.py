@@ -101,8 +101,15 @@ def unit_static(search, c: Candidate) -> np.ndarray:
     """Per unit, the parameters, gradients and optimizer state every layout's unit holds at least,
     ZeRO applied: per node the least over the configs of its space, summed (``memory_floors``)."""
     g, _, _, _ = data_groups(c.degrees, c.zero_inner)
-    scale = 1.0 / np.asarray(zero_factors(c.zero, g))
-    return np.asarray([sum(float(np.min(k @ scale)) for k in unit) for unit in memory_floors(search, c).state])
+    factors = zero_factors(c.zero, g)
+    key = ("static", factors) + search.group_key(c)
+    if key not in search.floors:
+        scale, memo = 1.0 / np.asarray(factors), {}
+        for unit in memory_floors(search, c).state:  # the middle units share their window unit's list
+            if id(unit) not in memo:
+                memo[id(unit)] = sum(float(np.min(k @ scale)) for k in unit)
+        search.floors[key] = np.asarray([memo[id(unit)] for unit in memory_floors(search, c).state])
+    return search.floors[key]
 
 
 def cut_bound(search, c: Candidate, rest: float) -> float:
