@@ -41,16 +41,16 @@ def cut_bound(search, c: Candidate, rest: float) -> float:
     fits is found exactly on those floors (``best_cuts``): any layout's cut fits them too and
     is no faster. ``math.inf`` when none fits: no layout of ``c`` fits."""
     deg, m = c.degrees, c.microbatches
-    if deg.p == 1 or c.virtual > 1 or deg.c > 1 or deg.ep > 1:
-        return 0.0  # context and expert degrees change the units' state and work: no floor from them here
+    if deg.p == 1 or c.virtual > 1 or deg.ep > 1:
+        return 0.0  # expert degrees change the units' state and work: no floor from them here
     s, whole = search.stats(c), search.whole_stats(c.recompute)
     g, _, _, _ = data_groups(deg, c.zero_inner)
     fp, fg, fo = zero_factors(c.zero, g)
     static = (whole.params / fp + whole.grads / fg + whole.optimizer / fo) / deg.t
-    acts = whole.acts / (deg.d * m * deg.t)
+    acts = whole.acts / (deg.d * m * deg.t * deg.c)  # a context rank: 1/c of each unit's work and more
     bw, lat = level_link(search.cluster, pipeline_level(deg))
     cut = 2 * (lat + search.cluster.call_latency + s.boundary / bw)
-    costs = StageCosts(search.cluster.devices // deg.p, m, unit_floors(search, c), np.zeros(len(s.spans)),
+    costs = StageCosts(search.cluster.devices // deg.p, m, unit_floors(search, c) / deg.c, np.zeros(len(s.spans)),
                        static, acts, cut)
     sol = best_cuts(costs, deg.p, search.capacity, "1f1b")
     return math.inf if sol is None else c.rounds * max(sol.stage_time) + rest
