@@ -6,8 +6,9 @@ average work. Llama 3's layout (Dubey et al. 2024, 3.3.2): the sequence in ``2c`
 ``i`` holding chunks ``i`` and ``2c - 1 - i``, every rank the same work. The keys and values are
 gathered whole anyway, so only the queries move: before the local sdpa an all-to-all over the
 context group trades each rank's two contiguous chunks (``2i``, ``2i + 1``) for its balanced pair,
-the causal mask is built from those global rows (an explicit mask's rows travel with the queries),
-and after it the outputs travel back the same way; both all-to-alls are differentiable (their
+each of its two chunks attends to the keys up to its last row (the causal mask built from those
+global rows; an explicit mask's rows travel with the queries), and after it the outputs travel
+back the same way; both all-to-alls are differentiable (their
 backward is the reverse exchange), so the gradients come back too.
 """
 
@@ -73,23 +74,47 @@ class Balance:
         return self._exchange(x, dim, True)
 
     def call(self, sdpa, args: tuple, kwargs: dict):
-        """``sdpa(*args, **kwargs)`` on this rank's balanced query rows; its output in its own rows."""
+        """``sdpa(*args, **kwargs)`` on this rank's balanced query rows; its output in its own rows.
+        Each of its two chunks attends to the keys up to its last row only (the later ones are
+        masked): ``(2c + 1) / (4c^2)`` of the whole attention's work on every rank, where a
+        contiguous split's rank i masks ``(4i + 3) / (4c^2)`` of it out of ``1 / c``."""
         names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"]
         bound = dict(zip(names, args))
         bound.update(kwargs)
-        q, k = bound["query"], bound["key"]
+        q, k, v = bound["query"], bound["key"], bound["value"]
         rows = q.shape[-2]
-        bound["query"] = self.to_balanced(q)
         mask = bound.get("attn_mask")
+        if bound.get("is_causal") and isinstance(mask, torch.Tensor):
+            raise ValueError("sdpa with is_causal together with attn_mask: pass one of them")
         if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-2] == rows and rows > 1:
-            bound["attn_mask"] = self.to_balanced(mask)
-        if bound.get("is_causal"):
+            mask = self.to_balanced(mask)
+        elif isinstance(mask, torch.Tensor):
+            mask = mask.expand(*mask.shape[:-2], rows, mask.shape[-1])
+        q = self.to_balanced(q)
+        half = rows // 2
+        mine = balanced_rows(self.index, self.parts, rows).to(q.device)
+        outs = []
+        for j in range(2):
+            sel = slice(j * half, (j + 1) * half)
+            keys = int(mine[(j + 1) * half - 1]) + 1  # the keys up to this chunk's last row
+            call = dict(bound, query=q[..., sel, :], is_causal=False)
             if isinstance(mask, torch.Tensor):
-                raise ValueError("sdpa with is_causal together with attn_mask: pass one of them")
-            mine = balanced_rows(self.index, self.parts, rows).to(q.device)
-            bound["attn_mask"] = torch.arange(k.shape[-2], device=q.device)[None, :] <= mine[:, None]
-            bound["is_causal"] = False
-        return self.from_balanced(sdpa(**bound))
+                part = mask[..., sel, :]
+                if _admits(part[..., keys:]):  # not causal after all: every key
+                    keys = k.shape[-2]
+                call["attn_mask"] = part[..., :keys]
+            else:
+                call["attn_mask"] = torch.arange(keys, device=q.device)[None, :] <= mine[sel, None]
+            call["key"], call["value"] = k[..., :keys, :], v[..., :keys, :]
+            outs.append(sdpa(**call))
+        return self.from_balanced(torch.cat(outs, dim=-2))
+
+
+def _admits(mask: torch.Tensor) -> bool:
+    """Does any entry of an attention mask let a query see its key (bool True, additive > -inf)?"""
+    if mask.numel() == 0:
+        return False
+    return bool(mask.any()) if mask.dtype == torch.bool else bool((mask > float("-inf")).any())
 
 
 __all__ = ["Balance", "balanced_rows", "owner"]

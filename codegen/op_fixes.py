@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from autopar.core.ir import Node
+from autopar.core.sequence import balanced_causal
 
 from .causal_balance import Balance
 from .moves import axes_group
@@ -113,10 +114,8 @@ def causal_rows(node: Node, layout: NodeLayout, index: Callable[[str], int]):
 def balance_of(node: Node, layout, mesh, index) -> Balance | None:
     """The ``causal_balance.Balance`` of a causal sdpa (``is_causal`` or an explicit mask: HF's causal one) whose
     query rows are cut into an even number of rows per rank; None for any other node."""
-    if node.op != "sdpa" or not (node.attrs.get("is_causal") or node.attrs.get("mask")):
-        return None
     parts = layout.split_counts.get("l", 1)
-    if parts == 1 or "l" in layout.uneven or node.dim("l").size % (2 * parts):
+    if not balanced_causal(node, parts) or "l" in layout.uneven:
         return None
     axes = tuple(a for a, d in enumerate(layout.axis_dims) if d == "l")
     return Balance(parts, index("l"), axes_group(mesh, axes))

@@ -72,9 +72,9 @@ def _case(world: int):
 def _rank(rank, world, doc, ref):
     model, kwargs = llama()
     module = autopar.compile(model, kwargs, plan=Plan.from_json(doc))
-    balanced = [m for m in module.modules() if getattr(getattr(m, "call", None), "balance", None) is not None]
-    assert len(balanced) == 2  # both attentions exchange their query rows for balanced causal work
     check_module(rank, module, (), ref, kwargs=kwargs)
+    balanced = [m for m in module.modules() if getattr(getattr(m, "call", None), "balance", None) is not None]
+    assert len(balanced) == 2  # both attentions exchanged their query rows for balanced causal work
 
 
 @pytest.mark.parametrize("world", [2, 4])
