@@ -5,7 +5,8 @@
   *means* into partial *sums*, so the ``Partial`` output sums to the global mean and its gradient
   (which DTensor hands back replicated) gets the 1/parts it needs.
 * Causal attention with its query rows split must mask by *global* positions: the local call gets
-  an explicit mask for its rows instead of ``is_causal``.
+  an explicit mask for its rows instead of ``is_causal``; with an even number of rows per rank,
+  its rows are first exchanged for a balanced share of the work (``causal_balance``).
 * An embedding whose vocabulary is split (a reduction in the IR: the shards' outputs sum to the
   answer) looks up only the indices its row shard owns and contributes zeros for the others
   (Megatron's vocab-parallel embedding).
@@ -20,8 +21,11 @@ import torch.fx as fx
 
 from autopar.core.ir import Node
 from autopar.core.loss_lead import counts_targets
+from autopar.core.sequence import balanced_causal
 
+from .causal_balance import Balance
 from .counted import CountedMean
+from .moves import axes_group
 from .placements import LayoutError, NodeLayout
 
 MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy",
@@ -106,6 +110,16 @@ def causal_rows(node: Node, layout: NodeLayout, index: Callable[[str], int]):
         return None
     rows = node.dim("l").size // parts
     return index("l") * rows, rows
+
+
+def balance_of(node: Node, layout, mesh, index) -> Balance | None:
+    """The ``causal_balance.Balance`` of a causal sdpa (``is_causal`` or an explicit mask: HF's causal one) whose
+    query rows are cut into an even number of rows per rank; None for any other node."""
+    parts = layout.split_counts.get("l", 1)
+    if not balanced_causal(node, parts) or "l" in layout.uneven:
+        return None
+    axes = tuple(a for a, d in enumerate(layout.axis_dims) if d == "l")
+    return Balance(parts, index("l"), axes_group(mesh, axes))
 
 
 def causal_mask(n: fx.Node, args, kwargs, first: int, rows: int):

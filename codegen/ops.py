@@ -64,6 +64,7 @@ class LocalCall:
     writes_first: bool = False  # an in-place call: it writes into its first tensor (``inplace``)
     whole_dropout: float | None = None  # p of a dropout run with the whole tensor's mask (op_fixes)
     groups: int | None = None  # a grouped conv whose groups are split: how many this device runs
+    balance: Any = None  # a causal sdpa's query rows exchanged for balanced work (causal_balance.Balance)
     _fast: _Fast | None = field(default=None, init=False, repr=False, compare=False)
 
     def _prepare(self) -> _Fast:
@@ -110,7 +111,7 @@ class LocalCall:
         fast = self._fast
         if self.groups is not None and self.fx_node.op != "call_module":
             args, kwargs = local_groups(self.fx_node, args, kwargs, self.groups)
-        if self.causal_rows is not None:
+        if self.causal_rows is not None and self.balance is None:
             args, kwargs = causal_mask(self.fx_node, args, kwargs, *self.causal_rows)
         outside = None
         self._pad = None
@@ -118,6 +119,8 @@ class LocalCall:
             args, kwargs, outside, self._pad = own_rows(self.fx_node, args, kwargs, *self.vocab)
         if self.whole_dropout is not None:
             out = dropout_slice(tensors[0], self.node, self.layout, self.index, self.whole_dropout)
+        elif self.balance is not None:
+            out = self.balance.call(lambda **kw: self._invoke((), kw, tensors[len(self.slots):]), args, kwargs)
         else:
             out = self._invoke(args, kwargs, tensors[len(self.slots):])
         if outside is not None:
@@ -275,6 +278,7 @@ def inline_call(graph: fx.Graph, call: LocalCall, uses: list, args: list) -> fx.
         return None
     if (call.drop or call.groups is not None or call.causal_rows is not None
             or call.vocab is not None or call.whole_dropout is not None or call.mean_scale != 1.0
+            or call.balance is not None
             or any(u.strided for u in uses)
             or any(isinstance(c, torch.Tensor) for i, c in enumerate(call.flat) if i not in call.slots)):
         return None  # a tensor constant would need a buffer of the program: the NodeCall holds it

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from autopar.cost_models.batchnorm_stats import bn_stats, bn_stats_many
+from autopar.cost_models.causal_exchange import balance_many, balance_seconds, work_factor
 from autopar.cost_models.experts import exchange_many, exchange_seconds
 from autopar.cost_models.loss_count import exposed, lead_seconds, loss_count, loss_count_many
 from autopar.cost_models.comm import collective, collective_time, reshard_matrix_codes, reshard_steps
@@ -163,7 +164,7 @@ class AnalyticModel:
         local_bytes = moved * (local_spec / total_spec if total_spec else 1.0)
 
         eff = self.efficiency(cluster)
-        t_flops = node.flops / parts / (peak * eff)
+        t_flops = node.flops / parts / (peak * eff) * work_factor(node, cfg.splits)  # balanced causal attention
         t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
         fwd = max(t_flops, t_mem)
         train = node_training(node)
@@ -180,6 +181,9 @@ class AnalyticModel:
         if exchange:
             out.terms.append(Term("expert parallelism: tokens to their experts' ranks and back", exchange, f,
                                   "exchange"))
+        balance, f = balance_seconds(node, cfg, mesh, cluster, mode)
+        if balance:
+            out.terms.append(Term("causal attention balanced: query rows exchanged and back", balance, f, "exchange"))
         count = loss_count(node, cfg, mesh, cluster)
         if count is not None:  # issued at the targets, waited for at the loss: the forward hides some
             lead = lead_seconds(node, mesh, cluster)
@@ -260,9 +264,11 @@ class AnalyticModel:
         moved = _bytes_moved(node, total_spec)
         local_bytes = moved * (local_spec / total_spec) if total_spec else np.full(len(configs), float(moved))
         t_flops = node.flops / parts / (cluster.peak(dtype) * self.efficiency(cluster))
+        if node.op == "sdpa":  # a balanced causal attention's chunks read only the keys they see
+            t_flops = t_flops * np.array([work_factor(node, c.splits) for c in configs])
         t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
         cost = np.maximum(t_flops, t_mem)
-        exchange = exchange_many(node, configs, mesh, cluster, mode)
+        exchange = exchange_many(node, configs, mesh, cluster, mode) + balance_many(node, configs, mesh, cluster, mode)
         count = loss_count_many(node, own, mesh, cluster)
         if mode == "train":
             again = 1.0 if node_training(node).recompute else 0.0

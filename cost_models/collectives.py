@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel, check_mode
 from autopar.cost_models.batchnorm_stats import bn_stats
+from autopar.cost_models.causal_exchange import balance_axes, balance_steps
 from autopar.cost_models.comm import Collective, collective, collective_time, group_of, reshard_steps
 from autopar.cost_models.experts import exchange_axes, exchanges
 from autopar.cost_models.loss_count import loss_count
@@ -43,7 +44,8 @@ class Item:
 
     ``where``: "edge" (a reshard between two nodes), "grad-sync" (a node's weight gradients),
     "bn-stats" (a batch norm's global statistics), "experts" (a mixture of experts' token
-    exchange), "loss-count" (a mean loss's count of counted targets) or "output" (a graph output left
+    exchange), "attention" (a balanced causal attention's query rows,
+    ``causal_exchange``), "loss-count" (a mean loss's count of counted targets) or "output" (a graph output left
     partial). ``tensors``: the tensors it moves, e.g.
     ``("layers_0:0 -> relu:0",)`` or ``("param:layers_0.weight", "param:layers_0.bias")``.
     ``nbytes`` of each tensor per device, as the formula's N (for a bucket: the sum).
@@ -98,7 +100,7 @@ class Collectives:
         for it in self.items:
             if it.phase == phase:
                 op = it.op
-                if backend == "gloo" and op == "all_to_all_single" and it.where != "experts":
+                if backend == "gloo" and op == "all_to_all_single" and it.where not in ("experts", "attention"):
                     op = "all_gather_into_tensor"
                 c[op] += 1
         return c
@@ -165,7 +167,7 @@ def predicted_collectives(graph: Graph, assignment: dict[str, Config], cluster: 
                     out.items.append(Item(phase, "edge", n.name, (name,), step))
                 if nested_order_conflict(a, b):
                     out.nested.append(Reshard(phase, name, a, b))
-        out.items += _experts(n, cfg_of(n.name), mesh, cluster, mode)
+        out.items += _experts(n, cfg_of(n.name), mesh, cluster, mode) + _balance(n, cfg_of(n.name), mesh, cluster, mode)
         count = loss_count(n, cfg_of(n.name), mesh, cluster)
         if count is not None:  # AnalyticModel.node_breakdown's count of counted targets
             out.items.append(Item("forward", "loss-count", n.name, (f"{n.name}:count",), count))
@@ -201,6 +203,21 @@ def _experts(node, cfg: Config, mesh, cluster: Cluster, mode: str) -> list[Item]
     p, cross = group_of(axes, mesh)
     bw, lat = cluster.kind_link("all-to-all", *cluster.link(cross))
     return [Item(phase, "experts", node.name, (f"{node.name}:{what}",),
+                 Collective("all-to-all", axes, p, float(n), bw, lat, cross,
+                            collective_time("all-to-all", n, p, bw, lat, cluster.call_latency), "", 0.0,
+                            cluster.call_latency))
+            for phase, what, n in steps]
+
+
+def _balance(node, cfg: Config, mesh, cluster: Cluster, mode: str) -> list[Item]:
+    """A balanced causal attention's all-to-alls (``causal_exchange.balance_steps``), as priced."""
+    steps = balance_steps(node, cfg, mode)
+    if not steps:
+        return []
+    axes = balance_axes(node, cfg)
+    p, cross = group_of(axes, mesh)
+    bw, lat = cluster.kind_link("all-to-all", *cluster.link(cross))
+    return [Item(phase, "attention", node.name, (f"{node.name}:{what}",),
                  Collective("all-to-all", axes, p, float(n), bw, lat, cross,
                             collective_time("all-to-all", n, p, bw, lat, cluster.call_latency), "", 0.0,
                             cluster.call_latency))

@@ -5,7 +5,8 @@ Sequence axes start at the second axis of every 2-D integer graph input (token i
 whatever reached them). A node dim that indexes a sequence axis of one of its data inputs (as
 the major dim of that axis) is a sequence dim, and an output axis led by a sequence dim is a
 sequence axis for the consumers: one pass in topological order, as ``batch.batch_dims``.
-Names only: nothing in planning or codegen depends on them.
+Names only: nothing in planning or codegen depends on them (``balanced_causal`` is a rule that
+codegen and the cost models share, on an attention node alone).
 """
 
 from __future__ import annotations
@@ -36,3 +37,12 @@ def sequence_dims(graph: Graph) -> dict[str, set[str]]:
             if axes:
                 seq_axes[(node.name, j)] = axes
     return result
+
+
+def balanced_causal(node, parts: int) -> bool:
+    """Whether a causal attention (``is_causal`` or an explicit mask: HF's causal one) whose
+    query rows ``l`` are cut into ``parts`` is run balanced: each rank's rows exchanged for chunks
+    ``i`` and ``2 parts - 1 - i`` of ``2 parts`` (``codegen/causal_balance.py``), which needs an
+    even number of rows per rank."""
+    return (node.op == "sdpa" and parts > 1 and bool(node.attrs.get("is_causal") or node.attrs.get("mask"))
+            and node.dim("l").size % (2 * parts) == 0)

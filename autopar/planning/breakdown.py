@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from autopar.core.batch import batch_dims
-from autopar.core.sequence import sequence_dims
+from autopar.core.sequence import balanced_causal, sequence_dims
 from autopar.core.ir import Graph, Node
 from autopar.core.layout import format_layout, node_layouts, to_mesh
 from autopar.core.tables import Config, CostTables
@@ -28,13 +28,15 @@ def split_words(node: Node, config: Config, seq: set[str] = frozenset(), gathere
     """'b/4, n/2' from a config; 'replicated' when nothing is split. A dim along the sequence
     (``seq``: ``core.sequence``) reads 'seq/4'; an attention's query rows 'seq/4 all-gather K/V'
     where its keys and values arrive split along the sequence (``gathered``: the reshard into it
-    all-gathers them, and reduce-scatters their gradients), 'seq/4 K/V whole' where they do not."""
+    all-gathers them, and reduce-scatters their gradients), 'seq/4 K/V whole' where they do not;
+    ', balanced' where a causal attention's rows are exchanged for even work (``balanced_causal``)."""
     words = []
     for d, s in zip(node.dims, config.splits):
         if s == 1:
             continue
         if node.op == "sdpa" and d.name == "l":
-            words.append(f"seq/{s} " + ("all-gather K/V" if gathered else "K/V whole"))
+            words.append(f"seq/{s} " + ("all-gather K/V" if gathered else "K/V whole")
+                         + (", balanced" if balanced_causal(node, s) else ""))
         else:
             words.append(f"seq/{s}" if d.name in seq else f"{d.name}/{s}")
     return ", ".join(words) if words else "replicated"

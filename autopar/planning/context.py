@@ -63,6 +63,40 @@ def kv_bytes(graph: Graph, spans: list[tuple[int, int]]) -> np.ndarray:
     return out
 
 
+MIN_TOKENS = 1024  # a context rank's least tokens: thinner query blocks leave attention's matmuls too thin
+
+
+def context_options(graph: Graph) -> tuple[int, ...]:
+    """The context degrees the search tries: powers of two ``c`` with the sequence a multiple of
+    ``2c`` (the balanced layout's chunks) and at least ``MIN_TOKENS`` tokens per rank, for a language model whose attention is causal
+    self-attention over its token sequence: every ``scaled_dot_product_attention`` has as many
+    query as key positions, the length of a 2-D integer input's second axis (token ids), and is
+    causal by ``is_causal`` or by an explicit mask. () for any other graph: the pricing below
+    holds for that attention only (every other op works on its own tokens)."""
+    sdpa = [n for n in graph.nodes if n.op == "sdpa"]
+    tokens = {spec.shape[1] for spec in graph.inputs.values()
+              if len(spec.shape) == 2 and not spec.dtype.startswith(("float", "bfloat", "complex", "bool"))}
+    if not sdpa:
+        return ()
+    lengths = {(n.dim("l").size, n.dim("m").size) for n in sdpa}
+    if len(lengths) != 1 or not all(n.attrs.get("is_causal") or n.attrs.get("mask") for n in sdpa):
+        return ()
+    (q, k), = lengths
+    if q != k or q not in tokens:
+        return ()
+    return tuple(2 ** i for i in range(1, q.bit_length()) if q % 2 ** (i + 1) == 0 and q // 2 ** i >= MIN_TOKENS)
+
+
+def gather_times(kv: np.ndarray, context: int, tensor: int, bandwidth: float, latency: float,
+                 call_latency: float, recompute: bool) -> np.ndarray:
+    """Per unit and microbatch: the K/V all-gathers (forward, recomputed forward) and their
+    gradients' reduce-scatter (backward) of one rank of a context group of ``context``."""
+    per_device = kv / tensor  # heads split over the tensor group
+    gather = collective_time("all-gather", per_device, context, bandwidth, latency, call_latency)
+    scatter = collective_time("reduce-scatter", per_device, context, bandwidth, latency, call_latency)
+    return np.where(kv > 0, gather * (2 if recompute else 1) + scatter, 0.0)
+
+
 def context_stats(s: UnitStats, kv: np.ndarray, context: int, tensor: int, bandwidth: float, latency: float,
                   call_latency: float, recompute: bool) -> UnitStats:
     """``s`` (one tensor group's units for a microbatch of whole sequences) as one rank of a
@@ -72,11 +106,8 @@ def context_stats(s: UnitStats, kv: np.ndarray, context: int, tensor: int, bandw
     c = context
     if c <= 1:
         return s
-    per_device = kv / tensor  # heads split over the tensor group
-    gather = collective_time("all-gather", per_device, c, bandwidth, latency, call_latency)
-    scatter = collective_time("reduce-scatter", per_device, c, bandwidth, latency, call_latency)
-    comm = gather * (2 if recompute else 1) + scatter
-    comm = np.where(kv > 0, comm, 0.0)
+    per_device = kv / tensor
+    comm = gather_times(kv, c, tensor, bandwidth, latency, call_latency, recompute)
     gathered = per_device * (c - 1) / c  # the other ranks' K/V, saved for attention's backward
     return dataclasses.replace(
         s, compute=s.compute / c, comm=s.comm / c + comm, acts=s.acts / c + (0.0 if recompute else gathered),
@@ -84,4 +115,4 @@ def context_stats(s: UnitStats, kv: np.ndarray, context: int, tensor: int, bandw
         transient=s.transient / c if s.transient is not None else None)  # the loss's rows split too
 
 
-__all__ = ["context_stats", "kv_bytes"]
+__all__ = ["context_options", "context_stats", "gather_times", "kv_bytes"]

@@ -14,9 +14,10 @@ the tensor DPs of those groups).
 ``zero=1``, ``recompute=1`` (``recompute=attention``: attention-only), ``microbatch=1``,
 ``context=16``, ``expert=8``,
 ``schedule=interleaved-1f1b``); the rest is searched under the same cost model, the pipeline
-schedule included unless the pin names one. The searched space has no context parallelism; a pinned context degree
-is carved out of the data-parallel degrees, innermost level first (``with_context``: the sequence's
-ranks sit next to the tensor group, where the keys' and values' gathers are cheapest).
+schedule included unless the pin names one. A context degree, pinned or searched (for causal
+language models: ``context.context_options``), is carved out of the data-parallel degrees, innermost
+level first (``with_context``: the sequence's ranks sit next to the tensor group, where the keys'
+and values' gathers are cheapest).
 
 Expert parallelism (models with routed experts): the expert group is part of the data-parallel
 devices and fills them innermost level first (``expert_options``): an expert group on the slower

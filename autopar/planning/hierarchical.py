@@ -3,7 +3,8 @@
 Used automatically (``use_hierarchical``) when the flat prime-factor space would be too large:
 more than ``FLAT_LIMIT`` = 64 devices (beyond it the flat space has 7+ mesh axes and the exact DP
 takes minutes and gigabytes), or a cluster of several pods. The space (``degrees.py``): per level
-(in-node, across nodes, across pods) tensor x pipeline x data degrees; per candidate a microbatch
+(in-node, across nodes, across pods) tensor x pipeline x data degrees, and for a causal language
+model context degrees carved out of the data degrees (``context.context_options``); per candidate a microbatch
 count, a pipeline schedule (``step_price.SCHEDULES``), a ZeRO stage (over all data-parallel
 devices or only inside pods), per-block recomputation, and the precision. The search is exact over that space under the cost model:
 
@@ -43,6 +44,7 @@ from autopar.core.margin import capacity_words, usable_memory
 from autopar.core.strategy import PRECISIONS, RECOMPUTE_ATTENTION, Degrees, Strategy, TrainingOptions, default_precision
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.activations import attention_core, attention_flops, attention_recompute, price_fitting
+from autopar.planning.context import context_options, context_stats, gather_times, kv_bytes
 from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats, expert_totals
@@ -54,7 +56,7 @@ from autopar.planning.units import UnitStats, unit_stats
 from autopar.planning.hierarchical_plan import assignment_of, mesh_of, to_plan  # noqa: F401  (also imported from here)
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
-DETAIL = ("exact over degrees per level x microbatches x pipeline schedule x ZeRO x recomputation, "
+DETAIL = ("exact over degrees per level (context degrees where attention is causal over the sequence) x microbatches x pipeline schedule x ZeRO x recomputation, "
           "tensor-group layouts by the "
           "exact DP, pipeline cuts at block boundaries; gap against a lower bound on the best plan of that "
           "space, any tensor-group layout (docs/bound.md)")
@@ -123,6 +125,9 @@ class Search:
         self._kv: dict[bool, np.ndarray] = {}  # keys' and values' bytes per unit (context parallelism)
         self._experts: dict[tuple, ExpertStats | None] = {}
         self.experts = expert_count(graph)  # routed experts per MoE layer (0: none): the expert degree's range
+        # context degrees searched (planning/context.py); not beside routed experts, whose
+        # all-to-all this space prices over data-parallel devices only
+        self.contexts = () if self.experts else context_options(graph)
         self.floors: dict[tuple, np.ndarray] = {}  # space_bound.unit_floors per group
         self.solves = 0
         self.space_bound = math.inf  # set by ``best``: a lower bound on the optimum of its space
@@ -175,14 +180,26 @@ class Search:
 
     def _context(self, c: Candidate, s: UnitStats) -> UnitStats:
         """``s`` for one rank of the candidate's context group (``planning/context.py``)."""
-        from autopar.planning.context import context_stats, kv_bytes
+        kv, bw, lat = self._kv_link(c)
+        return context_stats(s, kv, c.degrees.c, c.degrees.t, bw, lat, self.cluster.call_latency, c.recompute)
 
+    def _kv_link(self, c: Candidate) -> tuple[np.ndarray, float, float]:
+        """Per unit, the K/V bytes of one microbatch of ``c``; the link its context group spans."""
         if c.recompute not in self._kv:
             self._kv[c.recompute] = kv_bytes(self.training_graph(c.recompute), self.spans)
-        kv = self._kv[c.recompute] / (c.degrees.d * c.microbatches)
         deg = c.degrees
         bw, lat = self.cluster.link(min(max(l for l, k in enumerate(deg.context) if k > 1), 2))
-        return context_stats(s, kv, deg.c, deg.t, bw, lat, self.cluster.call_latency, c.recompute)
+        return self._kv[c.recompute] / (deg.d * c.microbatches), bw, lat
+
+    def gathers(self, c: Candidate) -> float:
+        """Seconds per microbatch of the K/V gathers of one context rank over all units: what
+        any layout of ``c`` adds to its ranks' time, whatever the tensor group's layout (0
+        without context parallelism). The slowest of its p stages takes at least 1/p of it."""
+        if c.degrees.c <= 1:
+            return 0.0
+        kv, bw, lat = self._kv_link(c)
+        return float(np.sum(gather_times(kv, c.degrees.c, c.degrees.t, bw, lat, self.cluster.call_latency,
+                                         c.recompute)))
 
     def expert_stats(self, c: Candidate) -> ExpertStats | None:
         """The routed experts' part of ``stats(c)`` (None without experts or expert parallelism)."""
@@ -221,10 +238,16 @@ class Search:
         return price_fitting(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master,
                              self.itemsize, self._names, self.expert_stats(c))
 
-    def degrees(self) -> list[Degrees]:
-        """The space's degrees: per level tensor x pipeline x data, and where the model has
-        routed experts, each expert degree the data devices allow (``expert_options``)."""
+    def degrees(self, context: int | None = None) -> list[Degrees]:
+        """The space's degrees: per level tensor x pipeline x data; where the model has causal
+        self-attention over its sequence, each of ``contexts`` carved out of the data degrees
+        (``with_context``), or only ``context`` when given (a pin's); where it has routed
+        experts, each expert degree the data devices allow (``expert_options``)."""
         plain = level_degrees(self.levels, self.max_tensor, max_pipeline=len(self.spans))
+        if context is not None and context > 1:
+            plain = [x for x in (with_context(d, context) for d in plain) if x is not None]
+        elif context is None:
+            plain = plain + [x for k in self.contexts for x in (with_context(d, k) for d in plain) if x is not None]
         if not self.experts:
             return plain
         return [Degrees(d.tensor, d.pipeline, d.data, expert=ex) if ex else d
@@ -235,10 +258,8 @@ class Search:
         """(compute bound, rest of the bound, memory floor, candidate) of the space or a pin's part;
         pipelined degrees once per schedule of ``schedules`` that has enough units to cut."""
         out = []
-        for deg in self.degrees():
-            if pin is not None and pin.context:
-                deg = with_context(deg, pin.context)
-            if deg is None or (pin is not None and not pin.admits(deg)):
+        for deg in self.degrees(pin.context if pin is not None and pin.context else None):
+            if pin is not None and not pin.admits(deg):
                 continue
             if self.batch % deg.d:
                 continue
@@ -258,8 +279,11 @@ class Search:
                                     continue  # the bubbles of SCHEDULES are those of whole rounds of p
                                 if sched == "1f1b" and deg.p > 1 and "zero-bubble" in schedules and m % deg.p == 0:
                                     continue  # zero bubble: the same cuts and memory, a third of its bubble
-                                out.append((*lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
-                                                         self.optimizer, self.master, self.itemsize), c))
+                                comp, rest, mem = lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
+                                                              self.optimizer, self.master, self.itemsize)
+                                # context: its gathers on top of the compute at peak (each stage's
+                                # time is its compute plus them)
+                                out.append((comp + c.rounds * self.gathers(c) / deg.p, rest, mem, c))
         return out
 
     def best(self, pin: Pin | None, zeros, recomputes, deadline: float | None = None, schedules=("1f1b",),
@@ -291,7 +315,8 @@ class Search:
             if level == 0:
                 b = self.batch // (c.degrees.d * c.microbatches)
                 t_ref, b_ref = self.reference(c)
-                tight = reference_bound(c, t_ref / c.degrees.c, b_ref, b, comp, rest)  # context: 1/c of the work
+                # context: 1/c of the work, plus its gathers at this microbatch
+                tight = reference_bound(c, t_ref / c.degrees.c + self.gathers(c) * b_ref / b, b_ref, b, comp, rest)
                 valid[i] = max(valid[i], tight)
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
@@ -362,7 +387,7 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
                                      recs if pin.recompute is None else (pin.recompute,),
                                      schedules=pin_schedules(pin))[0])
     seeds = [x for x in seeds if x is not None and x.fits and x.candidate.zero in zeros
-             and x.candidate.recompute in recs and x.candidate.degrees.c == 1]
+             and x.candidate.recompute in recs and x.candidate.degrees.c in (1, *search.contexts)]
     # the search's own CPU seconds (a busy machine does not cut it short), after the baselines,
     # which are priced anyway; every schedule for autopar's plan and a pin's (a pin fixes degrees;
     # its schedule only if it says so)

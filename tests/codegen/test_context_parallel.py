@@ -5,7 +5,8 @@ later node follows the split it reads (``tests/helpers/plans.follow``), so norms
 rotary embeddings and the loss run on a slice of the positions, and attention runs its query
 rows split with the whole keys and values (an all-gather of K/V before each attention, a
 reduce-scatter of their gradients after it). Float64, sdpa attention with HF's explicit causal
-mask (split by rows with the queries), grouped-query attention (2 query heads, 1 key/value
+mask (split by rows with the queries; each rank's rows exchanged for a balanced share of the causal work,
+``codegen/causal_balance.py``), grouped-query attention (2 query heads, 1 key/value
 head: too few heads to split over 4 devices). On 2 and 4 gloo processes: the loss at every step,
 every gradient and every parameter after 3 AdamW steps equal the single-device run's. The
 shifted labels end in an ignored position, which the split puts on the last rank alone
@@ -69,9 +70,15 @@ def _case(world: int):
 
 
 def _rank(rank, world, doc, ref):
+    from autopar.codegen.causal_balance import Balance
+
+    calls, run = [], Balance.call
+    Balance.call = lambda self, *a: (calls.append(self.parts), run(self, *a))[1]  # this process only
     model, kwargs = llama()
     module = autopar.compile(model, kwargs, plan=Plan.from_json(doc))
     check_module(rank, module, (), ref, kwargs=kwargs)
+    # both attentions exchanged their query rows for balanced causal work, at every step
+    assert len(calls) >= 2 * 3 and set(calls) == {world}, calls
 
 
 @pytest.mark.parametrize("world", [2, 4])

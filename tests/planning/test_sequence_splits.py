@@ -142,7 +142,7 @@ def test_where_megatrons_plan_does_not_fit_the_plan_that_fits_cuts_activations()
 
 def test_attention_words_say_whether_keys_are_gathered():
     """Query rows split with the keys arriving split along the sequence: an all-gather of K/V;
-    arriving whole: nothing to gather."""
+    arriving whole: nothing to gather; a causal attention's rows balanced."""
     from autopar.planning.breakdown import keys_arrive_split, split_words
     from tests.helpers.plans import config, sequence_split
 
@@ -152,5 +152,6 @@ def test_attention_words_say_whether_keys_are_gathered():
     gathered = sequence_split(graph, (2,), (0,))
     whole = {n.name: config(n, (2,), {"l": (0,)} if n is attention else {}) for n in graph.nodes}
     assert keys_arrive_split(graph, attention, gathered) and not keys_arrive_split(graph, attention, whole)
-    assert split_words(attention, gathered[attention.name], {"l", "m"}, True) == "seq/2 all-gather K/V"
-    assert split_words(attention, whole[attention.name], {"l", "m"}, False) == "seq/2 K/V whole"
+    # causal: its rows exchanged for even work (codegen/causal_balance.py), 4 rows per rank
+    assert split_words(attention, gathered[attention.name], {"l", "m"}, True) == "seq/2 all-gather K/V, balanced"
+    assert split_words(attention, whole[attention.name], {"l", "m"}, False) == "seq/2 K/V whole, balanced"
