@@ -8,7 +8,7 @@ model context degrees carved out of the data degrees (``context.context_options`
 count, a pipeline schedule (``step_price.SCHEDULES``), a ZeRO stage (over all data-parallel
 devices or only inside pods), per-block recomputation, and the precision. The search is exact over that space under the cost model:
 
-1. every candidate gets a lower bound (``step_price.lower_bound``: compute at peak with its
+1. every candidate gets a lower bound (``step_bounds.lower_bound``: compute at peak with its
    bubble, perfectly sharded sync and optimizer) and a memory floor; candidates whose floor
    exceeds the devices' memory are dropped;
 2. candidates are priced in order of their bound (``step_price.price``), each tensor group's
@@ -21,7 +21,7 @@ Not exact, stated in the plan (``SearchInfo``: status "bound"): the layout of ea
 the one that minimises its per-microbatch time, not the best jointly with memory and the syncs.
 The gap reported is against a lower bound on the best plan of the space *with any layout*
 (docs/bound.md): the least, over the candidates whose memory floor fits, of the tightest bound
-each got that holds for every layout (``step_price.layout_bound`` once its group is solved). The
+each got that holds for every layout (``step_bounds.layout_bound`` once its group is solved). The
 space itself (uniform degrees over the model, cuts at block boundaries, ZeRO over the data axes
 only) is what the bound is over.
 """
@@ -47,11 +47,11 @@ from autopar.planning.activations import attention_core, attention_flops, attent
 from autopar.planning.context import context_options, context_stats, gather_times, kv_bytes
 from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
 from autopar.planning.plan import Plan, SearchInfo, Stage
-from autopar.planning.routed import ExpertStats, expert_count, expert_stats, expert_totals
+from autopar.planning.routed import ExpertStats, expert_count, expert_stats
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.space_bound import any_layout_bound, memory_floor
-from autopar.planning.step_price import (SCHEDULES, Candidate, Priced, Totals, data_groups,
-                                         lower_bound, price, reference_bound, schedule_options, stats_bound)
+from autopar.planning.step_bounds import lower_bound, reference_bound, stats_bound, totals
+from autopar.planning.step_price import SCHEDULES, Candidate, Priced, data_groups, price, schedule_options
 from autopar.planning.units import UnitStats, unit_stats
 from autopar.planning.hierarchical_plan import assignment_of, mesh_of, to_plan  # noqa: F401  (also imported from here)
 
@@ -91,20 +91,6 @@ def _batch(graph: Graph) -> int:
     raise ValueError("the hierarchical search needs a batched graph input (its first axis is split)")
 
 
-def _totals(g: Graph, model: AnalyticModel) -> Totals:
-    seen: dict[str, tuple[int, int]] = {}
-    for n in g.nodes:
-        for p in n.params:
-            if p.spec.dtype in ("float32", "bfloat16", "float16", "float64"):
-                seen[p.source] = (p.spec.numel, p.spec.nbytes)
-    fwd = float(g.flops)
-    # what recomputation re-runs: the repeated blocks' forward (not the embedding's or the head's)
-    inside = {i for b in repeated_blocks(g) for i in b.nodes}
-    rerun = float(sum(n.flops for i, n in enumerate(g.nodes) if i in inside))
-    return Totals((1 + model.backward_factor) * fwd, rerun, float(sum(b for _, b in seen.values())),
-                  float(sum(k for k, _ in seen.values())), *expert_totals(g))
-
-
 class Search:
     """One hierarchical search: the graph under each option set, memoised group solutions."""
 
@@ -136,7 +122,7 @@ class Search:
         self.eff = self.model.efficiency(cluster)
         self.master = precision != "fp32"
         self.itemsize = 2 if self.master else 4
-        self.totals = _totals(self.training_graph(False), self.model)
+        self.totals = totals(self.training_graph(False), self.model.backward_factor)
         self.attention = bool(attention_core(self.graph))  # attention-only recompute has a core to re-run
         self.totals = dataclasses.replace(self.totals, attention_flops=attention_flops(self.training_graph(False)))
 
@@ -211,7 +197,7 @@ class Search:
         return self._experts[key]
 
     def reference(self, c: Candidate) -> tuple[float, int]:
-        """(T, b') for ``step_price.reference_bound``: of the group's solved microbatch sizes b'
+        """(T, b') for ``step_bounds.reference_bound``: of the group's solved microbatch sizes b'
         that are multiples of the candidate's b (the whole batch always is: solved first), the
         one giving the largest ``b/b' T(b')``."""
         tensor, b = self._tensor(c), self.batch // (c.degrees.d * c.microbatches)

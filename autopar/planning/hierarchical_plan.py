@@ -12,7 +12,8 @@ from autopar.core.ir import Graph
 from autopar.core.sequence import sequence_dims
 from autopar.core.strategy import Degrees, Strategy, TrainingOptions
 from autopar.planning.plan import Plan, SearchInfo, Stage
-from autopar.planning.step_price import Priced, data_groups, rerun_flops
+from autopar.planning.step_bounds import rerun_flops
+from autopar.planning.step_price import Priced, data_groups
 from autopar.planning.units import UnitStats
 
 

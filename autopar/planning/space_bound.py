@@ -14,8 +14,8 @@ import numpy as np
 from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
 from autopar.cost_models.memory import already_saved, node_memory
-from autopar.planning.step_price import (Candidate, cut_times, data_groups, dp_sync, in_flight, layout_bound,
-                                         zero_factors)
+from autopar.planning.step_bounds import layout_bound
+from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
 from autopar.search.pipeline import StageCosts, best_cuts
 
 

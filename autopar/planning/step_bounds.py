@@ -1,0 +1,135 @@
+"""Lower bounds on a hierarchical candidate's step price, for the search's branch and bound:
+whole-model totals (``Totals``), compute at peak with the pipeline's bubble and perfectly
+sharded state (``lower_bound``), a bound from the group's optimum at a larger microbatch
+(``reference_bound``), one without cutting the pipeline (``stats_bound``) and one under any
+tensor-group layout (``layout_bound``). Each holds for every plan of its candidate; why is in
+each docstring and in docs/bound.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.core.blocks import repeated_blocks
+from autopar.core.cluster import Cluster
+from autopar.core.ir import Graph
+from autopar.core.strategy import RECOMPUTE_ATTENTION
+from autopar.cost_models.memory import optimizer_states
+from autopar.cost_models.training import optimizer_step_time
+from autopar.planning.routed import ExpertStats, expert_totals
+from autopar.planning.step_price import (Candidate, all_to_all_time, data_groups, expert_degrees, expert_split,
+                                         level_link, pipeline_level, zero_factors)
+from autopar.planning.units import UnitStats
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Whole-model figures the lower bounds need (per step, at the global batch)."""
+
+    train_flops: float  # forward x (1 + backward factor)
+    forward_flops: float  # what recomputation runs again: the repeated blocks' forward
+    param_bytes: float  # parameters in their (compute) dtype, each once
+    numel: float
+    expert_bytes: float = 0.0  # the routed experts' part of param_bytes
+    expert_numel: float = 0.0
+    attention_flops: float = 0.0  # what attention-only recomputation runs again (``activations.py``)
+
+
+def rerun_flops(c: Candidate, tot: Totals) -> float:
+    """FLOPs a step runs again for the candidate's recomputation."""
+    if c.recompute == RECOMPUTE_ATTENTION:
+        return tot.attention_flops
+    return tot.forward_flops if c.recompute else 0.0
+
+
+def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: float, optimizer: str | None,
+                master: bool, itemsize: int) -> tuple[float, float, float]:
+    """(compute part, the rest, bytes per device) no plan of this candidate can beat: compute at
+    peak on every device with the pipeline's bubble; the optimizer step of perfectly sharded state
+    (the data-parallel sync may hide under compute: 0); the memory of perfectly sharded state
+    (activations left out)."""
+    deg, m = c.degrees, c.microbatches
+    flops = tot.train_flops + rerun_flops(c, tot)
+    compute = c.rounds / m * flops / (cluster.devices * peak * eff)
+    per = deg.t * deg.p
+    g, _, _, _ = data_groups(deg, c.zero_inner)
+    ep = deg.ep if tot.expert_bytes else 1
+    xb, xn = (tot.expert_bytes, tot.expert_numel) if ep > 1 else (0.0, 0.0)
+    rest = 0.0  # the data-parallel sync may hide under compute (overlap.py): at least 0
+    fp, fg, fo = zero_factors(c.zero, g)
+    ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
+    efp, efg, efo = (ep * f for f in zero_factors(c.zero, ge))
+    fp, efp = (1.0, float(ep)) if c.zero >= 3 else (fp, efp)  # ZeRO-3's held whole, as ``price`` counts them
+    states = optimizer_states(optimizer)
+    rest += optimizer_step_time((tot.numel - xn) / per / fo, itemsize, states, master, cluster.memory_bandwidth)
+    opt_bytes = (states * 4 + (4 if master else 0))
+    mem = ((tot.param_bytes - xb) / fp + (tot.param_bytes - xb) / fg + (tot.numel - xn) * opt_bytes / fo) / per
+    if ep > 1:
+        rest += optimizer_step_time(xn / per / efo, itemsize, states, master, cluster.memory_bandwidth)
+        mem += (xb / efp + xb / efg + xn * opt_bytes / efo) / per
+    return compute, rest, mem
+
+
+def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute_lb: float, rest_lb: float
+                    ) -> float:
+    """A bound from the group's optimum at a larger microbatch ``b_ref``: the least per-microbatch
+    time ``T(b)`` of any layout has ``T(b)/b`` non-increasing in b (each term is affine in b with a
+    non-negative constant: latencies, weights read), so ``T(b) >= b/b_ref T(b_ref)``, and the
+    slowest of p stages takes at least ``T(b)/p``."""
+    return max(compute_lb, c.rounds / c.degrees.p * group_time * b / b_ref) + rest_lb
+
+
+def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | None, master: bool,
+                itemsize: int, experts: ExpertStats | None = None) -> float:
+    """A lower bound on ``price(c, s, ...).cost`` without cutting the pipeline: the slowest stage
+    takes at least the average and at least the slowest unit; the tensor group's syncs at least
+    their average, the data-parallel sync at least 0 (it may hide under compute)."""
+    deg, m, p = c.degrees, c.microbatches, c.degrees.p
+    s, ex, (_, _, efo) = expert_split(c, s, experts)
+    time = s.time + (all_to_all_time(ex, deg, cluster, c.recompute) if ex is not None else 0.0)
+    t_max = max(float(np.sum(time)) / p, float(np.max(time)))
+    g, _, _, _ = data_groups(deg, c.zero_inner)
+    _, _, fo = zero_factors(c.zero, g)
+    dp = 0.0  # the data-parallel sync may hide under compute (overlap.py): at least 0
+    states = optimizer_states(optimizer)
+    opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, states, master, cluster.memory_bandwidth)
+    if ex is not None:
+        opt += optimizer_step_time(float(np.sum(ex.numel)) / p / efo, itemsize, states, master,
+                                   cluster.memory_bandwidth)
+    return c.rounds * t_max + float(np.sum(s.sync)) / p + dp + opt
+
+
+def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float, rest_lb: float) -> float:
+    """A lower bound on ``price(c, ...)`` under *any* layout of the tensor group (the space's
+    layouts, not only the one its DP chose), so that it bounds the candidate's optimum.
+
+    ``s`` holds the group's exact DP optimum of the per-microbatch time ``T* = sum(s.time)``, the
+    least any layout takes. With p stages cut at unit boundaries, the stages' per-microbatch times
+    add up to the whole graph's plus each of the p - 1 cuts twice (the stages on both sides send
+    and receive it), and a cut's cost does not depend on the layout (Megatron's 1/t slices of what
+    crosses it), so the slowest stage takes at least ``(T* + 2 x (the p - 1 cheapest cuts)) / p``.
+    The syncs inside the group are at least 0; data-parallel sync and the optimizer step at least
+    ``rest_lb`` (perfectly sharded state: ``lower_bound``), and the compute at least ``compute_lb``."""
+    deg, p = c.degrees, c.degrees.p
+    total = float(np.sum(s.time))
+    if p > 1 and len(s.boundary):
+        bw, lat = level_link(cluster, pipeline_level(deg))
+        cut = np.sort(2 * (lat + cluster.call_latency + np.asarray(s.boundary, dtype=float) / bw))
+        total += 2 * float(np.sum(cut[:p * c.virtual - 1]))
+    return max(compute_lb, c.rounds * total / p) + rest_lb
+
+
+def totals(g: Graph, backward_factor: float) -> Totals:
+    """The whole model's ``Totals`` (the graph at the global batch, under its training options)."""
+    seen: dict[str, tuple[int, int]] = {}
+    for n in g.nodes:
+        for p in n.params:
+            if p.spec.dtype in ("float32", "bfloat16", "float16", "float64"):
+                seen[p.source] = (p.spec.numel, p.spec.nbytes)
+    fwd = float(g.flops)
+    # what recomputation re-runs: the repeated blocks' forward (not the embedding's or the head's)
+    inside = {i for b in repeated_blocks(g) for i in b.nodes}
+    rerun = float(sum(n.flops for i, n in enumerate(g.nodes) if i in inside))
+    return Totals((1 + backward_factor) * fwd, rerun, float(sum(b for _, b in seen.values())),
+                  float(sum(k for k, _ in seen.values())), *expert_totals(g))
