@@ -47,4 +47,6 @@ def mark_count_leads(graph: Graph) -> Graph:
             lead = sum(n.flops for n in graph.nodes[:i] if n.name not in cone)
             if lead:
                 node.attrs[LEAD_FLOPS] = int(lead)
+            else:
+                node.attrs.pop(LEAD_FLOPS, None)
     return graph

@@ -48,6 +48,7 @@ def trace_for_planning(model: nn.Module, example_inputs: Any = (), example_kwarg
                        *, progress=None) -> Graph:
     """``autopar.trace``'s graph of ``model``, built from a trace of ``KEEP`` of its repeated
     layers where it has at least ``MIN_LAYERS`` identical ones (see the module's docstring)."""
+    from autopar.core.loss_lead import mark_count_leads
     from autopar.frontend.trace import trace
 
     found = repeated_layers(model)
@@ -64,8 +65,8 @@ def trace_for_planning(model: nn.Module, example_inputs: Any = (), example_kwarg
         if window is not None and window.frontend == "export":  # fx traces whole models fast
             path = _path_of(model, layers)
             graph = deepen(window, path, len(layers))
-            if graph is not None:
-                return graph
+            if graph is not None:  # the loss's lead counts the whole depth's forward, not the window's
+                return mark_count_leads(graph)
     return trace(model, example_inputs, example_kwargs, progress=progress)
 
 
