@@ -60,12 +60,9 @@ def sync_floors(search, c: Candidate) -> tuple[float, float]:
 
 def transient_floor(search, c: Candidate) -> float:
     """Bytes every layout of ``c`` holds on top of its fullest stage at least: the recomputed
-    unit's activations (the largest floor of them) and ZeRO-3's two gathered units (the largest
-    unit's unsplit parameters over t, over the expert degree at most)."""
-    out = float(np.max(memory_floors(search, c).rerun)) if c.recompute and c.degrees.c == 1 else 0.0
-    if c.zero >= 3:
-        out += 2 * float(np.max(search.whole_stats(c.recompute).params)) / (c.degrees.t * c.degrees.ep)
-    return out
+    unit's activations (the largest floor of them). ZeRO-3's gathered parameters are no transient:
+    the program holds a stage's whole (``step_price.price``), and the static floor counts them so."""
+    return float(np.max(memory_floors(search, c).rerun)) if c.recompute and c.degrees.c == 1 else 0.0
 
 
 def memory_floor(search, c: Candidate, static: float) -> float:
