@@ -25,13 +25,18 @@ half-chunk pairs its mask admits (half of the four on every rank at every step).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 from torch.distributed._functional_collectives import permute_tensor, wait_tensor
+from torch.distributed.tensor import Shard
+
+from autopar.core.ir import Node
 
 from .causal_balance import Balance, balanced_rows
+from .placements import NodeLayout
 
 _NAMES = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
 
@@ -70,6 +75,30 @@ class Ring:
         q, k, v = (balance.to_balanced(t) for t in (q, k, v))
         out = _RingFunction.apply(q, k, v, mask, bool(bound.get("is_causal")), float(scale), self)
         return balance.from_balanced(out)
+
+
+def runs_ring(node: Node, layout: NodeLayout) -> bool:
+    """Can this node run as ring attention: self-attention (as many keys as queries) with its
+    query rows cut evenly, into an even number per rank, and no attention dropout."""
+    parts = layout.split_counts.get("l", 1)
+    return (node.op == "sdpa" and parts > 1 and "l" not in layout.uneven and node.dim("l").size == node.dim("m").size
+            and node.dim("l").size % (2 * parts) == 0 and not node.attrs.get("dropout_p"))
+
+
+def ring_layout(node: Node, layout: NodeLayout) -> NodeLayout:
+    """The layout of an attention run as a ring (``runs_ring``): its keys and values read
+    (and their gradients given back) cut along their positions ``m`` over the mesh axes that cut
+    the query rows, as their producers hold them, instead of gathered whole."""
+    axes = [a for a, d in enumerate(layout.axis_dims) if d == "l"]
+    ins, grads = list(layout.inputs), list(layout.input_grads)
+    for j in (1, 2):
+        m = next(i for i, dims in enumerate(node.inputs[j].spec.axes) if "m" in dims)
+        for lay in (ins, grads):
+            pl = list(lay[j])
+            for a in axes:
+                pl[a] = Shard(m)
+            lay[j] = tuple(pl)
+    return dataclasses.replace(layout, inputs=tuple(ins), input_grads=tuple(grads))
 
 
 def _repeat(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -209,4 +238,4 @@ def _receive(pending) -> list[torch.Tensor]:
     return out
 
 
-__all__ = ["Ring"]
+__all__ = ["Ring", "ring_layout", "runs_ring"]
