@@ -27,7 +27,7 @@ from .causal_balance import Balance
 from .counted import CountedMean
 from .moves import axes_group
 from .placements import LayoutError, NodeLayout
-from .ring_attention import Ring, runs_ring
+from .ring_attention import Ring, ring_layouts, runs_ring  # noqa: F401 (ring_layouts: for program.py)
 
 MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy",
                "binary_cross_entropy_with_logits", "smooth_l1_loss", "kl_div"}

@@ -37,8 +37,7 @@ from .counted import add_count, count_operands, hoist_counts
 from .devices import constant_on, makes_on_device, on_device, rank_device
 from .experts import experts_module, runs_experts
 from .inplace import IN_PLACE, STATE_WRITE, Writes, aliasing, refusal, through_storage, write_state, written_argument
-from .op_fixes import balance_of, causal_rows, counted_mean, mean_scale, vocab_shard, whole_dropout
-from .ring_attention import ring_layout, runs_ring
+from .op_fixes import balance_of, causal_rows, counted_mean, mean_scale, ring_layouts, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
 from .ops import LocalCall, inline_call
 from .placements import LayoutError, NodeLayout, Placements, node_layout
@@ -79,9 +78,7 @@ class _Builder:
         self.coord = mesh.get_coordinate() or [0] * mesh.ndim
         self.device = rank_device(mesh)  # where the tensors the model makes are made (devices.py)
         self.layouts = {n.name: node_layout(n, assignment.get(n.name), self.shape) for n in graph.nodes}
-        if training.ring:  # context-parallel attention keeps its keys and values in chunks (ring_attention.py)
-            self.layouts.update({n.name: ring_layout(n, self.layouts[n.name]) for n in graph.nodes
-                                 if runs_ring(n, self.layouts[n.name])})
+        self.layouts = ring_layouts(graph, self.layouts) if training.ring else self.layouts  # K/V kept in chunks
         self.uneven = with_uneven_batch(graph, self.layouts, mesh)  # a batch the degree does not divide
         self.src = graph.fx_graph
         self.values = traced_values(graph, model)

@@ -101,6 +101,12 @@ def ring_layout(node: Node, layout: NodeLayout) -> NodeLayout:
     return dataclasses.replace(layout, inputs=tuple(ins), input_grads=tuple(grads))
 
 
+def ring_layouts(graph, layouts: dict[str, NodeLayout]) -> dict[str, NodeLayout]:
+    """``layouts`` (node name -> layout) with every attention that can run as a ring read as one."""
+    return {n.name: ring_layout(n, layouts[n.name]) if runs_ring(n, layouts[n.name]) else layouts[n.name]
+            for n in graph.nodes}
+
+
 def _repeat(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Keys or values with the heads of the queries ``like`` (grouped-query attention's ``enable_gqa``)."""
     if t.dim() < 3 or like.dim() < 3 or t.shape[-3] == like.shape[-3]:
@@ -238,4 +244,4 @@ def _receive(pending) -> list[torch.Tensor]:
     return out
 
 
-__all__ = ["Ring", "ring_layout", "runs_ring"]
+__all__ = ["Ring", "ring_layout", "ring_layouts", "runs_ring"]

@@ -159,4 +159,5 @@ def exchange_times(kv: np.ndarray, attention: np.ndarray, deg, bandwidth: float,
     return gather_times(kv, deg.c, deg.t, bandwidth, latency, call_latency, recompute)
 
 
-__all__ = ["unit_attention_flops", "exchange_times", "rank_stats", "context_options", "context_stats", "gather_times", "kv_bytes", "ring_stats"]
+__all__ = ["context_options", "context_stats", "exchange_times", "gather_times", "kv_bytes", "rank_stats", "ring_stats",
+           "unit_attention_flops"]

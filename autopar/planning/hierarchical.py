@@ -173,7 +173,8 @@ class Search:
         microbatch of ``c``; its degrees; the link its context group spans."""
         if c.recompute not in self._kv:
             g = self.training_graph(c.recompute)
-            self._kv[c.recompute] = (kv_bytes(g, self.spans), unit_attention_flops(g, self.spans) / (self.peak * self.eff))
+            attention = unit_attention_flops(g, self.spans) / (self.peak * self.eff)
+            self._kv[c.recompute] = (kv_bytes(g, self.spans), attention)
         deg, (kv, attention) = c.degrees, self._kv[c.recompute]
         bw, lat = self.cluster.link(min(max(l for l, k in enumerate(deg.context) if k > 1), 2))
         return kv / (deg.d * c.microbatches), attention / (deg.d * c.microbatches), deg, bw, lat

@@ -8,6 +8,10 @@ all-gathering them. On 2 and 4 gloo processes: the loss at every step, every gra
 parameter after 3 AdamW steps equal the single-device run's; both attentions ran as a ring at
 every step, each with this rank's ``1/c`` of the keys (no gather), and none through the
 all-gather path's ``Balance.call``.
+
+The same for the hierarchical search's own layouts (``--pin`` tensor 1 x context 2 x data 2 on
+4 threaded ranks, the zoo's Llama with ``is_causal`` grouped-query attention): its pinned plan
+with the ring chosen trains like one device, every attention a ring over the context axis.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import autopar
 from autopar.core.strategy import Degrees, Strategy
 from autopar.planning.plan import Plan
 from tests.codegen.test_context_parallel import SEQ, llama, sequence_plan
-from tests.helpers.dist_utils import run_gloo
+from tests.helpers.dist_utils import run_gloo, run_threaded
 from tests.helpers.numerics import check_module, reference_run
 
 pytest.importorskip("transformers")
@@ -65,3 +69,34 @@ def _rank(rank, world, doc, ref):
 def test_ring_context_llama_trains_like_one_device(world):
     doc, ref = _case(world)
     run_gloo(_rank, world, doc, ref)
+
+
+def _threaded(rank, world, plan, ref, model, inputs):
+    """A threaded rank (classes are shared between threads: the calls are checked on the module):
+    every attention a ``Ring`` over the context axis (which refuses keys not in this rank's chunk)."""
+    import copy
+
+    from autopar.codegen.calls import NodeCall
+    from autopar.codegen.ring_attention import Ring
+
+    module = autopar.compile(copy.deepcopy(model), inputs, plan=plan)
+    check_module(rank, module, inputs, ref)
+    programs = [p[0] if isinstance(p, tuple) else p for p in module._inner._programs.values()]
+    rings = [m.call.balance for p in programs for m in p.module.modules()
+             if isinstance(m, NodeCall) and m.call.node.op == "sdpa"]
+    assert len(rings) == 2 and all(isinstance(r, Ring) and r.parts == 2 for r in rings), rings
+
+
+def test_the_hierarchical_plans_ring_trains_like_one_device():
+    import torch
+
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("llama", batch=4, seq=16, width=32, heads=2, kv_heads=1, ffn=64, layers=2,
+                                    vocab=64)
+    model = model.double()
+    cluster = autopar.Cluster.preset("cpu", devices=4)
+    plan = autopar.plan(model, inputs, cluster, hierarchical=True, pin="tensor=1,pipeline=1,context=2,data=2",
+                        zero=0, recompute=False).baselines["published"]
+    degrees = dataclasses.replace(plan.strategy.degrees, ring=True)
+    plan = dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, degrees=degrees))
+    run_threaded(_threaded, 4, plan, reference_run(model, inputs), model, inputs)
