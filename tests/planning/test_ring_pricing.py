@@ -17,6 +17,8 @@ hide behind, every hop is exposed.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -26,7 +28,7 @@ from autopar.core.margin import usable_memory
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.ring_attention import ring_times
 from autopar.planning import hierarchical as H
-from autopar.planning.degrees import Pin
+from autopar.planning.degrees import Pin, parse_pin
 from autopar.search.dp import dp
 
 MIB = 2 ** 20
@@ -70,3 +72,12 @@ def test_the_rings_exposed_hops_by_hand():
     assert bare[0] == pytest.approx((c - 1) * hop + (c - 1) * 2 * hop + hop + 2 * a2a)
     again = ring_times(one, np.array([0.0]), c, t, bw, lat, 0.0, True)  # the recomputed forward's ring too
     assert again[0] - bare[0] == pytest.approx((c - 1) * hop + a2a)
+
+
+def test_a_pin_chooses_the_ring_or_the_gathers(setting):
+    graph, cluster = setting
+    search = _search(graph, cluster, usable_memory(cluster.memory_capacity))
+    for ring in (False, True):
+        pin = dataclasses.replace(PIN, ring=ring)
+        assert {c.degrees.ring for _, _, _, c in search.candidates(pin, (0,), (False,))} == {ring}
+    assert parse_pin("tensor=8,context=8,ring=1").ring is True and parse_pin("context=8,ring=0").ring is False
