@@ -54,7 +54,8 @@ def assignment_of(pr: Priced, s: UnitStats, graph: Graph) -> dict:
     """Each node's config on the full mesh: its group config, the batch dim also over the data
     axes, the routed experts over the expert group's axes (their tokens over the rest of the data
     axes: the experts dim carries the tokens, ``core.ir.CARRIES``), and the sequence over the
-    context axes (attention by its query rows, ``l``; its keys stay whole: K/V are gathered)."""
+    context axes (attention by its query rows, ``l``; its keys stay whole: K/V are gathered, or, with
+    ``Degrees.ring``, read in their sequence chunks by codegen's ring, ``ring_attention.ring_layout``)."""
     from autopar.core.batch import batch_dims
     from autopar.core.ir import carried_dim
     from autopar.core.tables import Config
