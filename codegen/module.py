@@ -365,7 +365,7 @@ def _buffer(b: torch.Tensor, mesh: DeviceMesh, placements) -> torch.Tensor:
 
 def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], mesh_shape: tuple[int, ...],
                  device_mesh: DeviceMesh | None = None, outputs: str = "replicate",
-                 boundary: Boundary | None = None) -> CompiledModule:
+                 boundary: Boundary | None = None, training: ProgramTraining = PLAIN) -> CompiledModule:
     """``compile_module`` on a mesh of ``mesh_shape`` (built on the process group's devices) or on
     ``device_mesh`` (a caller's, e.g. one pipeline stage's sub-mesh, with its ``boundary``)."""
     from .mesh import device_mesh as make_mesh
@@ -373,7 +373,7 @@ def shard_module(model: nn.Module, graph: Graph, assignment: dict[str, Config], 
     mesh = device_mesh if device_mesh is not None else make_mesh(tuple(mesh_shape))
     if tuple(mesh.shape) != tuple(mesh_shape):
         raise LayoutError(f"device mesh {tuple(mesh.shape)} is not the plan's mesh {tuple(mesh_shape)}")
-    return compile_module(model, graph, assignment, mesh, outputs, boundary=boundary)
+    return compile_module(model, graph, assignment, mesh, outputs, boundary=boundary, training=training)
 
 
 __all__ = ["CompiledModule", "compile_module", "shard_module"]

@@ -27,6 +27,7 @@ from .causal_balance import Balance
 from .counted import CountedMean
 from .moves import axes_group
 from .placements import LayoutError, NodeLayout
+from .ring_attention import Ring, ring_layouts, runs_ring  # noqa: F401 (ring_layouts: for program.py)
 
 MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy",
                "binary_cross_entropy_with_logits", "smooth_l1_loss", "kl_div"}
@@ -112,10 +113,13 @@ def causal_rows(node: Node, layout: NodeLayout, index: Callable[[str], int]):
     return index("l") * rows, rows
 
 
-def balance_of(node: Node, layout, mesh, index) -> Balance | None:
+def balance_of(node: Node, layout, mesh, index, ring: bool = False) -> Balance | Ring | None:
     """The ``causal_balance.Balance`` of a causal sdpa (``is_causal`` or an explicit mask: HF's causal one) whose
-    query rows are cut into an even number of rows per rank; None for any other node."""
+    query rows are cut into an even number of rows per rank; with ``ring``, the ``ring_attention.Ring``
+    of an attention that runs as one (``runs_ring``); None for any other node."""
     parts = layout.split_counts.get("l", 1)
+    if ring and runs_ring(node, layout):
+        return Ring(parts, index("l"), axes_group(mesh, tuple(a for a, d in enumerate(layout.axis_dims) if d == "l")))
     if not balanced_causal(node, parts) or "l" in layout.uneven:
         return None
     axes = tuple(a for a, d in enumerate(layout.axis_dims) if d == "l")

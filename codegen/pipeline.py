@@ -229,6 +229,7 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     from autopar.core.tables import Config
 
     from .module import shard_module
+    from .training import ProgramTraining
 
     shape = stage_mesh_shape(plan.mesh.shape, per_stage)
     inner = tuple(f"mesh{a}" for a in range(len(shape)))
@@ -242,8 +243,9 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     # what crosses a cut is this rank's shard in the plan's layout (``stage_boundary``)
     boundary = stage_boundary(micro, assignment, shape, part, graph.fx_graph, last=not part.carried_out)
     ir = stage_ir(micro, names, part, graph.fx_graph, module)
+    ring = ProgramTraining(ring=bool(plan.strategy and plan.strategy.degrees and plan.strategy.degrees.ring))
     sharded = shard_module(module, ir, {n: assignment[n] for n in names if n in assignment}, shape,
-                           device_mesh=mesh[inner], boundary=boundary)
+                           device_mesh=mesh[inner], boundary=boundary, training=ring)  # context attention as priced
     # the program's calls keep the traced fx nodes, and through them ``module``: its unsharded
     # weights (built from a copy of the whole model) go, the sharded module has its own
     module.to("meta")

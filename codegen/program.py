@@ -37,7 +37,7 @@ from .counted import add_count, count_operands, hoist_counts
 from .devices import constant_on, makes_on_device, on_device, rank_device
 from .experts import experts_module, runs_experts
 from .inplace import IN_PLACE, STATE_WRITE, Writes, aliasing, refusal, through_storage, write_state, written_argument
-from .op_fixes import balance_of, causal_rows, counted_mean, mean_scale, vocab_shard, whole_dropout
+from .op_fixes import balance_of, causal_rows, counted_mean, mean_scale, ring_layouts, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
 from .ops import LocalCall, inline_call
 from .placements import LayoutError, NodeLayout, Placements, node_layout
@@ -78,6 +78,7 @@ class _Builder:
         self.coord = mesh.get_coordinate() or [0] * mesh.ndim
         self.device = rank_device(mesh)  # where the tensors the model makes are made (devices.py)
         self.layouts = {n.name: node_layout(n, assignment.get(n.name), self.shape) for n in graph.nodes}
+        self.layouts = ring_layouts(graph, self.layouts) if training.ring else self.layouts  # K/V kept in chunks
         self.uneven = with_uneven_batch(graph, self.layouts, mesh)  # a batch the degree does not divide
         self.src = graph.fx_graph
         self.values = traced_values(graph, model)
@@ -349,7 +350,7 @@ class _Builder:
                          vocab_shard(node, layout, self.shape, self.coord), causal_rows(node, layout, index),
                          [(u.spec, u.strided) for u in uses], index, writes_first=written is not None and not in_place,
                          whole_dropout=whole_dropout(n, node, layout, module), groups=local_groups(node, layout),
-                         balance=balance_of(node, layout, self.mesh, index))
+                         balance=balance_of(node, layout, self.mesh, index, self.training.ring))
         out = inline_call(self.new, call, uses, args)
         if in_place and out is None:
             raise LayoutError(refusal(n, aliasing(n, self.writes.group(n, written), self.order), " (with a repair)"))

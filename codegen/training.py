@@ -45,6 +45,7 @@ class ProgramTraining:
     # attention-only recomputation: (IR node, its attention core) for each node of a core
     # (``core/attention_core.py``), each core run under ``torch.utils.checkpoint`` on its own
     cores: tuple[tuple[str, str], ...] = ()
+    ring: bool = False  # context-parallel attention as a ring, K/V kept in chunks (``ring_attention.py``)
 
     @functools.cached_property
     def _core_of(self) -> dict[str, str]:
@@ -94,8 +95,9 @@ def program_training(graph, strategy=None, *, zero=None, precision=None, recompu
         raise ValueError(f"accumulate must be a count of microbatches >= 1, not {accumulate!r}")
     cores = tuple((graph.nodes[i].name, c) for i, c in attention_members(graph).items()) \
         if opts.recompute == RECOMPUTE_ATTENTION else ()
+    ring = bool(strategy is not None and strategy.degrees is not None and strategy.degrees.ring)
     return ProgramTraining(dtype, blocks if opts.recompute != RECOMPUTE_ATTENTION else (), opts.zero,
-                           axes if opts.zero else None, steps, cores)
+                           axes if opts.zero else None, steps, cores, ring)
 
 
 def block_of(module_path: str, recompute: tuple[str, ...]) -> str | None:

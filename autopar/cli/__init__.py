@@ -59,7 +59,7 @@ def _plan(args, model_arg=None, **overrides):
             f"microbatch={record.microbatch_size}"
             + (f",recompute={int(record.recompute)}" if record.recompute is not None else "")
             + (",zero_inner=1" if record.zero_inner else "")
-            + (f",context={record.context}" if record.context > 1 else "")
+            + (f",context={record.context},ring=0" if record.context > 1 else "")  # Llama 3 gathers K/V
             + (f",schedule={record.schedule}" if record.schedule else ""))
     cluster = _cluster(args)
     from autopar.frontend.depth import trace_for_planning

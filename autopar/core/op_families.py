@@ -61,7 +61,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     OpFamily("softmax", "softmax.softmax", ("softmax", "log_softmax"), "softmax"),
     OpFamily("topk", "topk.topk", ("topk",), analytic=NOT_RUN),
     OpFamily("moe_experts", "moe.moe_experts", ("moe_experts",), analytic=NOT_RUN, repairs=("experts.runs_experts",)),
-    OpFamily("sdpa", "attention.sdpa", ("sdpa",), "sdpa", repairs=("op_fixes.causal_rows",),
+    OpFamily("sdpa", "attention.sdpa", ("sdpa",), "sdpa", repairs=("op_fixes.causal_rows", "ring_attention.runs_ring"),
              fusion=("scaled_dot_product_attention",)),
     OpFamily("elementwise", "elementwise.elementwise", ("elementwise",), "elementwise"),
     OpFamily("dropout", "elementwise.dropout", ("dropout",), "dropout", repairs=("op_fixes.whole_dropout",),

@@ -134,12 +134,15 @@ class Degrees:
     data: tuple[int, ...]
     context: tuple[int, ...] = ()  # () = no context parallelism
     expert: tuple[int, ...] = ()  # () = no expert parallelism
+    ring: bool = False  # context parallelism's attention as a ring (K/V chunks passed on), not K/V gathered
 
     def __post_init__(self) -> None:
         if not (len(self.tensor) == len(self.pipeline) == len(self.data)):
             raise ValueError("Degrees: tensor, pipeline and data need one entry per level")
         if self.context and len(self.context) != len(self.data):
             raise ValueError("Degrees: context needs one entry per level (or none)")
+        if self.ring and self.c <= 1:
+            raise ValueError("Degrees: ring attention needs a context degree above 1")
         if self.expert and (len(self.expert) != len(self.data)
                             or any(k < 1 or d % k for k, d in zip(self.expert, self.data))):
             raise ValueError(f"Degrees: expert {self.expert} needs one divisor of data {self.data} per level")
@@ -180,7 +183,8 @@ class Degrees:
                      for l, k in enumerate(per) if k > 1]
             return f"{name} {total}" + (f" ({', '.join(where)})" if len(where) > 1 else
                                         f" ({where[0].split(' ', 1)[1]})" if where else "")
-        parts = (("tensor", self.tensor),) + ((("context", self.context),) if self.c > 1 else ()) + (
+        context = "ring context" if self.ring else "context"
+        parts = (("tensor", self.tensor),) + (((context, self.context),) if self.c > 1 else ()) + (
             ("pipeline", self.pipeline), ("data", self.data))
         text = " x ".join(one(n, v) for n, v in parts)
         return text + (f"; {one('experts over', self.expert)} of the data devices" if self.ep > 1 else "")
@@ -189,6 +193,8 @@ class Degrees:
         out = {"tensor": list(self.tensor), "pipeline": list(self.pipeline), "data": list(self.data)}
         if self.c > 1:
             out["context"] = list(self.context)
+        if self.ring:
+            out["ring"] = True
         if self.ep > 1:
             out["expert"] = list(self.expert)
         return out
@@ -196,7 +202,7 @@ class Degrees:
     @classmethod
     def from_json(cls, d: dict) -> "Degrees":
         return cls(tuple(d["tensor"]), tuple(d["pipeline"]), tuple(d["data"]), tuple(d.get("context", ())),
-                   tuple(d.get("expert", ())))
+                   tuple(d.get("expert", ())), bool(d.get("ring", False)))
 
 
 @dataclass

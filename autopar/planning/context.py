@@ -10,7 +10,10 @@ sends are ``1 / c`` of the whole sequence's. Parameters are replicated over the 
 and their gradients reduced over context x data (``step_price.data_groups``).
 
 Priced as Llama 3 runs it: the gathers are on the critical path, not overlapped (its paper says
-so); a ring that passes K/V blocks while attention computes would hide them behind attention.
+so). The ring (``Degrees.ring``, ``ring_stats``: ``cost_models/ring_attention.py``) passes K/V
+chunks on while attention computes, hiding them behind its blocks, and saves only the local
+chunk: the search prices both and keeps the faster that fits (the ring where the gathered K/V
+does not).
 K and V are gathered as attention's inputs before a grouped-query expansion (the smallest tensor
 on the view/slice/expand chain into ``scaled_dot_product_attention``), split over the tensor
 group by heads.
@@ -24,6 +27,7 @@ import numpy as np
 
 from autopar.core.ir import Graph
 from autopar.cost_models.alpha_beta import collective_time
+from autopar.cost_models.ring_attention import ring_in_flight, ring_times
 from autopar.planning.units import UnitStats
 
 _VIEWS = ("view", "slice", "permute")
@@ -61,6 +65,11 @@ def kv_bytes(graph: Graph, spans: list[tuple[int, int]]) -> np.ndarray:
                          "F.scaled_dot_product_attention; this model has none (write its attention with it, "
                          "or leave context out of the pin)")
     return out
+
+
+def unit_attention_flops(graph: Graph, spans: list[tuple[int, int]]) -> np.ndarray:
+    """Per unit: the forward FLOPs of its ``scaled_dot_product_attention`` calls, at the graph's batch."""
+    return np.array([sum(float(n.flops) for n in graph.nodes[a:b] if n.op == "sdpa") for a, b in spans])
 
 
 MIN_TOKENS = 1024  # a context rank's least tokens: thinner query blocks leave attention's matmuls too thin
@@ -115,4 +124,40 @@ def context_stats(s: UnitStats, kv: np.ndarray, context: int, tensor: int, bandw
         transient=s.transient / c if s.transient is not None else None)  # the loss's rows split too
 
 
-__all__ = ["context_options", "context_stats", "gather_times", "kv_bytes"]
+def ring_stats(s: UnitStats, kv: np.ndarray, attention: np.ndarray, context: int, tensor: int, bandwidth: float,
+               latency: float, call_latency: float, recompute: bool) -> UnitStats:
+    """``context_stats`` with attention run as a ring (``cost_models/ring_attention.py``): its
+    hops' exposed seconds in place of the gathers; no other rank's K/V saved, and the chunks in
+    flight held once, beside the stage's activations (``transient``, at the unit with the
+    largest). ``attention``: per unit, the forward attention's seconds for the whole sequences of
+    the microbatch on one device."""
+    c = context
+    if c <= 1:
+        return s
+    comm = ring_times(kv, attention, c, tensor, bandwidth, latency, call_latency, recompute)
+    held = np.zeros(len(kv)) if s.transient is None else s.transient / c
+    if len(kv):
+        held[int(np.argmax(kv))] += ring_in_flight(kv, c, tensor)
+    return dataclasses.replace(
+        s, compute=s.compute / c, comm=s.comm / c + comm, acts=s.acts / c, full_acts=s.full_acts / c,
+        boundary=s.boundary / c, transient=held)
+
+
+def rank_stats(s: UnitStats, kv: np.ndarray, attention: np.ndarray, deg, bandwidth: float, latency: float,
+               call_latency: float, recompute: bool) -> UnitStats:
+    """``ring_stats`` or ``context_stats``, as the degrees ``deg`` run context parallelism."""
+    if deg.ring:
+        return ring_stats(s, kv, attention, deg.c, deg.t, bandwidth, latency, call_latency, recompute)
+    return context_stats(s, kv, deg.c, deg.t, bandwidth, latency, call_latency, recompute)
+
+
+def exchange_times(kv: np.ndarray, attention: np.ndarray, deg, bandwidth: float, latency: float,
+                   call_latency: float, recompute: bool) -> np.ndarray:
+    """Per unit and microbatch: the ring's exposed hops or the K/V gathers, as ``deg`` runs them."""
+    if deg.ring:
+        return ring_times(kv, attention, deg.c, deg.t, bandwidth, latency, call_latency, recompute)
+    return gather_times(kv, deg.c, deg.t, bandwidth, latency, call_latency, recompute)
+
+
+__all__ = ["context_options", "context_stats", "exchange_times", "gather_times", "kv_bytes", "rank_stats", "ring_stats",
+           "unit_attention_flops"]

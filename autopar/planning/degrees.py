@@ -12,8 +12,8 @@ the tensor DPs of those groups).
 
 ``Pin`` fixes what a published plan states (``tensor=8 pipeline=64 data=6``, optionally
 ``zero=1``, ``recompute=1`` (``recompute=attention``: attention-only), ``microbatch=1``,
-``context=16``, ``expert=8``,
-``schedule=interleaved-1f1b``); the rest is searched under the same cost model, the pipeline
+``context=16`` (``ring=1``: its attention as a ring, ``ring=0``: K/V gathered; else both priced),
+``expert=8``, ``schedule=interleaved-1f1b``); the rest is searched under the same cost model, the pipeline
 schedule included unless the pin names one. A context degree, pinned or searched (for causal
 language models: ``context.context_options``), is carved out of the data-parallel degrees, innermost
 level first (``with_context``: the sequence's ranks sit next to the tensor group, where the keys'
@@ -88,11 +88,12 @@ class Pin:
     context: int | None = None  # ranks each sequence is split over (context parallelism)
     expert: int | None = None  # devices the routed experts are split over (of the data devices)
     schedule: str | None = None  # a pipeline schedule (step_price.SCHEDULES); None: searched
+    ring: bool | None = None  # context parallelism as a ring (True) or K/V all-gathers (False); None: searched
 
     def admits(self, deg: Degrees) -> bool:
         return ((self.tensor is None or deg.t == self.tensor) and (self.pipeline is None or deg.p == self.pipeline)
                 and (self.data is None or deg.d == self.data) and deg.c == (self.context or 1)
-                and (self.expert is None or deg.ep == self.expert))
+                and (self.expert is None or deg.ep == self.expert) and (self.ring is None or deg.ring == self.ring))
 
     def describe(self) -> str:
         return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) is not None)
@@ -118,7 +119,8 @@ _KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch":
          "schedule": str,
          "recompute": lambda v: RECOMPUTE_ATTENTION if v.lower() == RECOMPUTE_ATTENTION
          else v.lower() in ("1", "true", "yes", "on"),
-         "zero_inner": lambda v: v.lower() in ("1", "true", "yes", "on")}
+         "zero_inner": lambda v: v.lower() in ("1", "true", "yes", "on"),
+         "ring": lambda v: v.lower() in ("1", "true", "yes", "on")}
 
 
 def parse_pin(text: str | Pin | None) -> Pin | None:

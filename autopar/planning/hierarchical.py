@@ -44,7 +44,7 @@ from autopar.core.margin import capacity_words, usable_memory
 from autopar.core.strategy import PRECISIONS, RECOMPUTE_ATTENTION, Degrees, Strategy, TrainingOptions, default_precision
 from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.activations import attention_core, attention_flops, attention_recompute, price_fitting
-from autopar.planning.context import context_options, context_stats, gather_times, kv_bytes
+from autopar.planning.context import context_options, exchange_times, kv_bytes, rank_stats, unit_attention_flops
 from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats
@@ -108,7 +108,7 @@ class Search:
         self._graphs: dict[bool, Graph] = {}
         self._windows: dict[bool, object] = {}
         self._memo: dict[tuple, UnitStats] = {}
-        self._kv: dict[bool, np.ndarray] = {}  # keys' and values' bytes per unit (context parallelism)
+        self._kv: dict[bool, tuple] = {}  # K/V bytes and attention's seconds per unit (context parallelism)
         self._experts: dict[tuple, ExpertStats | None] = {}
         self.experts = expert_count(graph)  # routed experts per MoE layer (0: none): the expert degree's range
         # context degrees searched (planning/context.py); not beside routed experts, whose
@@ -166,16 +166,18 @@ class Search:
 
     def _context(self, c: Candidate, s: UnitStats) -> UnitStats:
         """``s`` for one rank of the candidate's context group (``planning/context.py``)."""
-        kv, bw, lat = self._kv_link(c)
-        return context_stats(s, kv, c.degrees.c, c.degrees.t, bw, lat, self.cluster.call_latency, c.recompute)
+        return rank_stats(s, *self._kv_link(c), self.cluster.call_latency, c.recompute)
 
-    def _kv_link(self, c: Candidate) -> tuple[np.ndarray, float, float]:
-        """Per unit, the K/V bytes of one microbatch of ``c``; the link its context group spans."""
+    def _kv_link(self, c: Candidate) -> tuple:
+        """Per unit, the K/V bytes and the forward attention's seconds on one device of one
+        microbatch of ``c``; its degrees; the link its context group spans."""
         if c.recompute not in self._kv:
-            self._kv[c.recompute] = kv_bytes(self.training_graph(c.recompute), self.spans)
-        deg = c.degrees
+            g = self.training_graph(c.recompute)
+            attention = unit_attention_flops(g, self.spans) / (self.peak * self.eff)
+            self._kv[c.recompute] = (kv_bytes(g, self.spans), attention)
+        deg, (kv, attention) = c.degrees, self._kv[c.recompute]
         bw, lat = self.cluster.link(min(max(l for l, k in enumerate(deg.context) if k > 1), 2))
-        return self._kv[c.recompute] / (deg.d * c.microbatches), bw, lat
+        return kv / (deg.d * c.microbatches), attention / (deg.d * c.microbatches), deg, bw, lat
 
     def gathers(self, c: Candidate) -> float:
         """Seconds per microbatch of the K/V gathers of one context rank over all units: what
@@ -183,9 +185,7 @@ class Search:
         without context parallelism). The slowest of its p stages takes at least 1/p of it."""
         if c.degrees.c <= 1:
             return 0.0
-        kv, bw, lat = self._kv_link(c)
-        return float(np.sum(gather_times(kv, c.degrees.c, c.degrees.t, bw, lat, self.cluster.call_latency,
-                                         c.recompute)))
+        return float(np.sum(exchange_times(*self._kv_link(c), self.cluster.call_latency, c.recompute)))
 
     def expert_stats(self, c: Candidate) -> ExpertStats | None:
         """The routed experts' part of ``stats(c)`` (None without experts or expert parallelism)."""
@@ -234,6 +234,7 @@ class Search:
             plain = [x for x in (with_context(d, context) for d in plain) if x is not None]
         elif context is None:
             plain = plain + [x for k in self.contexts for x in (with_context(d, k) for d in plain) if x is not None]
+        plain = plain + [dataclasses.replace(d, ring=True) for d in plain if d.c > 1]  # gathers or a ring
         if not self.experts:
             return plain
         return [Degrees(d.tensor, d.pipeline, d.data, expert=ex) if ex else d

@@ -54,7 +54,8 @@ def assignment_of(pr: Priced, s: UnitStats, graph: Graph) -> dict:
     """Each node's config on the full mesh: its group config, the batch dim also over the data
     axes, the routed experts over the expert group's axes (their tokens over the rest of the data
     axes: the experts dim carries the tokens, ``core.ir.CARRIES``), and the sequence over the
-    context axes (attention by its query rows, ``l``; its keys stay whole: K/V are gathered)."""
+    context axes (attention by its query rows, ``l``; its keys stay whole: K/V are gathered, or, with
+    ``Degrees.ring``, read in their sequence chunks by codegen's ring, ``ring_attention.ring_layout``)."""
     from autopar.core.batch import batch_dims
     from autopar.core.ir import carried_dim
     from autopar.core.tables import Config
@@ -176,7 +177,12 @@ def to_plan(pr: Priced, search, common: dict, info: SearchInfo, baselines: dict,
                         + ([f"context parallelism over {deg.c} ranks priced (causal work balanced; its K/V gathers, "
                             "exposed, are in the tensor-parallel communication term); the per-node layouts cut each "
                             "node's sequence dim over the context axes (attention by its query rows, keys and "
-                            "values gathered)"] if deg.c > 1 else [])
+                            "values gathered)"] if deg.c > 1 and not deg.ring else [])
+                        + ([f"context parallelism over {deg.c} ranks as ring attention (seq/{deg.c} ring: causal "
+                            "work balanced; each rank's K/V chunk passed on in c - 1 hops under the attention "
+                            "blocks, what they take beyond them in the tensor-parallel communication term; only "
+                            "the local chunk saved); the per-node layouts cut each node's sequence dim over the "
+                            "context axes"] if deg.ring else [])
                         + ([f"expert parallelism over {deg.ep} devices: uniform routing assumed (each expert "
                             "receives tokens x top-k / experts; no load imbalance), token all-to-alls not "
                             "overlapped with compute"] if deg.ep > 1 else []))
