@@ -5,11 +5,11 @@ The design notes (why it is built this way, what was checked) are in docs/cost_m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from autopar.cost_models.alpha_beta import (BANDWIDTH_TERM, FORMULA, KINDS, LATENCY_TERM, as_run,  # noqa: F401
-                                            collective_time)
+                                            collective_time, reshard_local)
 from autopar.cost_models.reshard_table import reshard_table
 
 from autopar.core.cluster import Cluster
@@ -33,6 +33,7 @@ class Collective:
     run_as: str = ""  # the collective the backend really runs, where it differs (``as_run``)
     run_bytes: float = 0.0
     fixed: float = 0.0  # paid once (``Cluster.call_latency``)
+    local: float = 0.0  # a reshard step's runtime path and buffer copy (``alpha_beta.reshard_local``)
 
     def formula(self) -> str:
         kind, nbytes = (self.run_as, self.run_bytes) if self.run_as else (self.kind, self.nbytes)
@@ -45,10 +46,12 @@ class Collective:
                 "broadcast": f"{n}/{bw} + {p - 1}*{a}", "send/recv": f"{n}/{bw} + {a}"}[kind]
         if self.fixed:
             body += f" + {self.fixed:.3g}"
+        if self.local:
+            body += f" + {self.local:.3g} (local: the move's path and its buffer copy)"
         link = "inter-node" if self.crosses_nodes else "intra-node"
         run = f", run by gloo as {kind} of N = {n} B" if self.run_as else ""
         return (f"{self.kind} over mesh axes {list(self.axes)} (p={p}, {link}{run}): "
-                f"{FORMULA[kind]}{' + c' if self.fixed else ''} = {body} = {self.seconds:.4g} s")
+                f"{FORMULA[kind]}{' + c' if self.fixed else ''}{' + local' if self.local else ''} = {body} = {self.seconds:.4g} s")
 
 
 def group_of(axes, mesh: Mesh) -> tuple[int, bool]:
@@ -77,6 +80,14 @@ def collective(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -> 
 
 # --- resharding ----------------------------------------------------------------------------------
 
+def reshard_step(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -> Collective:
+    """``collective`` as a reshard runs it: with what the rank pays around the call
+    (``alpha_beta.reshard_local``; 0 on a cluster that does not measure it)."""
+    c = collective(kind, nbytes, axes, mesh, cluster)
+    local = reshard_local(kind, c.run_bytes or c.nbytes, c.p, cluster)
+    return replace(c, seconds=c.seconds + local, local=local) if local else c
+
+
 def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
                   cluster: Cluster) -> list[Collective]:
     """The collectives that turn a tensor of ``nbytes`` (global) from ``src`` into ``dst``."""
@@ -96,18 +107,18 @@ def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
     local /= group_of(sliced, mesh)[0]
     rs = [a for a in range(len(src)) if isinstance(src[a], Partial) and isinstance(dst[a], Shard)]
     if rs:
-        steps.append(collective("reduce-scatter", local, rs, mesh, cluster))
+        steps.append(reshard_step("reduce-scatter", local, rs, mesh, cluster))
         local /= group_of(rs, mesh)[0]
     ar = [a for a in range(len(src)) if isinstance(src[a], Partial) and isinstance(dst[a], Replicate)]
     if ar:
-        steps.append(collective("all-reduce", local, ar, mesh, cluster))
+        steps.append(reshard_step("all-reduce", local, ar, mesh, cluster))
     a2a = [a for a in range(len(src))
            if isinstance(src[a], Shard) and isinstance(dst[a], Shard) and src[a] != dst[a]]
     if a2a:
-        steps.append(collective("all-to-all", local, a2a, mesh, cluster))
+        steps.append(reshard_step("all-to-all", local, a2a, mesh, cluster))
     ag = [a for a in range(len(src)) if isinstance(src[a], Shard) and isinstance(dst[a], Replicate)]
     if ag:
-        steps.append(collective("all-gather", local * group_of(ag, mesh)[0], ag, mesh, cluster))
+        steps.append(reshard_step("all-gather", local * group_of(ag, mesh)[0], ag, mesh, cluster))
     return [s for s in steps if s.p > 1]
 
 
@@ -184,7 +195,7 @@ def _dtensor_steps(local: float, src: tuple[int, ...], dst: tuple[int, ...], mes
             continue
         if k == "all-gather":
             local *= p
-        steps.append(collective(k, local, axes, mesh, cluster))
+        steps.append(reshard_step(k, local, axes, mesh, cluster))
         if k == "reduce-scatter":
             local /= p
     return [c for c in steps if c.p > 1]
