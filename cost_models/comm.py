@@ -88,9 +88,22 @@ def reshard_step(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -
     return replace(c, seconds=c.seconds + local, local=local) if local else c
 
 
+def _slice(local: float, axes, mesh: Mesh, cluster: Cluster) -> Collective:
+    """A local slice to ``local`` bytes over mesh ``axes``: no collective, but the runtime's move
+    and its copy of the block (``reshard_local``; free where the cluster does not measure it)."""
+    p, _ = group_of(axes, mesh)
+    t = reshard_local("slice", local, p, cluster)
+    return Collective("slice", tuple(axes), p, float(local), 0.0, 0.0, False, t, local=t)
+
+
 def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
                   cluster: Cluster) -> list[Collective]:
     """The collectives that turn a tensor of ``nbytes`` (global) from ``src`` into ``dst``."""
+    return [c for c in _walk(nbytes, src, dst, mesh, cluster) if c.kind != "slice"]
+
+
+def _walk(nbytes: float, src: Layout, dst: Layout, mesh: Mesh, cluster: Cluster) -> list[Collective]:
+    """``reshard_steps`` with the local slices among them, in the order they run."""
     if len(src) != len(dst) or len(src) != len(mesh.shape):
         raise ValueError(f"layouts {src} -> {dst} do not match a mesh of {len(mesh.shape)} axes")
     sf = 1
@@ -105,6 +118,8 @@ def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
     steps: list[Collective] = []
     sliced = [a for a in range(len(src)) if isinstance(src[a], Replicate) and isinstance(dst[a], Shard)]
     local /= group_of(sliced, mesh)[0]
+    if sliced:
+        steps.append(_slice(local, sliced, mesh, cluster))
     rs = [a for a in range(len(src)) if isinstance(src[a], Partial) and isinstance(dst[a], Shard)]
     if rs:
         steps.append(reshard_step("reduce-scatter", local, rs, mesh, cluster))
@@ -177,21 +192,25 @@ def _kind(s: int, d: int) -> str | None:
 def _dtensor_steps(local: float, src: tuple[int, ...], dst: tuple[int, ...], mesh: Mesh,
                    cluster: Cluster) -> list[Collective]:
     """Price ``dtensor_transitions(src, dst)`` from ``local`` bytes per device."""
-    groups: list[tuple[tuple[int, int], list[int]]] = []
-    for m, s, d in dtensor_transitions(src, dst):
+    groups: list[tuple[tuple[int, int], list[int], bool]] = []
+    # the second pass only slices back what the first cleared: priced as free (as reshard_table's walk)
+    first = sum((0 if _clears(src, dst, m) else dst[m]) != src[m] for m in range(len(src)))
+    for i, (m, s, d) in enumerate(dtensor_transitions(src, dst)):
         k = _kind(s, d)
         if groups and groups[-1][0] == (s, d) and k in ("all-reduce", "all-gather",
                                                         "reduce-scatter"):
             groups[-1][1].append(m)
         else:
-            groups.append(((s, d), [m]))
+            groups.append(((s, d), [m], i < first))
     steps = []
-    for (s, d), axes in groups:
+    for (s, d), axes, in_first in groups:
         k = _kind(s, d)
         p = group_of(axes, mesh)[0]
         if k is None:
             if d >= 2:
                 local /= p
+                if in_first:
+                    steps.append(_slice(local, axes, mesh, cluster))
             continue
         if k == "all-gather":
             local *= p
@@ -202,7 +221,7 @@ def _dtensor_steps(local: float, src: tuple[int, ...], dst: tuple[int, ...], mes
 
 
 def reshard_cost(nbytes: float, src: Layout, dst: Layout, mesh: Mesh, cluster: Cluster) -> float:
-    return sum(s.seconds for s in reshard_steps(nbytes, src, dst, mesh, cluster))
+    return sum(s.seconds for s in _walk(nbytes, src, dst, mesh, cluster))
 
 
 def encode_layouts(layouts: list[Layout], codebook: dict) -> np.ndarray:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 # the bytes the copies are timed at: the activations a step reshards (a few hundred KiB to MiB)
 COPY_SIZES = (2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22)
+# the gathered bytes the runtime's path is timed at (``_call``)
+CALL_SIZES = (2 ** 16, 2 ** 20, 2 ** 22)
 # floats per contiguous run of a strided copy: one rank's block of a split feature dim
 BLOCK = 128
 
@@ -68,7 +70,8 @@ def fit_moves(probe=None, device: str = "cpu", sizes=COPY_SIZES, repeats: int = 
             strided.append(_median(lambda: x.movedim(0, 1).contiguous(), repeats, device, evict))
         xs = [4.0 * p * max(1, n // (4 * p * BLOCK)) * BLOCK for n in sizes]
         copy, strid = fit_line(xs, plain)[1], fit_line(xs, strided)[1]
-        call = _call(probe, p, device, repeats) if probe is not None else 0.0
+        call, per_byte = _call(probe, p, device, repeats) if probe is not None else (0.0, 0.0)
+        copy, strid = copy + per_byte, strid + per_byte
     finally:
         if cpu:
             torch.set_num_threads(threads)
@@ -116,30 +119,39 @@ def _median(f, repeats: int, device: str, before=lambda: None) -> float:
     return statistics.median(ts)
 
 
-def _call(probe, p: int, device: str, repeats: int) -> float:
-    """The probe's reshard of a 16 KiB block less the bare all-gather it runs, per call: the
-    medians of interleaved calls, each started on every rank together."""
+def _call(probe, p: int, device: str, repeats: int) -> tuple[float, float]:
+    """The probe's reshard less the bare all-gather it runs, as a line in the gathered bytes
+    (``CALL_SIZES``): at 0 bytes the path's calls, per byte what it adds besides a copy (its
+    result allocated and first touched: on the benchmarks' machine the runtime's gather of dim 0,
+    which copies nothing, cost 0.14 ms more than the bare call at 256 KiB and 0.16 at 4 MiB, its
+    autograd function 0.19 and 0.29). Medians of interleaved calls, each started on every rank
+    together."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
+    from autopar.cost_models.collective_fit import fit_line
     from autopar.cost_models.op_runner import clock
 
     mesh = DeviceMesh.from_group(dist.group.WORLD, torch.device(device).type)
     run = probe(mesh)
-    x = torch.randn(32, BLOCK, device=device, requires_grad=True)
-    out = torch.empty(p * x.numel(), device=device)
-    part = x.detach().reshape(-1)
     now = clock(device)
-    calls = {"probe": lambda: run(x), "bare": lambda: dist.all_gather_single(out, part)}
-    ts: dict[str, list[float]] = {k: [] for k in calls}
-    for r in range(2 + repeats):
-        for k, f in calls.items():
-            dist.barrier()
-            _sync(device)
-            t = now()
-            f()
-            _sync(device)
-            if r >= 2:
-                ts[k].append(now() - t)
-    return max(0.0, statistics.median(ts["probe"]) - statistics.median(ts["bare"]))
+    xs, extra = [], []
+    for n in CALL_SIZES:
+        x = torch.randn(max(1, n // (4 * p * BLOCK)), BLOCK, device=device, requires_grad=True)
+        out = torch.empty(p * x.numel(), device=device)
+        part = x.detach().reshape(-1)
+        calls = {"probe": lambda: run(x), "bare": lambda: dist.all_gather_single(out, part)}
+        ts: dict[str, list[float]] = {k: [] for k in calls}
+        for r in range(2 + repeats):
+            for k, f in calls.items():
+                dist.barrier()
+                _sync(device)
+                t = now()
+                f()
+                _sync(device)
+                if r >= 2:
+                    ts[k].append(now() - t)
+        xs.append(4.0 * p * x.numel())
+        extra.append(max(1e-9, statistics.median(ts["probe"]) - statistics.median(ts["bare"])))
+    return fit_line(xs, extra)

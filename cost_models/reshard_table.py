@@ -257,9 +257,11 @@ def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.nd
         lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
         return p, bw, lat
 
-    scale = 1.0 / group(P_SLICE)[0]  # local bytes after slicing, per byte of the source's local
-    slope = np.zeros(len(keys))
-    intercept = np.zeros(len(keys))
+    p_slice = group(P_SLICE)[0]
+    scale = 1.0 / p_slice  # local bytes after slicing, per byte of the source's local
+    # the slice's local work (``comm._slice``): its call, and the copy of the block it keeps
+    slope = np.where(p_slice > 1, copy_rate("slice", cluster, p_slice) * scale, 0.0)
+    intercept = np.where(p_slice > 1, cluster.move_call, 0.0)
     for kind, name in _PHASES:
         p, bw, lat = group(kind)
         k = scale * (p if kind == P_AG else 1.0)
@@ -308,6 +310,7 @@ def _walk_prices(kinds: np.ndarray, joins: np.ndarray, local: np.ndarray, walk_a
         lat = np.where(pend_cross, cluster.inter_latency, cluster.intra_latency)
         sliced = ending & (pend == W_SLICE)
         local[sliced] /= pend_p[sliced]
+        total[sliced] += reshard_local("slice", local[sliced], pend_p[sliced], cluster)
         ag = ending & (pend == W_AG)
         local[ag] *= pend_p[ag]
         for kind, name in _COLLECTIVE.items():

@@ -39,9 +39,12 @@ def test_a_reshard_costs_its_collective_plus_its_call_and_the_copy_of_its_buffer
     assert step.local == pytest.approx(CALL + copied * rate) and "local" in step.formula()
 
 
-def test_a_local_slice_and_layouts_that_agree_stay_free():
+def test_a_local_slice_costs_its_call_and_the_copy_of_its_block_and_no_collective():
     mesh = BARE.mesh()
-    assert reshard_cost(NBYTES, (Replicate(),), (Shard(2),), mesh, MOVES) == 0.0
+    assert reshard_cost(NBYTES, (Replicate(),), (Shard(2),), mesh, BARE) == 0.0
+    assert reshard_cost(NBYTES, (Replicate(),), (Shard(2),), mesh, MOVES) == pytest.approx(
+        CALL + NBYTES / 2 * STRIDED, rel=1e-12)
+    assert reshard_steps(NBYTES, (Replicate(),), (Shard(2),), mesh, MOVES) == []  # nothing to count
     assert reshard_cost(NBYTES, (Shard(2),), (Shard(2),), mesh, MOVES) == 0.0
 
 
@@ -83,16 +86,16 @@ def _count_copies(rank, world, cases):
 def test_the_priced_copy_is_what_the_runtime_s_move_copies():
     """The bytes ``reshard_local`` prices as copied, against the runtime's own copies counted op by
     op on 2 ranks: the model's byte count is independent of it."""
-    cases = [(2, "R"), ("P", "R"), ("P", 2), (1, "R")]
+    cases = [(2, "R"), ("P", "R"), ("P", 2), (1, "R"), ("R", 2)]
     counted = launch(_count_copies, 2, cases)  # gloo: its collectives' own copies run in C++
     assert counted[0] == counted[1]
     mesh = BARE.mesh()
     even = dataclasses.replace(MOVES, copy_time=PLAIN, strided_copy_time=PLAIN)  # a byte is a byte
     for (s, d), got in zip(cases, counted[0]):
-        src = (Partial(),) if s == "P" else (Shard(s),)
+        src = (Partial(),) if s == "P" else (Replicate(),) if s == "R" else (Shard(s),)
         dst = (Replicate(),) if d == "R" else (Shard(d),)
-        (step,) = reshard_steps(NBYTES, src, dst, mesh, even)
-        priced = (step.local - CALL) / PLAIN
+        priced = (reshard_cost(NBYTES, src, dst, mesh, even) - reshard_cost(NBYTES, src, dst, mesh, BARE)
+                  - CALL) / PLAIN
         assert got == pytest.approx(priced, rel=1e-9), (s, d)
 
 
