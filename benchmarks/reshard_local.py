@@ -88,7 +88,7 @@ def _in_step(rank: int, world: int, cache: str, repeats: int) -> dict:
     from autopar.codegen.runtime import reshard_probe
     from autopar.cost_models.profiled import ProfiledModel
     from autopar.cost_models.tables import build_tables
-    from benchmarks.cost_vs_measured import LR, OPTIMIZER, SIZES, _step, strategies
+    from benchmarks.cost_vs_measured import LR, OPTIMIZER, SIZES, _step, breakdown, strategies
 
     acc: dict[str, list[float]] = {}
 
@@ -121,7 +121,7 @@ def _in_step(rank: int, world: int, cache: str, repeats: int) -> dict:
     bare = copy.copy(cm)
     bare.moves = None
     bare_tables = build_tables(graph, cluster, bare, space="mesh", mode="train", optimizer="adam")
-    out = {"fit": (cm.moves.call, cm.moves.copy, cm.moves.strided), "plans": {}}
+    out = {"fit": (cm.moves.call, cm.moves.copy, cm.moves.strided), "share": cm.share, "plans": {}}
     for label, choice in strategies("gpt", graph, tables, mesh).items():
         assignment = {n: tables.configs[i][c] for i, (n, c) in enumerate(zip(tables.nodes, choice))}
         mod = shard_module(model, graph, assignment, tuple(mesh.shape))
@@ -133,9 +133,13 @@ def _in_step(rank: int, world: int, cache: str, repeats: int) -> dict:
         for _ in range(repeats):
             acc.clear()
             dist.barrier()
+            c = time.thread_time()
             t, _ = _step(mod, opt, inputs)
+            acc["step"] = [t, time.thread_time() - c, 1]
             rows.append((t, {k: tuple(v) for k, v in acc.items()}))
-        out["plans"][label] = dict(predicted=tables.total(choice), bare=bare_tables.total(choice), rows=rows)
+        bd = breakdown(graph, tables, choice, cm, cluster)
+        out["plans"][label] = dict(predicted=tables.total(choice), bare=bare_tables.total(choice), rows=rows,
+                                   compute=(bd["compute"] + bd["optimizer"]) / cm.share)
     return out
 
 
@@ -183,13 +187,19 @@ def main(argv=None) -> int:
     call, cp, st = steps[0]["fit"]
     lines += ["## Inside training steps (the zoo gpt of `cost_vs_measured`)", "",
               f"Fitted (`reshard_fit`): {1e6 * call:.1f} us per reshard step of the runtime's path, copies at "
-              f"{1e-9 / cp:.2f} GB/s plain and {1e-9 / st:.2f} GB/s strided.", "",
+              f"{1e-9 / cp:.2f} GB/s plain and {1e-9 / st:.2f} GB/s strided; the ranks computed "
+              f"{steps[0]['share']:.2f}x slower together than alone (`compute_share`).", "",
               "Per step, medians over the steps, slower rank: `moves` how many moves ran (forward and "
               "backward); `local CPU` the CPU the moves spent outside their collectives; `local wall` the "
               "same in wall time; `priced local` what the model adds for it (its prediction with the "
-              "term less without); `predicted` / `before` the step with and without it.", "",
-              "| plan | moves | local CPU ms | local wall ms | priced local ms | predicted ms | before ms | measured ms | measured / predicted | measured / before |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "term less without); `rest CPU` the step's thread's CPU outside its moves (compute, "
+              "optimizer, gradient buckets' calls), beside `priced compute`, the predicted compute and "
+              "optimizer update as profiled (on the thread's CPU clock: before `compute_share`); `CPU / priced` the thread's CPU outside the collectives (local + rest) "
+              "over what the model prices for it (priced compute + priced local; `before`: priced "
+              "compute alone); `predicted` / `before` the step with and without the term, `measured` "
+              "its wall time (inflated alike on a loaded host).", "",
+              "| plan | moves | local CPU ms | local wall ms | priced local ms | rest CPU ms | priced compute ms | CPU / priced | CPU / priced before | predicted ms | before ms | measured ms | measured / predicted | measured / before |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, row in steps[0]["plans"].items():
         def med(i: int, key: str = "") -> float:
             per = []
@@ -199,14 +209,20 @@ def main(argv=None) -> int:
                     for s in steps:
                         d = s["plans"][label]["rows"][j][1]
                         m, c = d.get("move", (0.0, 0.0, 0)), d.get("collective", (0.0, 0.0, 0))
-                        vals.append(m[i] - c[i] if i < 2 else m[2])
+                        if key == "rest":  # the step's own thread's CPU outside its moves
+                            vals.append(d["step"][1] - m[1])
+                        else:
+                            vals.append(m[i] - c[i] if i < 2 else m[2])
                     per.append(max(vals))
                 else:
                     per.append(max(s["plans"][label]["rows"][j][0] for s in steps))
             return statistics.median(per)
         meas = med(0)
-        lines.append(f"| {label} | {med(2, 'n'):.0f} | {1e3 * med(1, 'c'):.2f} | {1e3 * med(0, 'w'):.2f} | "
-                     f"{1e3 * (row['predicted'] - row['bare']):.2f} | {1e3 * row['predicted']:.2f} | "
+        rest, local, priced = med(1, "rest"), med(1, "c"), row["predicted"] - row["bare"]
+        lines.append(f"| {label} | {med(2, 'n'):.0f} | {1e3 * local:.2f} | {1e3 * med(0, 'w'):.2f} | "
+                     f"{1e3 * priced:.2f} | {1e3 * rest:.2f} | {1e3 * row['compute']:.2f} | "
+                     f"{(local + rest) / (row['compute'] + priced):.2f} | {(local + rest) / row['compute']:.2f} | "
+                     f"{1e3 * row['predicted']:.2f} | "
                      f"{1e3 * row['bare']:.2f} | {1e3 * meas:.2f} | {meas / row['predicted']:.2f} | "
                      f"{meas / row['bare']:.2f} |")
     text = "\n".join(lines) + "\n"
