@@ -233,9 +233,11 @@ def _profiled_on_group(cluster, plan_kwargs):
     The fit times collectives on the process group, so every rank must run it; the compute is
     then profiled on rank 0 alone, which plans. Before, rank 0 started the fit alone while the
     others waited for its plan, and the run hung."""
+    from autopar.codegen.runtime import reshard_probe
     from autopar.cost_models.profiled import ProfiledModel
 
-    model = ProfiledModel(optimizer=plan_kwargs.get("optimizer", "adam"))  # as the registry's entry makes it
+    # as the registry's entry makes it
+    model = ProfiledModel(optimizer=plan_kwargs.get("optimizer", "adam"), probe=reshard_probe)
     model.comm_cluster(cluster)
     return model
 

@@ -202,6 +202,7 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
     import torch
     import torch.distributed as dist
     from autopar.codegen.module import shard_module
+    from autopar.codegen.runtime import reshard_probe
     from autopar.cost_models.profiled import ProfiledModel
     from autopar.cost_models.tables import build_tables
 
@@ -213,13 +214,13 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
     for name, kw in sizes.items():
         model, inputs = autopar.zoo.get(ZOO_NAME.get(name, name), **kw)
         graph = autopar.trace(model, inputs)
-        cm = ProfiledModel(cache_path=cache, optimizer=OPTIMIZER)
+        cm = ProfiledModel(cache_path=cache, optimizer=OPTIMIZER, probe=reshard_probe)
         cm.profile(graph, cluster, progress=False)  # the parent filled the cache: all hits
         tables = build_tables(graph, cluster, cm, space="mesh", mode="train", optimizer="adam")
-        # for comparison, the earlier model: the same fit and timings, each node's update
-        # priced as timed alone (no whole-model update rate), every reshard on the 4 ms fit
+        # for comparison, the earlier model: the same fits and timings, each reshard priced as
+        # its bare collective (not the runtime's path and buffer copy around it: reshard_fit)
         old = copy.copy(cm)
-        old.update_rate, old.near, old.share = 0.0, None, 1.0
+        old.moves = None
         old_tables = build_tables(graph, cluster, old, space="mesh", mode="train", optimizer="adam")
         strats = strategies(name, graph, tables, mesh)
         runs = []
@@ -244,6 +245,7 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
                   cm.near.gather_bandwidth) if cm.near else None,
             update_rate=cm.update_rate,
             share=cm.share,
+            moves=(cm.moves.call, cm.moves.copy, cm.moves.strided) if cm.moves else None,
             rows=[dict(label=label, predicted=tables.total(choice), times=times[label], cpu=cpu[label],
                        before=old_tables.total(choice),
                        split_nodes=sum(tables.configs[i][c].devices > 1 for i, c in enumerate(choice)),
@@ -387,6 +389,11 @@ def main(argv=None) -> int:
             lines.append(f"Whole-model {OPTIMIZER} update: {1e9 * per_rank[0]['update_rate']:.2f} ns per element.  ")
         lines.append(f"Ranks computing at once: {per_rank[0]['share']:.3f}x alone (compute_share, times every "
                      "measured compute and update).  ")
+        if per_rank[0].get("moves"):
+            call, cp, st = per_rank[0]["moves"]
+            lines.append(f"Each reshard step beyond its collective: {1e6 * call:.1f} us of the runtime's path, "
+                         f"its buffer copied at {1e-9 / max(cp, 1e-30):.2f} GB/s (plain), "
+                         f"{1e-9 / max(st, 1e-30):.2f} GB/s (strided) (reshard_fit).  ")
         lines.append("")
         lines += table(name, rows)
         allp += [r["predicted"] for r in rows]
@@ -417,11 +424,10 @@ def main(argv=None) -> int:
               "out time spent waiting on the peer). The breakdown columns are the predicted terms "
               "(ms): measured compute forward + backward, the measured optimizer update, "
               "weight-gradient all-reduces, reshards on edges and graph outputs. `before` is the "
-              "model of the previous stop: the same fits and timings, with each node's optimizer "
-              "update priced as timed alone (now at least at the rate of the whole model's update, "
-              "whose state streams from memory once it outgrows the cache), every reshard on "
-              "the 4 ms fit (now between the two fits by the compute before it) and compute as "
-              "timed alone (now times how much slower the ranks compute together). Compute is profiled afresh in each "
+              "model without the reshards' local work: the same fits and timings, each reshard "
+              "step priced as its bare collective (now also the runtime's path per step and the "
+              "copy of its buffer around the collective, `cost_models/reshard_fit.py`). "
+              "Compute is profiled afresh in each "
               "invocation (a temporary cache) unless `--cache` names one."]
     text = "\n".join(lines) + "\n"
     print(text)

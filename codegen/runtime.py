@@ -108,6 +108,15 @@ class OutputReshard(Reshard):
         return x
 
 
+def reshard_probe(mesh: DeviceMesh):
+    """A function gathering this rank's Shard(0) block of a tensor on the 1-D ``mesh`` through
+    ``Reshard`` (its autograd function and ``move``): what the profiled cost model times to
+    price a reshard's path beyond its collective (``cost_models/reshard_fit.py``)."""
+    n = len(mesh.shape)
+    gather = Reshard(ReshardSpec(mesh, (Shard(0),) * n, (Replicate(),) * n, (Replicate(),) * n, (Shard(0),) * n))
+    return gather
+
+
 def needs_reshard(spec: ReshardSpec) -> bool:
     return spec.src != spec.dst or spec.grad_in != spec.grad_out
 

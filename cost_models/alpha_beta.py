@@ -49,3 +49,32 @@ def as_run(kind: str, nbytes, p, backend: str):
         if kind == "all-to-all":
             return "all-gather", nbytes * p
     return kind, nbytes
+
+
+def reshard_local(kind: str, run_bytes, p, cluster):
+    """Seconds a reshard step costs a rank beyond its collective (``Cluster.move_call``,
+    ``copy_time``, ``strided_copy_time``); works elementwise on numpy arrays. p <= 1 costs 0.
+
+    The runtime's move (``codegen/moves.py``) copies the collective's buffer once around the
+    call: an all-reduce clones its input (never reduced in place: it may be saved for a
+    backward), a reduce-scatter stacks the blocks of the scattered dim first, a gather puts the
+    ranks' blocks side by side after (DTensor's cat does the same), gloo's all-to-all is a gather
+    and a block copy. ``run_bytes``: the bytes of what the backend runs (``as_run``), the buffer
+    copied. A shard of the leading dim needs no copy; it is priced as the others (the tables
+    price layouts by mesh axis, not by the tensor dim they cut)."""
+    if not any(isinstance(x, np.ndarray) for x in (run_bytes, p)):
+        return float(cluster.move_call + copy_rate(kind, cluster, p) * run_bytes) if p > 1 else 0.0
+    p = np.asarray(p, dtype=float)
+    t = cluster.move_call + copy_rate(kind, cluster, np.maximum(p, 1.0)) * np.asarray(run_bytes, dtype=float)
+    return np.where(p > 1, t, 0.0)
+
+
+def copy_rate(kind: str, cluster, p):
+    """Seconds per byte of the buffer of a reshard step of ``kind`` over ``p`` ranks, for the
+    copies around it (``reshard_local``). gloo's reduce-scatter also copies its result (1/p of
+    the input) out of its own buffer on the calling thread."""
+    if kind == "all-reduce":
+        return cluster.copy_time
+    if kind == "reduce-scatter" and cluster.backend == "gloo":
+        return cluster.strided_copy_time + cluster.copy_time / p
+    return cluster.strided_copy_time

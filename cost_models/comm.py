@@ -5,11 +5,11 @@ The design notes (why it is built this way, what was checked) are in docs/cost_m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from autopar.cost_models.alpha_beta import (BANDWIDTH_TERM, FORMULA, KINDS, LATENCY_TERM, as_run,  # noqa: F401
-                                            collective_time)
+                                            collective_time, reshard_local)
 from autopar.cost_models.reshard_table import reshard_table
 
 from autopar.core.cluster import Cluster
@@ -33,6 +33,7 @@ class Collective:
     run_as: str = ""  # the collective the backend really runs, where it differs (``as_run``)
     run_bytes: float = 0.0
     fixed: float = 0.0  # paid once (``Cluster.call_latency``)
+    local: float = 0.0  # a reshard step's runtime path and buffer copy (``alpha_beta.reshard_local``)
 
     def formula(self) -> str:
         kind, nbytes = (self.run_as, self.run_bytes) if self.run_as else (self.kind, self.nbytes)
@@ -45,10 +46,12 @@ class Collective:
                 "broadcast": f"{n}/{bw} + {p - 1}*{a}", "send/recv": f"{n}/{bw} + {a}"}[kind]
         if self.fixed:
             body += f" + {self.fixed:.3g}"
+        if self.local:
+            body += f" + {self.local:.3g} (local: the move's path and its buffer copy)"
         link = "inter-node" if self.crosses_nodes else "intra-node"
         run = f", run by gloo as {kind} of N = {n} B" if self.run_as else ""
         return (f"{self.kind} over mesh axes {list(self.axes)} (p={p}, {link}{run}): "
-                f"{FORMULA[kind]}{' + c' if self.fixed else ''} = {body} = {self.seconds:.4g} s")
+                f"{FORMULA[kind]}{' + c' if self.fixed else ''}{' + local' if self.local else ''} = {body} = {self.seconds:.4g} s")
 
 
 def group_of(axes, mesh: Mesh) -> tuple[int, bool]:
@@ -77,9 +80,30 @@ def collective(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -> 
 
 # --- resharding ----------------------------------------------------------------------------------
 
+def reshard_step(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -> Collective:
+    """``collective`` as a reshard runs it: with what the rank pays around the call
+    (``alpha_beta.reshard_local``; 0 on a cluster that does not measure it)."""
+    c = collective(kind, nbytes, axes, mesh, cluster)
+    local = reshard_local(kind, c.run_bytes or c.nbytes, c.p, cluster)
+    return replace(c, seconds=c.seconds + local, local=local) if local else c
+
+
+def _slice(local: float, axes, mesh: Mesh, cluster: Cluster) -> Collective:
+    """A local slice to ``local`` bytes over mesh ``axes``: no collective, but the runtime's move
+    and its copy of the block (``reshard_local``; free where the cluster does not measure it)."""
+    p, _ = group_of(axes, mesh)
+    t = reshard_local("slice", local, p, cluster)
+    return Collective("slice", tuple(axes), p, float(local), 0.0, 0.0, False, t, local=t)
+
+
 def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
                   cluster: Cluster) -> list[Collective]:
     """The collectives that turn a tensor of ``nbytes`` (global) from ``src`` into ``dst``."""
+    return [c for c in _walk(nbytes, src, dst, mesh, cluster) if c.kind != "slice"]
+
+
+def _walk(nbytes: float, src: Layout, dst: Layout, mesh: Mesh, cluster: Cluster) -> list[Collective]:
+    """``reshard_steps`` with the local slices among them, in the order they run."""
     if len(src) != len(dst) or len(src) != len(mesh.shape):
         raise ValueError(f"layouts {src} -> {dst} do not match a mesh of {len(mesh.shape)} axes")
     sf = 1
@@ -94,20 +118,22 @@ def reshard_steps(nbytes: float, src: Layout, dst: Layout, mesh: Mesh,
     steps: list[Collective] = []
     sliced = [a for a in range(len(src)) if isinstance(src[a], Replicate) and isinstance(dst[a], Shard)]
     local /= group_of(sliced, mesh)[0]
+    if sliced:
+        steps.append(_slice(local, sliced, mesh, cluster))
     rs = [a for a in range(len(src)) if isinstance(src[a], Partial) and isinstance(dst[a], Shard)]
     if rs:
-        steps.append(collective("reduce-scatter", local, rs, mesh, cluster))
+        steps.append(reshard_step("reduce-scatter", local, rs, mesh, cluster))
         local /= group_of(rs, mesh)[0]
     ar = [a for a in range(len(src)) if isinstance(src[a], Partial) and isinstance(dst[a], Replicate)]
     if ar:
-        steps.append(collective("all-reduce", local, ar, mesh, cluster))
+        steps.append(reshard_step("all-reduce", local, ar, mesh, cluster))
     a2a = [a for a in range(len(src))
            if isinstance(src[a], Shard) and isinstance(dst[a], Shard) and src[a] != dst[a]]
     if a2a:
-        steps.append(collective("all-to-all", local, a2a, mesh, cluster))
+        steps.append(reshard_step("all-to-all", local, a2a, mesh, cluster))
     ag = [a for a in range(len(src)) if isinstance(src[a], Shard) and isinstance(dst[a], Replicate)]
     if ag:
-        steps.append(collective("all-gather", local * group_of(ag, mesh)[0], ag, mesh, cluster))
+        steps.append(reshard_step("all-gather", local * group_of(ag, mesh)[0], ag, mesh, cluster))
     return [s for s in steps if s.p > 1]
 
 
@@ -166,32 +192,36 @@ def _kind(s: int, d: int) -> str | None:
 def _dtensor_steps(local: float, src: tuple[int, ...], dst: tuple[int, ...], mesh: Mesh,
                    cluster: Cluster) -> list[Collective]:
     """Price ``dtensor_transitions(src, dst)`` from ``local`` bytes per device."""
-    groups: list[tuple[tuple[int, int], list[int]]] = []
-    for m, s, d in dtensor_transitions(src, dst):
+    groups: list[tuple[tuple[int, int], list[int], bool]] = []
+    # the second pass only slices back what the first cleared: priced as free (as reshard_table's walk)
+    first = sum((0 if _clears(src, dst, m) else dst[m]) != src[m] for m in range(len(src)))
+    for i, (m, s, d) in enumerate(dtensor_transitions(src, dst)):
         k = _kind(s, d)
         if groups and groups[-1][0] == (s, d) and k in ("all-reduce", "all-gather",
                                                         "reduce-scatter"):
             groups[-1][1].append(m)
         else:
-            groups.append(((s, d), [m]))
+            groups.append(((s, d), [m], i < first))
     steps = []
-    for (s, d), axes in groups:
+    for (s, d), axes, in_first in groups:
         k = _kind(s, d)
         p = group_of(axes, mesh)[0]
         if k is None:
             if d >= 2:
                 local /= p
+                if in_first:
+                    steps.append(_slice(local, axes, mesh, cluster))
             continue
         if k == "all-gather":
             local *= p
-        steps.append(collective(k, local, axes, mesh, cluster))
+        steps.append(reshard_step(k, local, axes, mesh, cluster))
         if k == "reduce-scatter":
             local /= p
     return [c for c in steps if c.p > 1]
 
 
 def reshard_cost(nbytes: float, src: Layout, dst: Layout, mesh: Mesh, cluster: Cluster) -> float:
-    return sum(s.seconds for s in reshard_steps(nbytes, src, dst, mesh, cluster))
+    return sum(s.seconds for s in _walk(nbytes, src, dst, mesh, cluster))
 
 
 def encode_layouts(layouts: list[Layout], codebook: dict) -> np.ndarray:

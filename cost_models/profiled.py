@@ -35,6 +35,7 @@ from autopar.cost_models.analytic import AnalyticModel, NodeCost, Term, check_mo
 from autopar.cost_models.collective_fit import GAP_S, NEAR_GAP_S, CommFit, compute_share, fit_collectives
 from autopar.cost_models.experts import exchange_seconds
 from autopar.cost_models.profile_cache import ProfileCache, Timing
+from autopar.cost_models.reshard_fit import MoveFit, fit_moves
 
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Graph, Node
@@ -132,6 +133,10 @@ class ProfiledModel(AnalyticModel):
     cache: ProfileCache = field(init=False, repr=False)
     comm: CommFit | None = field(default=None, init=False)
     near: CommFit | None = field(default=None, init=False)  # the fit after ``near_gap`` of work
+    # the runtime's reshard (``codegen.runtime.reshard_probe``), timed to price a reshard's path
+    # beyond its collective; with or without it, the copies around the collective (``reshard_fit``)
+    probe: Any = field(default=None, repr=False, compare=False)
+    moves: MoveFit | None = field(default=None, init=False)
     # measured compute times this: how much slower ranks sharing a host compute together (``compute_share``)
     share: float = field(default=1.0, init=False)
     _evict: Any = field(default=None, init=False, repr=False)  # written before each timed CPU update
@@ -157,20 +162,23 @@ class ProfiledModel(AnalyticModel):
             self.near = fit_collectives(gap=self.near_gap, **fit)
         if self.comm is not None:
             self.share = compute_share(self.device)
+            self.moves = fit_moves(self.probe, self.device)
         self._comm_done = True
 
     @staticmethod
-    def _with_links(cluster: Cluster, c: CommFit | None) -> Cluster:
+    def _with_links(cluster: Cluster, c: CommFit | None, moves: MoveFit | None = None) -> Cluster:
         if c is None or c.world != cluster.devices:
             return cluster
+        m = moves or MoveFit(0.0, 0.0, 0.0)
         return dataclasses.replace(cluster, intra_bandwidth=c.bandwidth, intra_latency=c.latency, call_latency=0.0,
+                                   move_call=m.call, copy_time=m.copy, strided_copy_time=m.strided,
                                    inter_bandwidth=c.bandwidth, inter_latency=c.latency,
                                    kind_factors=c.kind_factors())
 
     def comm_cluster(self, cluster: Cluster) -> Cluster:
         """The cluster with its links replaced by the live process group's fit, if any."""
         self._fit()
-        return self._with_links(cluster, self.comm)
+        return self._with_links(cluster, self.comm, self.moves)
 
     def near_weight(self, node: Node, configs: list[Config], cluster: Cluster, backward: bool = False) -> np.ndarray:
         """Per config of ``node``: 0 where a reshard right after its forward (``backward``: after
@@ -203,7 +211,7 @@ class ProfiledModel(AnalyticModel):
         m = super().edge_cost(*args, far, mode)
         if self.near is None or self.near.world != cluster.devices:
             return m
-        near = self._with_links(cluster, self.near)
+        near = self._with_links(cluster, self.near, self.moves)
         w_fwd = self.near_weight(src, src_configs, cluster)
         w_bwd = self.near_weight(dst, dst_configs, cluster, backward=True)
         if (w_fwd >= 1.0).all() and (w_bwd >= 1.0).all():
@@ -362,7 +370,7 @@ class ProfiledModel(AnalyticModel):
         if not math.isfinite(nc.seconds):
             return nc
         if node.op == "moe_experts" and self.near is not None and self.near.world == cluster.devices:
-            near = self._with_links(cluster, self.near)  # its back-to-back exchanges (experts.py)
+            near = self._with_links(cluster, self.near, self.moves)  # its back-to-back exchanges (experts.py)
             seconds, f = exchange_seconds(node, config, cluster.mesh(), cluster, mode, near=near)
             nc.terms = [dataclasses.replace(x, seconds=seconds, formula=f if text else "") if x.kind == "exchange"
                         else x for x in nc.terms]

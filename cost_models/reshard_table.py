@@ -242,7 +242,7 @@ def structure(s_codes: np.ndarray, d_codes: np.ndarray, mesh: Mesh) -> ReshardSt
 
 def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     """Per base-6 phase key: seconds = local * slope + intercept (``comm.reshard_steps``' phases)."""
-    from autopar.cost_models.alpha_beta import BANDWIDTH_TERM, LATENCY_TERM, as_run
+    from autopar.cost_models.alpha_beta import BANDWIDTH_TERM, LATENCY_TERM, as_run, copy_rate
 
     n = len(mesh.shape)
     level = np.asarray(mesh.level or (0,) * n) > 0
@@ -257,9 +257,11 @@ def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.nd
         lat = np.where(cross, cluster.inter_latency, cluster.intra_latency)
         return p, bw, lat
 
-    scale = 1.0 / group(P_SLICE)[0]  # local bytes after slicing, per byte of the source's local
-    slope = np.zeros(len(keys))
-    intercept = np.zeros(len(keys))
+    p_slice = group(P_SLICE)[0]
+    scale = 1.0 / p_slice  # local bytes after slicing, per byte of the source's local
+    # the slice's local work (``comm._slice``): its call, and the copy of the block it keeps
+    slope = np.where(p_slice > 1, copy_rate("slice", cluster, p_slice) * scale, 0.0)
+    intercept = np.where(p_slice > 1, cluster.move_call, 0.0)
     for kind, name in _PHASES:
         p, bw, lat = group(kind)
         k = scale * (p if kind == P_AG else 1.0)
@@ -267,6 +269,9 @@ def _phase_prices(keys: np.ndarray, mesh: Mesh, cluster: Cluster) -> tuple[np.nd
         bw, lat = cluster.kind_link(run, bw, lat)
         slope += np.where(p > 1, BANDWIDTH_TERM[run](np.maximum(p, 1)) * k / bw, 0.0)
         intercept += np.where(p > 1, LATENCY_TERM[run](np.maximum(p, 1)) * lat + cluster.call_latency, 0.0)
+        # the step's local work (``reshard_local``): its call, and its copy per byte run
+        intercept += np.where(p > 1, cluster.move_call, 0.0)
+        slope += np.where(p > 1, copy_rate(name, cluster, np.maximum(p, 1)) * k, 0.0)
         if kind == P_RS:
             scale = scale / p
     return slope, intercept
@@ -287,7 +292,7 @@ def _walk_prices(kinds: np.ndarray, joins: np.ndarray, local: np.ndarray, walk_a
     order and with the arithmetic of ``comm._dtensor_steps``. DTensor's second pass (first axis
     to last) only slices back what the first cleared: local, free.
     """
-    from autopar.cost_models.alpha_beta import as_run, collective_time
+    from autopar.cost_models.alpha_beta import as_run, collective_time, reshard_local
 
     rows = len(kinds)
     local = np.asarray(local, dtype=float).copy()
@@ -305,6 +310,7 @@ def _walk_prices(kinds: np.ndarray, joins: np.ndarray, local: np.ndarray, walk_a
         lat = np.where(pend_cross, cluster.inter_latency, cluster.intra_latency)
         sliced = ending & (pend == W_SLICE)
         local[sliced] /= pend_p[sliced]
+        total[sliced] += reshard_local("slice", local[sliced], pend_p[sliced], cluster)
         ag = ending & (pend == W_AG)
         local[ag] *= pend_p[ag]
         for kind, name in _COLLECTIVE.items():
@@ -312,7 +318,8 @@ def _walk_prices(kinds: np.ndarray, joins: np.ndarray, local: np.ndarray, walk_a
             if mask.any():
                 run, nbytes = as_run(name, local[mask], pend_p[mask], cluster.backend)
                 b, a = cluster.kind_link(run, bw[mask], lat[mask])
-                total[mask] += collective_time(run, nbytes, pend_p[mask], b, a, cluster.call_latency)
+                total[mask] += (collective_time(run, nbytes, pend_p[mask], b, a, cluster.call_latency)
+                                + reshard_local(name, nbytes, pend_p[mask], cluster))
         rs = ending & (pend == W_RS)
         local[rs] /= pend_p[rs]
         pend[ending] = W_NONE

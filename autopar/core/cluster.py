@@ -43,6 +43,10 @@ def prime_factors(n: int) -> list[int]:
     return out
 
 
+def _rate(seconds_per_byte: float) -> str:
+    return f"{1 / seconds_per_byte / GB:.3g} GB/s" if seconds_per_byte > 0 else "no cost"
+
+
 @dataclass(frozen=True)
 class Cluster:
     """``devices`` identical devices, ``devices_per_node`` to a node (0 = all in one node).
@@ -79,6 +83,14 @@ class Cluster:
     # processes the scheduler parked where more processes than cores share them (the cpu preset
     # past its cores); 0 where each device runs on its own
     call_latency: float = 0.0
+    # what a reshard step costs a rank beyond its collective, where measured (0: not priced): the
+    # runtime's path per step (Python, the autograd function, the mesh's group lookups), seconds,
+    # and the local copy around the collective, seconds per byte of the collective's buffer:
+    # ``copy_time`` for an all-reduce's plain copy, ``strided_copy_time`` for the block copies of
+    # gathers, scatters and all-to-alls (``cost_models.alpha_beta.reshard_local``)
+    move_call: float = 0.0
+    copy_time: float = 0.0
+    strided_copy_time: float = 0.0
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -98,7 +110,7 @@ class Cluster:
         for what in ("memory_bandwidth", "memory_capacity", "intra_bandwidth", "inter_bandwidth"):
             if not getattr(self, what) > 0:  # also refuses NaN
                 raise ValueError(f"Cluster: {what} must be > 0, got {getattr(self, what)!r}")
-        for what in ("intra_latency", "inter_latency", "call_latency"):
+        for what in ("intra_latency", "inter_latency", "call_latency", "move_call", "copy_time", "strided_copy_time"):
             if not getattr(self, what) >= 0:
                 raise ValueError(f"Cluster: {what} must be >= 0 seconds, got {getattr(self, what)!r}")
         factors = tuple((str(k), float(b), float(a)) for k, b, a in self.kind_factors)
@@ -173,6 +185,9 @@ class Cluster:
         kinds = "".join(f"; {k} at {b:.3g}x the bandwidth, {a:.3g}x the latency" for k, b, a in self.kind_factors)
         if self.call_latency:
             kinds += f"; every collective + {self.call_latency * 1e6:g} us once"
+        if self.move_call or self.copy_time or self.strided_copy_time:
+            kinds += (f"; every reshard step + {self.move_call * 1e6:.3g} us and its buffer copied at "
+                      f"{_rate(self.copy_time)} (plain), {_rate(self.strided_copy_time)} (strided)")
         return (f"{self.name}: {self.devices} devices ({self.nodes} node(s) x {self.devices_per_node}); "
                 f"peak {pf}; memory {self.memory_capacity / GB:g} GB at {self.memory_bandwidth / GB:g} GB/s; "
                 f"intra-node {self.intra_bandwidth / GB:.4g} GB/s + {self.intra_latency * 1e6:g} us; "

@@ -26,6 +26,10 @@ SLOW_GATHER = Cluster(devices=8, devices_per_node=4, intra_bandwidth=BW, intra_l
 SLOW_CALL = Cluster(devices=8, devices_per_node=4, intra_bandwidth=BW, intra_latency=LAT,
                     inter_bandwidth=1e9, inter_latency=1e-3, backend="gloo", call_latency=5e-4,
                     kind_factors=(("all-gather", 0.5, 3.0),))
+# a measured reshard path: every step pays a call and a copy of its buffer (``reshard_local``)
+SLOW_MOVES = Cluster(devices=8, devices_per_node=4, intra_bandwidth=BW, intra_latency=LAT,
+                     inter_bandwidth=1e9, inter_latency=1e-3, backend="gloo", move_call=1e-4,
+                     copy_time=1e-10, strided_copy_time=2.5e-10, kind_factors=(("all-gather", 0.5, 3.0),))
 MB = 2 ** 20
 
 
@@ -143,7 +147,7 @@ def _random_layout(rng, axes):
     return tuple(rng.choice([R, P, Shard(0), Shard(1), Shard(1, 3)]) for _ in range(axes))
 
 
-@pytest.mark.parametrize("cluster", [FLAT, HIER, BIG, SLOW_GATHER, SLOW_CALL])
+@pytest.mark.parametrize("cluster", [FLAT, HIER, BIG, SLOW_GATHER, SLOW_CALL, SLOW_MOVES])
 def test_vectorised_matrix_equals_scalar_steps(cluster):
     rng = random.Random(0)
     m = cluster.mesh()
@@ -206,6 +210,7 @@ def _layout(codes):
                                                   ("8xA100", (4,), (0,)),
                                                   ("slow-gather", (2, 2, 2), (1, 0, 0)),
                                                   ("slow-call", (2, 2, 2), (1, 0, 0)),
+                                                  ("slow-moves", (2, 2, 2), (1, 0, 0)),
                                                   ("cpu@4", (2, 2), (0, 0))])
 def test_bulk_table_prices_every_pair_as_the_scalar_path(preset, shape, level):
     """reshard_table splits the mesh into two halves and prices each distinct half-walk once;
@@ -214,7 +219,7 @@ def test_bulk_table_prices_every_pair_as_the_scalar_path(preset, shape, level):
     repeated rows included)."""
     from autopar.cost_models import comm
 
-    cluster = {"slow-gather": SLOW_GATHER, "slow-call": SLOW_CALL}.get(preset) or \
+    cluster = {"slow-gather": SLOW_GATHER, "slow-call": SLOW_CALL, "slow-moves": SLOW_MOVES}.get(preset) or \
         (Cluster.preset("cpu", devices=4) if preset == "cpu@4" else Cluster.preset(preset))
     mesh = Mesh(shape, level)
     rng = np.random.default_rng(1)
