@@ -7,7 +7,9 @@ Cases: "forced", the experts split over the whole mesh, data parallelism elsewhe
 same, traced by torch.export, whose graph holds the loop's ops until they are folded into one
 call); "mixed" (4 processes), experts over one mesh axis and tokens over the other. The list is traced as one
 ``moe_experts`` node whose experts dim the plan splits; each rank runs only its experts' modules,
-on the tokens the all-to-all brings it."""
+on the tokens the all-to-all brings it, and stores only their weights: each rank's bytes of the
+lists' parameters (and of their gradients and AdamW state) are the whole lists' over the expert
+degree."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import autopar
 from autopar.core.tables import Config
@@ -58,14 +61,48 @@ def _train(rank, world, cases) -> dict:
             model, inputs = build()
             ref = reference_run(model, inputs)
             module = autopar.compile(model, inputs, plan=_plan(model, inputs, world, kind))
+            degree = 2 if kind == "mixed" else world
             runs = [m for m in module.program.module.modules() if type(m).__name__ == "ExpertsCall"]
-            assert runs and all(r.local == SIZES["experts"] // (2 if kind == "mixed" else world) for r in runs), \
-                [repr(r) for r in runs]
+            assert runs and all(r.local == SIZES["experts"] // degree for r in runs), [repr(r) for r in runs]
+            total = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if _expert(n))
+            assert _held(module) == total / degree, (_held(module), total, degree)
+            assert module.held_elsewhere and not module.held_elsewhere & set(module.program.state)  # not fed
             check_module(rank, module, inputs, ref)
+            # after training (and the whole model read back to compare): a step holds the own experts only
+            opt = module.optimizer(torch.optim.AdamW, lr=1e-3)
+            module.train_step(*inputs)
+            opt.step()
+            assert _held(module) == total / degree, ("parameters", _held(module), total, degree)
+            grads = sum(p.grad._local_tensor.numel() * p.element_size() for n, p in module.named_parameters()
+                        if _expert(n) and p.grad is not None)  # views of the reducer's buckets: by elements
+            assert grads == total / degree, ("gradients", grads, total, degree)
+            state = sum(v.numel() * v.element_size() for p, st in opt.state.items() for k, v in st.items()
+                        if k != "step" and any(p is q for n, q in module.named_parameters() if _expert(n)))
+            assert state == 2 * total / degree, ("AdamW state", state, total, degree)
+            # a state dict holds the whole model on every rank (each expert from its holder)
+            whole = {n: t.full_tensor() for n, t in module.state_dict().items() if _expert(n)}
+            assert sum(t.numel() * t.element_size() for t in whole.values()) == total
+            flat = torch.cat([t.reshape(-1) for t in whole.values()])
+            low, high = flat.clone(), flat.clone()
+            dist.all_reduce(low, op=dist.ReduceOp.MIN)
+            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            assert torch.equal(low, high) and flat.abs().min() > 0, "the ranks' state dicts differ"
+            module.load_state_dict(module.state_dict())
+            module(*inputs)
+            assert _held(module) == total / degree, ("after a load and a forward", _held(module), total, degree)
             out[kind] = None
         except Exception as e:  # noqa: BLE001 - each case reports its own failure
             out[kind] = f"{type(e).__name__}: {str(e)[:800]}"
     return out
+
+
+def _expert(name: str) -> bool:
+    return ".experts.experts." in name  # an expert list's weights (MoEBlock.experts.experts)
+
+
+def _held(module) -> int:
+    """Bytes this rank stores for the expert lists' weights."""
+    return sum(p._local_tensor.untyped_storage().nbytes() for n, p in module.named_parameters() if _expert(n))
 
 
 @pytest.fixture(scope="module")
