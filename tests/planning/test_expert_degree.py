@@ -175,7 +175,7 @@ def test_window_over_runs_of_dense_and_moe_layers_stands_for_the_whole_graph():
 def test_the_dispatch_scales_with_the_microbatch():
     """The MoE graph at 1/8 of its batch (as the search prices a microbatch) has the shapes of the
     same model traced at that batch: the routing's index tensors carry the batch dim, so none is
-    priced at the full batch (only the sort of each sequence's assignments stays whole)."""
+    priced at the full batch (the sort of each sequence's assignments too: rules/sort.py)."""
     from autopar.core.batch import scale_batch
 
     sizes = dict(SIZES, layers=2, seq=16)
@@ -184,7 +184,7 @@ def test_the_dispatch_scales_with_the_microbatch():
     scaled = scale_batch(big, 8)
     differ = [a.name for a, b in zip(scaled.nodes, small.nodes) if [o.shape for o in a.outputs] != [o.shape for o in b.outputs]]
     assert [n.name for n in scaled.nodes] == [n.name for n in small.nodes]
-    assert differ and all(name.startswith("argsort") for name in differ)
+    assert not differ
 
 
 def test_zero3_parameters_are_priced_whole_as_the_generated_program_holds_them(moe64):
