@@ -9,7 +9,7 @@ call); "mixed" (4 processes), experts over one mesh axis and tokens over the oth
 ``moe_experts`` node whose experts dim the plan splits; each rank runs only its experts' modules,
 on the tokens the all-to-all brings it, and stores only their weights: each rank's bytes of the
 lists' parameters (and of their gradients and AdamW state) are the whole lists' over the expert
-degree."""
+degree; a checkpoint of it resumes exactly."""
 
 from __future__ import annotations
 
@@ -54,7 +54,25 @@ def _plan(model, inputs, world, kind):
     return dataclasses.replace(dp, assignment=assignment, baselines={})
 
 
-def _train(rank, world, cases) -> dict:
+def _resumes(module, opt, model, inputs, world, kind, folder) -> None:
+    """A checkpoint of the module and its optimizer (each rank writing its own experts) loaded into
+    a fresh module of the same plan: the next step's loss and parameters are the saved run's."""
+    autopar.save_checkpoint(folder, module, opt, step=1)
+    fresh = autopar.compile(model, inputs, plan=_plan(model, inputs, world, kind))
+    fresh_opt = fresh.optimizer(torch.optim.AdamW, lr=1e-3)
+    autopar.load_checkpoint(folder, fresh, fresh_opt)
+    losses = []
+    for m, o in ((module, opt), (fresh, fresh_opt)):
+        o.zero_grad()
+        losses.append(m.train_step(*inputs))
+        o.step()
+        m.unshard()
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0)
+    for (n, a), (_, b) in zip(module.named_parameters(), fresh.named_parameters()):
+        torch.testing.assert_close(b.full_tensor(), a.full_tensor(), rtol=0, atol=0, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def _train(rank, world, cases, folder) -> dict:
     out = {}
     for kind in cases:
         try:
@@ -90,6 +108,8 @@ def _train(rank, world, cases) -> dict:
             module.load_state_dict(module.state_dict())
             module(*inputs)
             assert _held(module) == total / degree, ("after a load and a forward", _held(module), total, degree)
+            if kind != "export":  # the same program as "forced" once built
+                _resumes(module, opt, model, inputs, world, kind, f"{folder}/{kind}")
             out[kind] = None
         except Exception as e:  # noqa: BLE001 - each case reports its own failure
             out[kind] = f"{type(e).__name__}: {str(e)[:800]}"
@@ -106,8 +126,8 @@ def _held(module) -> int:
 
 
 @pytest.fixture(scope="module")
-def trained():
-    return {2: run_gloo(_train, 2, TWO), 4: run_gloo(_train, 4, FOUR)}
+def trained(tmp_path_factory):
+    return {w: run_gloo(_train, w, cases, str(tmp_path_factory.mktemp(f"experts{w}"))) for w, cases in ((2, TWO), (4, FOUR))}
 
 
 @pytest.mark.parametrize("world,kind", [(2, k) for k in TWO] + [(4, k) for k in FOUR])
