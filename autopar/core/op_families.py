@@ -61,6 +61,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     OpFamily("softmax", "softmax.softmax", ("softmax", "log_softmax"), "softmax"),
     OpFamily("topk", "topk.topk", ("topk",), analytic=NOT_RUN),
     OpFamily("sort", "sort.sort", ("sort",), analytic=NOT_RUN),
+    OpFamily("histc", "histc.histc", ("histc",), analytic=NOT_RUN),
     OpFamily("moe_experts", "moe.moe_experts", ("moe_experts",), analytic=NOT_RUN, repairs=("experts.runs_experts",)),
     OpFamily("sdpa", "attention.sdpa", ("sdpa",), "sdpa", repairs=("op_fixes.causal_rows",),
              fusion=("scaled_dot_product_attention",)),
