@@ -62,6 +62,7 @@ def test_the_experts_are_split_and_no_moe_op_is_replicated(plans):
     row = next(r for r in best.rows if r.name == experts.name)
     assert "experts/8" in row.split
     assert "experts/8" in best.report()
+    assert "uniform routing assumed" in best.report()  # the load-balance assumption, stated
 
 
 def test_expert_parallelism_is_predicted_faster_than_whole_experts(plans):
