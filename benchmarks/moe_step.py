@@ -8,7 +8,10 @@ under three plans: ``data_parallel`` (autopar's data-parallel baseline: every ra
 expert and all-reduces their gradients), ``expert_parallel`` (the same plan with each
 ``moe_experts`` node's experts split over all ranks: each rank holds ``experts / nproc`` of them,
 the tokens travel to their experts and back by all-to-all) and ``autopar`` (autopar's own plan
-for the ``cpu`` cluster of ``nproc`` devices). A step is forward + backward + AdamW, fenced by
+for the ``cpu`` cluster of ``nproc`` devices); and the first two again for the same model with its
+experts written as an ``nn.ModuleList`` of modules (``moe(listed=True)``, rows marked "listed"),
+which expert parallelism stores split as well: the table gives the bytes of expert weights each
+rank holds. A step is forward + backward + AdamW, fenced by
 barriers; the variants are timed in turns (``runtime._round_robin``) and each figure is the median
 of ``steps`` rounds after ``warmup``, on rank 0, beside the plan's predicted step. Results go to
 ``benchmarks/moe_step.md``. Beside the ``cpu`` preset's prediction, the profiled model's
@@ -51,6 +54,11 @@ def _expert_parallel(plan):
     return dataclasses.replace(plan, assignment=assignment, baselines={})
 
 
+def _held(module) -> int:
+    """Bytes of expert weights this rank stores (another rank's experts of a list: freed)."""
+    return sum(p._local_tensor.untyped_storage().nbytes() for n, p in module.named_parameters() if ".experts." in n)
+
+
 def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
     import torch
 
@@ -61,7 +69,12 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
     model, inputs = autopar.zoo.get("moe", **SIZES)
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
     dp = best.baselines["data_parallel"]
-    plans = {"data_parallel": dp, "expert_parallel": _expert_parallel(dp), "autopar": best}
+    listed, listed_inputs = autopar.zoo.get("moe", **SIZES, listed=True)
+    listed_dp = autopar.plan(listed, listed_inputs, autopar.Cluster.preset("cpu", devices=world),
+                             pipeline=False).baselines["data_parallel"]
+    plans = {"data_parallel": (dp, model, inputs), "expert_parallel": (_expert_parallel(dp), model, inputs),
+             "autopar": (best, model, inputs), "data_parallel, listed": (listed_dp, listed, listed_inputs),
+             "expert_parallel, listed": (_expert_parallel(listed_dp), listed, listed_inputs)}
     from autopar.planning.breakdown import choice_of
 
     from autopar.cost_models.profiled import ProfiledModel
@@ -71,9 +84,13 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
     profiled = ProfiledModel(optimizer="adam")  # the links fitted on this group, all-to-all included
     profiled.profile(best.graph, cluster, progress=False)
     live = build_tables(best.graph, cluster, profiled, space="mesh", mode="train", optimizer="adam")
-    steps_of, predicted, fitted = {}, {}, {}
-    for label, plan in plans.items():
+    profiled.profile(listed_dp.graph, cluster, progress=False)
+    live_listed = build_tables(listed_dp.graph, cluster, profiled, space="mesh", mode="train", optimizer="adam")
+    steps_of, predicted, fitted, held = {}, {}, {}, {}
+    for label, (plan, model, inputs) in plans.items():
+        tables, fit = (listed_dp.tables, live_listed) if "listed" in label else (best.tables, live)
         module = autopar.compile(model, inputs, plan=plan)
+        held[label] = _held(module)
         opt = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=True)
 
         def step(module=module, opt=opt):
@@ -82,8 +99,8 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
             opt.step()
 
         steps_of[label] = step
-        predicted[label] = best.tables.total(choice_of(best.tables, plan.assignment))  # the search's objective
-        fitted[label] = live.total(choice_of(live, plan.assignment))
+        predicted[label] = tables.total(choice_of(tables, plan.assignment))  # the search's objective
+        fitted[label] = fit.total(choice_of(fit, plan.assignment))
     medians, _ = _round_robin(steps_of, steps, warmup)
     experts = [n for n in best.graph.nodes if n.op == "moe_experts"]
     chosen = [dict(zip([d.name for d in n.dims], best.assignment[n.name].splits)) for n in experts]
@@ -91,7 +108,7 @@ def worker(rank: int, world: int, steps: int, warmup: int) -> dict:
     links = (f"all-reduce {c.latency * 1e6:.0f} us a step, {c.bandwidth / 1e9:.2g} GB/s; all-to-all "
              f"{c.all_to_all_latency * 1e6:.0f} us a step, {c.all_to_all_bandwidth / 1e9:.2g} GB/s") if c else "none"
     return {"measured": medians, "predicted": predicted, "profiled": fitted, "autopar_experts": chosen,
-            "links": links}
+            "links": links, "held": held}
 
 
 def main(argv=None) -> None:
@@ -108,11 +125,13 @@ def main(argv=None) -> None:
     lines = [f"zoo moe {SIZES} on {args.nproc} gloo processes (OMP_NUM_THREADS=1); median of {args.steps} "
              f"steps after {args.warmup} warm-up, variants in turns", "",
              "| plan | measured step | measured / data parallel | predicted, cpu preset | predicted, profiled "
-             "on this group | profiled / data parallel |", "|---|---|---|---|---|---|"]
+             "on this group | profiled / data parallel | expert weights held per rank |",
+             "|---|---|---|---|---|---|---|"]
     base, fit_base = out["measured"]["data_parallel"], out["profiled"]["data_parallel"]
     for label, seconds in out["measured"].items():
         lines.append(f"| {label} | {seconds * 1e3:.1f} ms | {seconds / base:.2f} | {out['predicted'][label] * 1e3:.2f} ms"
-                     f" | {out['profiled'][label] * 1e3:.2f} ms | {out['profiled'][label] / fit_base:.2f} |")
+                     f" | {out['profiled'][label] * 1e3:.2f} ms | {out['profiled'][label] / fit_base:.2f}"
+                     f" | {out['held'][label] / 2 ** 20:.2f} MiB |")
     lines += ["", f"links fitted on the group (rank 0): {out['links']}"]
     lines += ["", f"autopar's own plan splits its experts nodes as {out['autopar_experts']}", "", NOTE]
     text = "\n".join(lines)

@@ -48,6 +48,7 @@ class Program:
     input_placements: dict[str, Placements] = field(default_factory=dict)  # inputs="local": each input's slice
     output_reshards: list = field(default_factory=list)  # the OutputReshard modules of ``module``
     boundary: Boundary = field(default_factory=Boundary)  # a pipeline stage's local inputs and outputs
+    held_experts: list = field(default_factory=list)  # cut expert lists' weights (expert_weights.HeldExpert)
 
     @contextlib.contextmanager
     def outputs_deferred(self):

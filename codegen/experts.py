@@ -14,6 +14,9 @@ expert and its result comes back:
 4. combine: the results travel back by the reverse all-to-all, return to their rows' order and are
    weighted by the router and summed over each token's k experts, as the module does.
 
+An expert list (one module per expert) cut over the group runs only its own experts' modules and
+is fed only their weights (``kept``): the others' stay off this rank (``expert_weights.py``).
+
 Both all-to-alls are ``torch.distributed._functional_collectives.all_to_all_single_autograd``, whose backward is the
 reverse exchange, so the gradients of the hidden states and of the expert weights are exact; the
 router weights are applied on the token's own rank, where their gradient stays. Nothing is
@@ -34,6 +37,7 @@ from torch.func import functional_call
 
 from autopar.core.ir import Node
 
+from .expert_weights import HeldExpert
 from .moves import axes_group
 from .placements import NodeLayout
 
@@ -43,42 +47,56 @@ EXPERTS = "experts"  # the node's expert dim (rules/moe.py)
 class ExpertsCall(nn.Module):
     """One ``moe_experts`` node on this rank: ``forward(hidden, top_k_index, top_k_weights, *weights)``."""
 
-    def __init__(self, owner: nn.Module, node: Node, layout: NodeLayout, mesh: DeviceMesh):
+    def __init__(self, owner: nn.Module, node: Node, layout: NodeLayout, mesh: DeviceMesh, path: str = ""):
         super().__init__()
         self.node = node
         self.axes = tuple(a for a, d in enumerate(layout.axis_dims) if d == EXPERTS)
         self.parts = layout.split_counts.get(EXPERTS, 1)
         self.local = int(node.attrs["experts"]) // self.parts
         self.group = axes_group(mesh, self.axes) if self.axes else None
+        self.path = path
         self.names = [name for name, _ in owner.named_parameters()]
         self.listed = _expert_list(owner) if node.attrs.get("listed") else None  # one module per expert
         first = dist.get_rank(self.group) * self.local if self.group is not None and self.listed else 0
         self.first = first  # an expert list's first local expert (the group rank's chunk, as the dispatch sends)
+        # the weights this rank runs and holds (an expert list cut over a group: its own experts'),
+        # in call order, by their names in the shell (its local experts renumbered from 0)
+        self.kept = [self._expert_of(name) is None or first <= self._expert_of(name) < first + self.local
+                     for name in self.names]
+        self.local_names = [self._local_name(name) for name, k in zip(self.names, self.kept) if k]
         self._shell = [_shell(owner, self.local, self.listed, first)]  # a list: not a submodule
 
-    def _state(self, weights) -> tuple[dict, list]:
-        """(the shell's weights by name, the weights of experts not run here). Stacked weights
-        are the local shards already; an expert list's local experts are renamed ``0 ..``."""
+    def _expert_of(self, name: str) -> int | None:
+        """The expert whose weight ``name`` is, where an expert list is cut over ranks; else None."""
         if not self.listed or self.group is None:
-            return dict(zip(self.names, weights)), []
-        state, others = {}, []
-        for name, w in zip(self.names, weights):
-            e, rest = name[len(self.listed) + 1:].split(".", 1)
-            if self.first <= int(e) < self.first + self.local:
-                state[f"{self.listed}.{int(e) - self.first}.{rest}"] = w
-            else:
-                others.append(w)
-        return state, others
+            return None
+        return int(name[len(self.listed) + 1:].split(".", 1)[0])
+
+    def _local_name(self, name: str) -> str:
+        e = self._expert_of(name)
+        return name if e is None else f"{self.listed}.{e - self.first}.{name.split('.', 2)[2]}"
+
+    def holding(self) -> list[HeldExpert]:
+        """Per weight of a cut expert list: which rank of the expert group holds it ([] otherwise)."""
+        if not self.listed or self.group is None:
+            return []
+        return [HeldExpert(f"{self.path}.{name}" if self.path else name, self.group,
+                           self._expert_of(name) // self.local, kept) for name, kept in zip(self.names, self.kept)]
+
+    def local_args(self, args: list) -> list:
+        """The call's arguments (the three tensors, then every weight) less the weights not kept."""
+        if all(self.kept):
+            return args
+        n = len(args) - len(self.kept)
+        return args[:n] + [a for a, k in zip(args[n:], self.kept) if k]
 
     def forward(self, hidden, top_k_index, top_k_weights, *weights):
-        state, others = self._state(weights)
+        """``weights``: the kept ones (``kept``), in the module's order."""
+        state = dict(zip(self.local_names, weights))
         shell = self._shell[0]
         if self.group is None:
             return functional_call(shell, state, (hidden, top_k_index, top_k_weights))
-        out = self._exchanged(shell, state, hidden, top_k_index, top_k_weights)
-        if others:  # the other ranks' experts: a zero gradient here, summed with theirs over the group
-            out = out + sum(w.sum() for w in others) * 0
-        return out
+        return self._exchanged(shell, state, hidden, top_k_index, top_k_weights)
 
     def _exchanged(self, shell, state, hidden, top_k_index, top_k_weights):
         tokens, k = top_k_index.shape
@@ -134,6 +152,18 @@ def _shell(module: nn.Module, experts: int, listed: str | None = None, first: in
     return shell
 
 
+def own_weights(root: nn.Module, graph, state_nodes: dict, stored: dict, whole) -> tuple[dict, list[HeldExpert]]:
+    """After a rank's program is built (``root``: its modules, ``graph``: its code): the layouts
+    its parameters are stored in, a cut expert list's weights ``whole`` (each held entire, by its
+    experts' ranks), and who holds each such weight; the others' placeholders (unused) dropped."""
+    held = [h for m in root.modules() if isinstance(m, ExpertsCall) for h in m.holding()]
+    for h in held:
+        ph = state_nodes.get(h.name)
+        if not h.here and ph is not None and ph.graph is graph and not ph.users:
+            graph.erase_node(ph)
+    return {**stored, **{h.name: whole for h in held}}, held
+
+
 def runs_experts(node: Node) -> bool:
     """Whether the program runs ``node`` as an ``ExpertsCall`` (its own module, not a ``LocalCall``)."""
     return node.op == "moe_experts"
@@ -145,4 +175,4 @@ def experts_module(model: nn.Module, fx_node, node: Node, layout: NodeLayout, me
     path = fx_node.target if fx_node.op == "call_module" else fx_node.kwargs.get("module", node.module)
     if math.prod(layout.split_counts.get(d.name, 1) for d in node.dims if d.name == "h") > 1:
         raise ValueError(f"{node.name}: the experts' hidden dim cannot be split")
-    return ExpertsCall(model.get_submodule(path), node, layout, mesh)
+    return ExpertsCall(model.get_submodule(path), node, layout, mesh, path)

@@ -28,6 +28,7 @@ from autopar.core.tables import Config
 from .batch_check import check_same_batch
 from .batches import batch_of, program_for_batch, rebuilt
 from .built import Boundary
+from .expert_weights import ExpertWeights
 from .local_step import local_stepping
 from .placements import LayoutError
 from .program import Program, build
@@ -63,6 +64,8 @@ class CompiledModule(nn.Module):
         self._export = graph.fx_graph.meta.get("autopar_frontend") == "export"
         # the program reads every parameter's and buffer's local tensor directly; a trainable
         # parameter's local tensor is made a leaf of autograd (``GradReducer``)
+        self._expert_weights = ExpertWeights(list(program.held_experts))  # a cut expert list's: own experts' only
+        self._expert_weights.release(self)
         self._state = []
         leaves = []
         self._locals = {}
@@ -80,15 +83,30 @@ class CompiledModule(nn.Module):
         self.training = training
         self.loss_reduction = "mean"  # with gradient accumulation: "mean" or "sum" over the batch
         self.reducer = GradReducer(mesh, leaves, zero=training.zero, zero_axes=training.zero_axes)
-        if training.zero:  # state dicts read and write whole parameters; a load reseeds the master slices
+        if training.zero or self._expert_weights.held:  # state dicts read and write whole parameters
             self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module.unshard())
             self.register_load_state_dict_pre_hook(lambda module, *args: module.unshard())
-            self.register_load_state_dict_post_hook(lambda module, incompatible: module.reducer.refresh_masters())
+            self.register_load_state_dict_post_hook(lambda module, incompatible: module._loaded())
 
     def unshard(self) -> None:
-        """ZeRO-3: gather the parameters' whole local tensors, to read them (``p.full_tensor()``);
-        the next backward or optimizer step frees them again. A no-op under other plans."""
+        """Gather the parameters this rank stores in part, to read them whole (``p.full_tensor()``):
+        ZeRO-3's (the next backward or optimizer step frees them again) and other ranks' experts
+        of a cut expert list (``expert_weights.py``: the next forward frees them). A no-op under
+        other plans."""
         self.reducer.gather_params()
+        self._expert_weights.gather(self)
+
+    @property
+    def held_elsewhere(self) -> set[str]:
+        """Names of the parameters other ranks hold and this rank does not (a cut expert list's
+        other experts: no gradient, no optimizer state here; ``unshard`` reads them whole)."""
+        return self._expert_weights.foreign
+
+    def _loaded(self) -> None:
+        """After a state dict was loaded into the whole parameters: ZeRO's master slices from
+        them; other ranks' experts freed again."""
+        self.reducer.refresh_masters()
+        self._expert_weights.release(self)
 
     @property
     def code(self) -> str:
@@ -102,6 +120,7 @@ class CompiledModule(nn.Module):
                              self.mesh)
             self._batch_checked = True  # once: the first call (batch_check.py says what it costs)
         program, state = self._program_for(inputs)
+        self._expert_weights.release(self)  # other ranks' experts, gathered to be read: freed again
         self.reducer.sync_zeroed()
         self.reducer.gather_params()  # ZeRO-3: the sliced parameters whole until the backward ends
         out = program.module(*state, *inputs)
@@ -128,7 +147,8 @@ class CompiledModule(nn.Module):
         if not self.training.zero:
             if "foreach" in inspect.signature(cls).parameters:
                 kwargs = {"foreach": True, **kwargs}
-            return local_stepping(cls)(self.parameters(), **kwargs)
+            foreign = self._expert_weights.foreign  # other ranks' experts: no state here
+            return local_stepping(cls)([p for n, p in self.named_parameters() if n not in foreign], **kwargs)
         from .zero import ShardedOptimizer
 
         return ShardedOptimizer(self.reducer, cls, **kwargs)

@@ -35,7 +35,7 @@ from .built import Boundary, Program
 from .calls import NodeCall, SyncBatchNorm, SyncBatchNormOp
 from .counted import add_count, count_operands, hoist_counts
 from .devices import constant_on, makes_on_device, on_device, rank_device
-from .experts import experts_module, runs_experts
+from .experts import experts_module, own_weights, runs_experts
 from .inplace import IN_PLACE, STATE_WRITE, Writes, aliasing, refusal, through_storage, write_state, written_argument
 from .op_fixes import balance_of, causal_rows, counted_mean, mean_scale, ring_layouts, vocab_shard, whole_dropout
 from .operands import NO_KEY, OperandMatcher, Use, operand_key
@@ -176,6 +176,7 @@ class _Builder:
         module = fx.GraphModule(self.root, self.new, class_name="RankProgram")
         hoist_counts(module.graph)
         module.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or n.meta.get(IN_PLACE, False))
+        stored, held = own_weights(self.root, module.graph, self.state_nodes, self.stored, self._replicated())
         module.recompile()
         state = [n.name for n in module.graph.nodes if n.op == "placeholder" and n.name.startswith("s_")]
         by_node = {v.name: k for k, v in self.state_nodes.items()}
@@ -183,9 +184,9 @@ class _Builder:
         reduce_axes = {k: tuple(a for a, p in enumerate(self.grad_of[k]) if p.is_partial())
                        for k in names if k not in self.sync_bn}
         module = recompute_blocks(module)
-        return Program(module, names, self.inputs, self.input_specs, dict(self.stored),
+        return Program(module, names, self.inputs, self.input_specs, stored,
                        reduce_axes, self.sync_bn, self.layouts, self.output_placements, self.input_placements,
-                       [m for m in module.modules() if isinstance(m, OutputReshard)], self.boundary)
+                       [m for m in module.modules() if isinstance(m, OutputReshard)], self.boundary, held)
 
     def _placeholder(self, n: fx.Node) -> None:
         if n.name in self.state_of and is_state(self.model, self.state_of[n.name]):
@@ -335,8 +336,8 @@ class _Builder:
                 uses.append(use)
         if runs_experts(node):  # its local experts and their token exchange (experts.py)
             name = free_name(self.root, n.name)
-            self.root.add_module(name, experts_module(self.model, n, node, layout, self.mesh))
-            self.made_by[out := self.new.call_module(name, tuple(args))] = node
+            self.root.add_module(name, call := experts_module(self.model, n, node, layout, self.mesh))
+            self.made_by[out := self.new.call_module(name, tuple(call.local_args(args)))] = node
             self.env[n] = _Value(out, layout.outputs[0])
             return
         index = lambda dim, lay=layout: chunk_index(dim, lay.axis_dims, self.shape, self.coord)

@@ -60,6 +60,8 @@ FAMILIES: tuple[OpFamily, ...] = (
              repairs=("batchnorm.needs_sync", "batchnorm.needs_sync_op"), fusion=("batch_norm",)),
     OpFamily("softmax", "softmax.softmax", ("softmax", "log_softmax"), "softmax"),
     OpFamily("topk", "topk.topk", ("topk",), analytic=NOT_RUN),
+    OpFamily("sort", "sort.sort", ("sort",), analytic=NOT_RUN),
+    OpFamily("histc", "histc.histc", ("histc",), analytic=NOT_RUN),
     OpFamily("moe_experts", "moe.moe_experts", ("moe_experts",), analytic=NOT_RUN, repairs=("experts.runs_experts",)),
     OpFamily("sdpa", "attention.sdpa", ("sdpa",), "sdpa", repairs=("op_fixes.causal_rows", "ring_attention.runs_ring"),
              fusion=("scaled_dot_product_attention",)),

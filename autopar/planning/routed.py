@@ -96,9 +96,6 @@ def expert_stats(s: UnitStats, mode: str, optimizer: str | None) -> ExpertStats 
         numel = sum(op.spec.numel / shard_factor(pl, mesh) for op, pl in zip(node.params, lay.params)
                     if op.spec.dtype in FLOAT_DTYPES)
         mod = experts_module(node.params[0].source) if node.params else node.module
-        if node.attrs.get("listed"):  # one module per expert: every rank of the group holds them all
-            per_node[i] = (0.0, 0.0, 0.0, 0.0, mod)  # (rules/moe.py), their state stays in the dense part
-            continue
         per_node[i] = (mb.params, mb.grads, mb.optimizer, numel, mod)
     U = len(s.spans)
     out = {k: np.zeros(U) for k in ("params", "grads", "optimizer", "numel", "dispatch", "layers")}

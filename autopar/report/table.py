@@ -75,6 +75,9 @@ def format_report(plan, explain: bool = False) -> str:
         lines += table(fold(node_cells(plan.rows, fmt_seconds)), NODE_HEADER)
         lines.append(f"placements per mesh axis: {PLACEMENT_KEY}; comm includes resharding the node's inputs"
                      + ("; compute measured on the local machine" if plan.cost_model == "profiled" else ""))
+        if any(r.op == "moe_experts" and "experts/" in r.split for r in plan.rows):  # cost_models/experts.py
+            lines.append("experts/N: uniform routing assumed (each expert receives tokens x top-k / experts; "
+                         "no load imbalance); tokens exchanged by all-to-all, no capacity factor")
     else:
         lines += generic_rows(plan)
     if plan.unsupported:

@@ -22,6 +22,7 @@ How the two sides are made comparable:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -43,14 +44,17 @@ CNN = dict(batch=4, channels=4, image=8, blocks=1)
 MOE = dict(batch=4, seq=8, width=16, hidden=24, experts=4, layers=1)
 
 
-def experts_split(graph, mesh) -> dict:
-    """Data parallelism, and every ``moe_experts`` node's experts over the whole mesh."""
+def experts_split(graph, mesh, experts_axes=None) -> dict:
+    """Data parallelism, and every ``moe_experts`` node's experts over ``experts_axes`` (default:
+    the whole mesh), its tokens over the other axes."""
     assignment = data_parallel(graph, tuple(mesh.shape))
     every = tuple(range(len(mesh.shape)))
+    ep = every if experts_axes is None else tuple(experts_axes)
+    axes = {"experts": ep, "tokens": tuple(a for a in every if a not in ep)}
     for n in graph.nodes:
         if n.op == "moe_experts":
-            assignment[n.name] = Config(tuple(mesh.size if d.name == "experts" else 1 for d in n.dims),
-                                        tuple(every if d.name == "experts" else () for d in n.dims))
+            assignment[n.name] = Config(tuple(math.prod(mesh.shape[a] for a in axes.get(d.name, ())) for d in n.dims),
+                                        tuple(axes.get(d.name, ()) for d in n.dims))
     return assignment
 
 
@@ -86,6 +90,15 @@ def build_cases() -> dict[int, dict[str, dict]]:
     for world in (2, 4):  # experts split over every rank: their own all-to-alls (cost_models/experts.py)
         cluster = Cluster.preset("cpu", devices=world)
         cases[world]["moe/experts"] = _case(model, inputs, graph, experts_split(graph, cluster.mesh()), cluster)
+    model, inputs = autopar.zoo.get("moe", **MOE, listed=True)
+    graph = autopar.trace(model, inputs)
+    for world in (2, 4):  # experts as a list of modules: each rank syncs its own experts' gradients only
+        cluster = Cluster.preset("cpu", devices=world)
+        mesh = cluster.mesh()
+        cases[world]["moe/experts_listed"] = _case(model, inputs, graph, experts_split(graph, mesh), cluster)
+        if world == 4:  # over the token axis too
+            cases[world]["moe/experts_tokens_listed"] = _case(
+                model, inputs, graph, experts_split(graph, mesh, (len(mesh.shape) - 1,)), cluster)
     model, inputs = autopar.zoo.get("gpt", **GPT)
     for world in (2, 4):
         plan = autopar.plan(model, inputs, Cluster.preset("cpu", devices=world), pipeline=False)
@@ -146,10 +159,10 @@ def predicted(case) -> Collectives:
 CASE_IDS = [(w, n) for w, names in (
     (2, ["mlp/data_parallel", "mlp/megatron", "mlp/reduction_split", "cnn/data_parallel",
          "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel", "moe/experts",
-         "gpt/context", "gpt/sequence_parallel"]),
+         "moe/experts_listed", "gpt/context", "gpt/sequence_parallel"]),
     (4, ["mlp/data_parallel", "mlp/dp_x_megatron", "mlp/reduction_split", "cnn/data_parallel",
          "gpt/autopar", "gpt/data_parallel", "gpt/expert", "poslookup/data_parallel", "moe/experts",
-         "gpt/context", "gpt/sequence_parallel"])) for n in names]
+         "moe/experts_listed", "moe/experts_tokens_listed", "gpt/context", "gpt/sequence_parallel"])) for n in names]
 
 # Where the module issues other collectives than the plan predicts, one entry per reshard:
 # (phase, edge, change of counts issued - predicted), each to be flagged by ``Collectives.nested``

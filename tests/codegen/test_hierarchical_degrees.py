@@ -70,3 +70,21 @@ def test_an_expert_degree_splits_the_experts_and_trains_like_one_device(world, p
     first = plan.graph.nodes[0]  # everything else is data-parallel over every device
     assert [k for k, _ in _splits(plan, first).values()] == [world], _splits(plan, first)
     run_threaded(_check, world, model, inputs, plan, reference_run(model, inputs))
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["stacked", "listed"])
+def test_expert_parallelism_beside_tensor_parallelism_trains_like_one_device(listed):
+    """Expert, tensor and data parallelism in one plan (4 ranks, ``tensor=2,expert=2,data=2``):
+    the router and the head Megatron-split over the tensor axis, the experts cut over the mesh,
+    stacked or as a list of modules; the module trains like one device."""
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("moe", batch=4, seq=6, width=16, hidden=24, experts=4, layers=2, listed=listed)
+    model = model.double()
+    inputs = (inputs[0].double(), inputs[1])
+    plan = _pinned(model, inputs, 4, "tensor=2,pipeline=1,expert=2,data=2")
+    assert (plan.strategy.degrees.ep, plan.strategy.degrees.t) == (2, 2)
+    linears = [n for n in plan.graph.nodes if n.op == "linear"]
+    assert all(set(_splits(plan, n)) & {"k", "n"} for n in linears), [_splits(plan, n) for n in linears]
+    experts = [n for n in plan.graph.nodes if n.op == "moe_experts"]
+    assert len(experts) == 2 and all(_splits(plan, n)["experts"][0] >= 2 for n in experts)
+    run_threaded(_check, 4, model, inputs, plan, reference_run(model, inputs))

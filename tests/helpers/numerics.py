@@ -78,13 +78,19 @@ def check_module(rank, sharded, inputs, ref: Reference, steps: int = STEPS, feed
                                    msg=lambda m: f"rank {rank} step {step} loss: {m}")
         loss.backward()
         if step == 0:
+            elsewhere = set(getattr(sharded, "held_elsewhere", ()))  # other ranks' experts: no gradient here
             for n, p in sharded.named_parameters():
+                if n in elsewhere:
+                    assert p.grad is None, f"{n}: another rank's expert got a gradient here"
+                    continue
                 assert p.grad is not None, f"{n} got no gradient"
                 assert p.grad.placements == p.placements, \
                     f"{n}: grad {p.grad.placements} vs param {p.placements}"
                 torch.testing.assert_close(p.grad.full_tensor(), ref.grads[n], rtol=RTOL, atol=ATOL,
                                            msg=lambda m, n=n: f"rank {rank} grad {n}: {m}")
         opt.step()
+    if hasattr(sharded, "unshard"):
+        sharded.unshard()  # parameters stored in part (ZeRO-3, other ranks' experts) whole, to compare
     for n, p in sharded.named_parameters():
         torch.testing.assert_close(p.full_tensor(), ref.params[n], rtol=RTOL, atol=PARAM_ATOL,
                                    msg=lambda m, n=n: f"rank {rank} param {n} after {steps}: {m}")

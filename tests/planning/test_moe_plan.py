@@ -1,5 +1,5 @@
 """Expert parallelism is searched and priced: a Mixtral-shaped model (hidden 1024, 8 experts,
-top-2; fewer layers and a shorter sequence than the real one, to plan in seconds) on 8xH100
+top-2, sequence 4096, batch 8; one layer, to plan in seconds) on 8xH100
 splits its experts over the devices, replicates none of its mixture-of-experts ops, and is
 predicted faster than the same search with the experts' weights kept whole; the all-to-alls are
 in the price, as alpha-beta collectives of the routed tokens."""
@@ -24,9 +24,9 @@ EIGHT = "8xH100"
 
 @pytest.fixture(scope="module")
 def mixtral():
-    return build("mixtral", batch=8, seq=1024, dtype=torch.float32, device="meta", experts=8, hidden_size=1024,
+    return build("mixtral", batch=8, seq=4096, dtype=torch.float32, device="meta", experts=8, hidden_size=1024,
                  intermediate_size=3584, vocab_size=32000, num_attention_heads=16, num_key_value_heads=8,
-                 max_position_embeddings=1024, implementation="grouped_mm")
+                 max_position_embeddings=4096, implementation="grouped_mm")
 
 
 def _whole_experts(graph):
@@ -54,12 +54,15 @@ def test_the_experts_are_split_and_no_moe_op_is_replicated(plans):
     best, _ = plans
     moe = [n for n in best.graph.nodes if ".mlp" in n.module]
     assert not [n.name for n in moe if n.op == "opaque"]
+    # every op of the router and the experts runs split (tokens or experts), none whole on every device
+    assert not [n.name for n in moe if math.prod(best.assignment[n.name].splits) == 1]
     (experts,) = [n for n in moe if n.op == "moe_experts"]
     cfg = best.assignment[experts.name]
     assert dict(zip([d.name for d in experts.dims], cfg.splits))["experts"] == 8
     row = next(r for r in best.rows if r.name == experts.name)
     assert "experts/8" in row.split
     assert "experts/8" in best.report()
+    assert "uniform routing assumed" in best.report()  # the load-balance assumption, stated
 
 
 def test_expert_parallelism_is_predicted_faster_than_whole_experts(plans):

@@ -22,10 +22,12 @@ axis 0 (``[num_experts, ...]``, some of them matrices), called as ``(hidden [t, 
 [t, k])`` and returning ``[t, h]``: transformers' experts classes (Mixtral, Qwen2-MoE, ...) and
 ``autopar.zoo.moe``'s. Or, as most hand-written MoE code has it, an ``nn.ModuleList`` of
 ``num_experts`` expert modules of the same weights (``expert_list``; ``moe(listed=True)``): its
-weights stack logically along the expert axis, but they are separate tensors, so each rank of an
-expert group holds all of them (their gradients summed over the group) while it runs only its
-own experts' modules, on the tokens dispatched to it. Its call reaches the rule as ``experts_call`` (the torch.export front end
-folds the module's ops into one such call) or as a leaf module (torch.fx).
+weights stack logically along the expert axis, so each is read as a slice of that stack (its
+axis 0 indexed by ``experts``): a cut of the experts divides their bytes, gradients and optimizer
+state by its degree, as it divides stacked weights', and sums their gradients over the token axes
+only. The program holds each expert's weights on the ranks that run it alone
+(``codegen/experts.py``). Its call reaches the rule as ``experts_call`` (the torch.export front
+end folds the module's ops into one such call) or as a leaf module (torch.fx).
 """
 
 from __future__ import annotations
@@ -98,10 +100,11 @@ def moe_experts(call: Call) -> Result:
     k = index.shape[1]
     dims = [Dim(TOKENS, tokens), Dim(EXPERTS, experts), Dim("h", hidden, splittable=False)]
     reads = [(x, ((TOKENS,), ("h",))), (index, ((TOKENS,), ())), (weights, ((TOKENS,), ()))]
-    # an expert list's weights are separate tensors, none of them along the expert axis: every
-    # rank of an expert group holds them all and updates them alike (their gradients, each from
-    # the rank running that expert, summed over the group); only the work is split
-    reads += [(p, ((),) * p.ndim) if listed else (p, ((EXPERTS,),) + ((),) * (p.ndim - 1)) for p in params]
+    # an expert list's weights are separate tensors, each one expert's slice of the logical stack:
+    # read as indexed by ``experts`` along axis 0, so the layouts a cut of the experts gives them
+    # count 1/p of the list on each rank (a stacked weight's shard) and no partial sum over the
+    # expert axes; the program keeps each expert whole on its own ranks (``codegen/experts.py``)
+    reads += [(p, ((EXPERTS,),) + ((),) * (p.ndim - 1) if p.ndim else ()) for p in params]
     per_token = sum(p.numel for p in params) // experts  # weight elements of one expert
     attrs = {"experts": experts, "top_k": k, CARRIES: {EXPERTS: TOKENS}, "module": call.args.get("module", ""),
              "listed": bool(listed)}
