@@ -9,10 +9,9 @@ shard, a causal mask's rows, an output that comes out whole, ...), a ``NodeCall`
 runs it. Values that are not tensors (sizes, shapes) are the traced constants, so the
 program's shapes are static: the batch it was compiled for. Parameters and buffers come in as
 placeholders (the caller passes their local shards), then the user's inputs; outputs leave as
-whole tensors (``outputs="replicate"``) or as the plan leaves them (``"local"``).
-
-It reads the graph either frontend made (torch.fx: torch functions, methods and leaf modules;
-torch.export: ATen ops with parameters as placeholders): one builder for both.
+whole tensors (``outputs="replicate"``) or as the plan leaves them (``"local"``). It reads the graph either
+frontend made (torch.fx: torch functions, methods, leaf modules; torch.export: ATen ops with
+parameters as placeholders): one builder for both.
 """
 
 from __future__ import annotations
