@@ -46,6 +46,7 @@ from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.activations import attention_core, attention_flops, attention_recompute, price_fitting
 from autopar.planning.context import context_options, context_stats, gather_times, kv_bytes
 from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
+from autopar.planning.every import every_of, every_options, every_stats, per_unit
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats
 from autopar.planning.settings import TrainingSettings
@@ -130,11 +131,14 @@ class Search:
         if recompute == RECOMPUTE_ATTENTION and recompute not in self._graphs:
             self._graphs[recompute] = attention_recompute(self.training_graph(False))
         if recompute not in self._graphs:
-            self._graphs[recompute] = apply_training(self.graph, TrainingOptions(precision=self.precision,
-                                                                                 recompute=recompute))
+            k = every_of(recompute)  # every k-th block (planning/every.py)
+            opts = TrainingOptions(precision=self.precision, recompute=True if k else recompute, every=k or 1)
+            self._graphs[recompute] = apply_training(self.graph, opts)
         return self._graphs[recompute]
 
     def window(self, recompute: bool):
+        if every_of(recompute):  # priced on the window of full recomputation (planning/every.py)
+            return self.window(True)
         if recompute not in self._windows:
             g = self.training_graph(recompute)
             self._windows[recompute] = block_window(g) or run_window(g)
@@ -143,10 +147,13 @@ class Search:
     def _stats(self, tensor: tuple[int, int], microbatches: int, recompute: bool) -> UnitStats:
         key = (tensor, microbatches, recompute)
         if key not in self._memo:
-            self.solves += 1
-            self._memo[key] = unit_stats(self.training_graph(recompute), self.spans, self.cluster, tensor,
-                                         microbatches, self.objective, self.solve, self.mode, self.optimizer,
-                                         self.window(recompute))
+            if every_of(recompute):  # one layout, each unit priced as its block is (planning/every.py)
+                self._memo[key] = every_stats(self, tensor, microbatches, every_of(recompute))
+            else:
+                self.solves += 1
+                self._memo[key] = unit_stats(self.training_graph(recompute), self.spans, self.cluster, tensor,
+                                             microbatches, self.objective, self.solve, self.mode,
+                                             self.optimizer, self.window(recompute))
         return self._memo[key]
 
     def whole_stats(self, recompute: bool) -> UnitStats:
@@ -167,7 +174,8 @@ class Search:
     def _context(self, c: Candidate, s: UnitStats) -> UnitStats:
         """``s`` for one rank of the candidate's context group (``planning/context.py``)."""
         kv, bw, lat = self._kv_link(c)
-        return context_stats(s, kv, c.degrees.c, c.degrees.t, bw, lat, self.cluster.call_latency, c.recompute)
+        return per_unit(self, c.recompute, lambda rc: context_stats(  # every k-th block: per unit (every.py)
+            s, kv, c.degrees.c, c.degrees.t, bw, lat, self.cluster.call_latency, rc))
 
     def _kv_link(self, c: Candidate) -> tuple[np.ndarray, float, float]:
         """Per unit, the K/V bytes of one microbatch of ``c``; the link its context group spans."""
@@ -184,8 +192,8 @@ class Search:
         if c.degrees.c <= 1:
             return 0.0
         kv, bw, lat = self._kv_link(c)
-        return float(np.sum(gather_times(kv, c.degrees.c, c.degrees.t, bw, lat, self.cluster.call_latency,
-                                         c.recompute)))
+        return float(np.sum(per_unit(self, c.recompute, lambda rc: gather_times(
+            kv, c.degrees.c, c.degrees.t, bw, lat, self.cluster.call_latency, rc))))
 
     def expert_stats(self, c: Candidate) -> ExpertStats | None:
         """The routed experts' part of ``stats(c)`` (None without experts or expert parallelism)."""
@@ -360,7 +368,8 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
         raise ValueError(f"the pin sets expert={pin.expert}, but {graph.model_name or 'the model'} has no routed "
                          "experts (no module named 'experts'): drop expert= from the pin")
     zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
-    recs = (False, True) if recompute == "auto" else (bool(recompute),)
+    recs = ((False, True, *every_options(len(search.blocks))) if recompute == "auto"  # k: every.py
+            else (every_of(recompute) or bool(recompute),))
     if recompute == "auto" and search.attention:
         recs += (RECOMPUTE_ATTENTION,)
     elif recompute == RECOMPUTE_ATTENTION:

@@ -72,6 +72,9 @@ class UnitStats:
     # [U] bytes per device held once, while a loss's backward runs: the gradients it makes
     # (``cost_models.memory``'s ``transient``), beside the stage's activations in flight
     transient: np.ndarray | None = None
+    # [U] bools: the units recomputed when only some are (every k-th block, ``planning/every.py``);
+    # None: all or none as the candidate's recomputation says
+    recomputed: np.ndarray | None = None
 
     @property
     def time(self) -> np.ndarray:
