@@ -26,7 +26,7 @@ import numpy as np
 from autopar.core.batch import scale_batch
 from autopar.core.blocks import Block
 from autopar.core.ir import Graph
-from autopar.core.strategy import node_training
+from autopar.core.strategy import TrainingOptions, node_training
 from autopar.core.tables import CostTables, Solution
 from autopar.cost_models.memory import already_saved, node_memory
 from autopar.planning.units import UnitStats, unit_stats
@@ -40,6 +40,12 @@ def every_of(recompute) -> int:
     """k of a recomputation of every k-th block with k >= 2; 0 for none, every block (True) and
     attention-only."""
     return recompute if type(recompute) is int and recompute >= 2 else 0
+
+
+def options_of(recompute, **kw) -> TrainingOptions:
+    """The ``TrainingOptions`` of a candidate's recomputation (k: ``recompute=True, every=k``)."""
+    k = every_of(recompute)
+    return TrainingOptions(recompute=True if k else recompute, every=k or 1, **kw)
 
 
 def every_options(blocks: int, largest: int = 8) -> tuple[int, ...]:
@@ -161,4 +167,4 @@ def saved(graph: Graph, spans: list[tuple[int, int]], s: UnitStats, microbatches
     return {"acts": acts, "full_acts": full}
 
 
-__all__ = ["every_of", "every_options", "recomputed_units", "recomputed_of", "per_unit", "mixed", "blend", "every_stats"]
+__all__ = ["every_of", "options_of", "every_options", "recomputed_units", "recomputed_of", "per_unit", "mixed", "blend", "every_stats"]

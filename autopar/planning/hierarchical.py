@@ -41,12 +41,13 @@ from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
 from autopar.core.margin import capacity_words, usable_memory
-from autopar.core.strategy import PRECISIONS, RECOMPUTE_ATTENTION, Degrees, Strategy, TrainingOptions, default_precision
+from autopar.core.strategy import PRECISIONS, RECOMPUTE_ATTENTION, Degrees, Strategy, default_precision
 from autopar.cost_models.analytic import AnalyticModel
+from autopar.planning.accumulation import steps
 from autopar.planning.activations import attention_core, attention_flops, attention_recompute, price_fitting
 from autopar.planning.context import context_options, context_stats, gather_times, kv_bytes
 from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
-from autopar.planning.every import every_of, every_options, every_stats, per_unit
+from autopar.planning.every import every_of, every_options, every_stats, options_of, per_unit
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats
 from autopar.planning.settings import TrainingSettings
@@ -106,6 +107,7 @@ class Search:
         self.batch = _batch(graph)
         self.levels = cluster.levels()
         self.max_tensor = max_tensor
+        self.accumulate = 0  # microbatches a step when asked for (``accumulation.steps``); 0: searched
         self._graphs: dict[bool, Graph] = {}
         self._windows: dict[bool, object] = {}
         self._memo: dict[tuple, UnitStats] = {}
@@ -131,9 +133,7 @@ class Search:
         if recompute == RECOMPUTE_ATTENTION and recompute not in self._graphs:
             self._graphs[recompute] = attention_recompute(self.training_graph(False))
         if recompute not in self._graphs:
-            k = every_of(recompute)  # every k-th block (planning/every.py)
-            opts = TrainingOptions(precision=self.precision, recompute=True if k else recompute, every=k or 1)
-            self._graphs[recompute] = apply_training(self.graph, opts)
+            self._graphs[recompute] = apply_training(self.graph, options_of(recompute, precision=self.precision))
         return self._graphs[recompute]
 
     def window(self, recompute: bool):
@@ -258,7 +258,7 @@ class Search:
             if self.batch % deg.d:
                 continue
             multi = sum(1 for k in deg.data if k > 1) > 1
-            for m in divisors(self.batch // deg.d):
+            for m in (k for k in divisors(self.batch // deg.d) if self.accumulate in (0, k)):
                 if pin is not None and pin.microbatch is not None and self.batch // (deg.d * m) != pin.microbatch:
                     continue
                 for z in (zeros if deg.d > 1 else (0,)):
@@ -367,7 +367,8 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     if pin is not None and (pin.expert or 1) > 1 and not search.experts:
         raise ValueError(f"the pin sets expert={pin.expert}, but {graph.model_name or 'the model'} has no routed "
                          "experts (no module named 'experts'): drop expert= from the pin")
-    zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
+    search.accumulate = steps(training.accumulate, search.batch, zero)  # ZeRO 0/1 with it, as on the flat path
+    zeros = tuple(z for z in ((0, 1, 2, 3) if zero == "auto" else (int(zero),)) if z <= 1 or not search.accumulate)
     recs = ((False, True, *every_options(len(search.blocks))) if recompute == "auto"  # k: every.py
             else (every_of(recompute) or bool(recompute),))
     if recompute == "auto" and search.attention:

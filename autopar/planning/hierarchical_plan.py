@@ -11,8 +11,8 @@ import numpy as np
 from autopar.core.blocks import recomputed_blocks
 from autopar.core.ir import Graph
 from autopar.core.sequence import sequence_dims
-from autopar.core.strategy import Degrees, Strategy, TrainingOptions
-from autopar.planning.every import every_of
+from autopar.core.strategy import Degrees, Strategy
+from autopar.planning.every import every_of, options_of
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.step_bounds import rerun_flops
 from autopar.planning.step_price import Priced, data_groups
@@ -160,8 +160,8 @@ def to_plan(pr: Priced, search, common: dict, info: SearchInfo, baselines: dict,
     zero_axes = tuple(a for a, lvl in zip(roles["data"], data_levels)
                       if not c.zero_inner or lvl < max(data_levels)) if c.zero else ()
     every = every_of(c.recompute)  # every k-th block: as the flat path records it (planning/every.py)
-    options = TrainingOptions(zero=c.zero, precision=search.precision,
-                              recompute=True if every else c.recompute, every=every or 1)
+    options = options_of(c.recompute, zero=c.zero, precision=search.precision,
+                         accumulate=c.microbatches if search.accumulate and deg.p == 1 else 1)
     hw = search.totals.train_flops + rerun_flops(c, search.totals)
     strategy = Strategy(options=options, zero_axes=zero_axes,
                         recompute=(recomputed_blocks(search.graph, options) if every else
