@@ -417,7 +417,7 @@ def main(argv=None) -> int:
               "out time spent waiting on the peer). The breakdown columns are the predicted terms "
               "(ms): measured compute forward + backward, the measured optimizer update, "
               "weight-gradient all-reduces, reshards on edges and graph outputs. `before` is the "
-              "model of the previous stop: the same fits and timings, with each node's optimizer "
+              "earlier model: the same fits and timings, with each node's optimizer "
               "update priced as timed alone (now at least at the rate of the whole model's update, "
               "whose state streams from memory once it outgrows the cache), every reshard on "
               "the 4 ms fit (now between the two fits by the compute before it) and compute as "
