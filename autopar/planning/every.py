@@ -6,11 +6,13 @@ Recomputing a block only adds its forward (and its inputs' forward reshards) and
 activations but its inputs, so between none and every block the trade is per block: a sparser k
 keeps more memory for less forward run again.
 
-The tensor group's layout is one layout for every unit, the exact DP's over the group's graph
-(or its window, ``core.blocks.block_window``) where each node costs what it costs in its own
-block: a recomputed block's nodes as under full recomputation, the others' as without; a
-window's middle block, which stands for blocks of both kinds, at the share of them recomputed
-(the window's assumption, one layout for every middle block, is kept). Its unit figures are the
+The tensor group's layout is one layout for every unit. Where the group's layouts without and
+with full recomputation are the same, it is that one (each unit's best for its own kind, as far
+as the units' layouts do not interact through the tensors between them); where they differ, the
+exact DP's over the group's graph (or its window, ``core.blocks.block_window``) where each node
+costs what it costs in its own block: a recomputed block's nodes as under full recomputation,
+the others' as without; a window's middle block, which stands for blocks of both kinds, at the
+share of them recomputed (the window's assumption, one layout for every middle block, is kept). Its unit figures are the
 group's two pricings under that one layout, each unit taking its own kind's: a recomputed
 block's time with its forward again and its inputs kept, the others' time and activations as
 without recomputation.
@@ -51,7 +53,8 @@ def options_of(recompute, **kw) -> TrainingOptions:
 def every_options(blocks: int, largest: int = 8) -> tuple[int, ...]:
     """The k searched: 2, 4, ... up to ``largest``, each dividing the repeated blocks into equal
     groups of k (each group one recomputed block) with at least two groups."""
-    return tuple(k for k in (2 ** j for j in range(1, largest.bit_length())) if blocks % k == 0 and k < blocks)
+    powers = (2 ** j for j in range(1, largest.bit_length()))
+    return tuple(k for k in powers if blocks % k == 0 and k < blocks)
 
 
 def recomputed_units(spans: list[tuple[int, int]], blocks: list[Block], k: int) -> np.ndarray:
@@ -110,7 +113,8 @@ def blend(plain: CostTables, full: CostTables, weight: np.ndarray) -> CostTables
     """The group's tables with each node (and every edge into it) costing ``weight`` of its
     recomputed cost and the rest of its plain one."""
     node_cost = [w * f + (1.0 - w) * p for w, f, p in zip(weight, full.node_cost, plain.node_cost)]
-    edges = {e: weight[e[1]] * full.edge_cost[e] + (1.0 - weight[e[1]]) * m for e, m in plain.edge_cost.items()}
+    edges = {e: weight[e[1]] * full.edge_cost[e] + (1.0 - weight[e[1]]) * m
+             for e, m in plain.edge_cost.items()}
     return CostTables(plain.nodes, plain.configs, node_cost, edges, plain.memory, math.inf, plain.units)
 
 
@@ -121,9 +125,12 @@ def every_stats(search, tensor: tuple[int, int], microbatches: int, k: int) -> U
     full = search._stats(tensor, microbatches, True)
     if len(plain.choice) != len(full.choice) or any(len(a) != len(b) for a, b in
                                                     zip(plain.tables.configs, full.tables.configs)):
-        raise ValueError("every k-th block recomputed: the group's graph has other configs with recomputation")
-    search.solves += 1
-    choice = list(search.solve(blend(plain.tables, full.tables, _weights(search, k)), full.graph).choice)
+        raise ValueError("every k-th block recomputed: the group's graph has other configs "
+                         "with recomputation")
+    choice = list(full.choice)
+    if choice != list(plain.choice):  # the two kinds' layouts differ: the blended DP picks one
+        search.solves += 1
+        choice = list(search.solve(blend(plain.tables, full.tables, _weights(search, k)), full.graph).choice)
 
     def under(rc: bool, solved: UnitStats) -> UnitStats:
         if list(solved.choice) == choice:
@@ -131,22 +138,26 @@ def every_stats(search, tensor: tuple[int, int], microbatches: int, k: int) -> U
         fixed = Solution(choice, 0.0, 0.0, "fixed", 0.0)
         return unit_stats(search.training_graph(rc), search.spans, search.cluster, tensor, microbatches,
                           search.objective, lambda t, g=None: fixed, search.mode, search.optimizer,
-                          search.window(rc))
+                          search.window(rc), tables=solved.tables)  # the same tables, another layout
 
     mask = recomputed_units(search.spans, search.blocks, k)
     out = mixed(under(False, plain), under(True, full), mask)
-    return dataclasses.replace(out, **saved(search.training_graph(k), search.spans, out, microbatches, search.mode,
-                                            search.optimizer))
+    memo = search.__dict__.setdefault("every_graphs", {})  # (k, microbatches) -> graph, already_saved
+    if (k, microbatches) not in memo:
+        g = scale_batch(search.training_graph(k), microbatches)
+        memo[(k, microbatches)] = (g, already_saved(g))
+    counted = saved(*memo[(k, microbatches)], search.spans, out, search.mode, search.optimizer)
+    return dataclasses.replace(out, **counted)
 
 
-def saved(graph: Graph, spans: list[tuple[int, int]], s: UnitStats, microbatches: int, mode: str,
+def saved(g: Graph, dup: dict, spans: list[tuple[int, int]], s: UnitStats, mode: str,
           optimizer: str | None) -> dict[str, np.ndarray]:
     """Per unit, the activations (``acts``, and ``full_acts`` without recomputation) of
-    ``graph`` (every k-th block recomputed) under ``s``'s layout, counted on the graph itself: a
+    ``g`` (every k-th block recomputed, at the microbatch; ``dup``: its ``already_saved``) under
+    ``s``'s layout, counted on the graph itself: a
     tensor a recomputed block keeps as its input and a later block reads too (the attention mask
     every block reads) is counted in each, as autograd keeps it (``cost_models.memory``)."""
-    g = scale_batch(graph, microbatches)
-    dup, mesh = already_saved(g), s.cluster.mesh()
+    mesh = s.cluster.mesh()
     node_map = s.node_map if s.node_map is not None else range(len(g.nodes))
     acts, full = np.zeros(len(spans)), np.zeros(len(spans))
     cache: dict[tuple, tuple[float, float]] = {}
@@ -159,7 +170,8 @@ def saved(graph: Graph, spans: list[tuple[int, int]], s: UnitStats, microbatches
             if key not in cache:
                 cfg = s.tables.configs[w][s.choice[w]]
                 kept = node_memory(node, cfg, mesh, mode, optimizer, shared=shared).activations
-                plain = dataclasses.replace(node, attrs={**node.attrs, "train": dataclasses.replace(rec, recompute=False)})
+                kept_all = dataclasses.replace(rec, recompute=False)
+                plain = dataclasses.replace(node, attrs={**node.attrs, "train": kept_all})
                 cache[key] = (kept, node_memory(plain, cfg, mesh, mode, optimizer, shared=shared).activations
                               if rec.recompute else kept)
             acts[u] += cache[key][0]
@@ -167,4 +179,5 @@ def saved(graph: Graph, spans: list[tuple[int, int]], s: UnitStats, microbatches
     return {"acts": acts, "full_acts": full}
 
 
-__all__ = ["every_of", "options_of", "every_options", "recomputed_units", "recomputed_of", "per_unit", "mixed", "blend", "every_stats"]
+__all__ = ["every_of", "options_of", "every_options", "recomputed_units", "recomputed_of", "per_unit",
+           "mixed", "blend", "every_stats", "saved"]

@@ -209,10 +209,11 @@ class Search:
         that are multiples of the candidate's b (the whole batch always is: solved first), the
         one giving the largest ``b/b' T(b')``."""
         tensor, b = self._tensor(c), self.batch // (c.degrees.d * c.microbatches)
-        self._stats(tensor, 1, c.recompute)
+        rec = False if every_of(c.recompute) else c.recompute  # every k-th takes no less than none
+        self._stats(tensor, 1, rec)
         best = (0.0, self.batch)
         for (ten, mb, rc), st in self._memo.items():
-            if ten == tensor and rc == c.recompute and (self.batch // mb) % b == 0:
+            if ten == tensor and rc == rec and (self.batch // mb) % b == 0:
                 t = float(np.sum(st.time))
                 if t * b / (self.batch // mb) > best[0] * b / best[1]:
                     best = (t, self.batch // mb)
