@@ -57,3 +57,13 @@ def timed(repeat: int, call: Callable[[], Any]) -> tuple[list[float], Any]:
 def error_row(row: dict, cells: int) -> str:
     """A table row for a case that failed: its name and error, then ``cells`` empty cells."""
     return f"| {row['case']} | error: {row['error']} |" + " |" * cells
+
+
+def result_rows(rows: list[dict], cells: int, line) -> list[str]:
+    """A table's rows: ``line(row)`` for each case that ran, its ``error_row`` for one that failed."""
+    return [error_row(r, cells) if "error" in r else line(r) for r in rows]
+
+
+def passed(rows: list[dict], test) -> str:
+    """"k/n": how many of the cases that ran pass ``test``, out of all the cases."""
+    return f"{sum(bool(test(r)) for r in rows if 'error' not in r)}/{len(rows)}"

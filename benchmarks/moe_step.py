@@ -35,7 +35,7 @@ NOTE = ("Two predictions of the same plans. The ``cpu`` preset's (alpha-beta fig
         "(``cost_models/collective_fit.py``: the all-reduce, the all-gather and the all-to-all, each timed "
         "as a step meets it), the expert ids' and the rows' all-to-alls, which follow the row counts' with no "
         "compute between, on the fit after a short gap; its order is the measured one. The box is shared "
-        "with other work (load about 18 on 2 cores): the figures move from run to run, the ratios within a "
+        "with other work (load about 18 on the benchmark machine): the figures move from run to run, the ratios within a "
         "run are what to compare.")
 SIZES = dict(batch=8, seq=64, width=128, hidden=512, experts=8, top_k=2, layers=2, classes=16)
 

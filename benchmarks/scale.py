@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.fresh_process import error_row, rss_bytes, run_child, timed
+from benchmarks.fresh_process import passed, result_rows, rss_bytes, run_child, timed
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "scale.md"
@@ -152,24 +152,26 @@ def child_recipe(name: str, repeat: int) -> dict:
             "fits": plan.memory_per_device <= capacity, "recipe_fits": pinned.memory_per_device <= capacity}
 
 
+def plan_cells(s: dict, cost: str = ".3g") -> str:
+    """A plan's table cells: degrees; options; microbatch | step | MFU."""
+    return f"{s['degrees']}; {s['options']}; {s['microbatch']} | {s['cost']:{cost}} s | {s['mfu']:.1%}"
+
+
 def write_recipes(rows: list[dict]) -> list[str]:
     lines = ["## torchtitan-style recipes pinned (`--pin`) beside autopar's plan, zoo:llama3 shapes, bf16", "",
              "| case | cluster | recipe pin | recipe: degrees, options, microbatch | step | MFU | fits | "
              "autopar: degrees, options, microbatch | step | MFU | fits | speed-up | time (trace + plan) | peak RSS |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(error_row(r, 12))
-            continue
+
+    def line(r: dict) -> str:
         a, p = r["autopar"], r["recipe"]
-        lines.append(f"| {r['case']} | {r['cluster']} | `{r['pin']}` | {p['degrees']}; {p['options']}; {p['microbatch']} | "
-                     f"{p['cost']:.3g} s | {p['mfu']:.1%} | {'yes' if r['recipe_fits'] else 'NO'} | {a['degrees']}; "
-                     f"{a['options']}; {a['microbatch']} | {a['cost']:.3g} s | {a['mfu']:.1%} | "
-                     f"{'yes' if r['fits'] else 'NO'} | {p['cost'] / a['cost']:.3f}x | {r['wall']:.1f} s | "
-                     f"{r['rss_peak'] / 1e9:.2f} GB |")
-    ok = [r for r in rows if "error" not in r]
-    lines += ["", f"autopar no slower than the recipe and fitting: "
-                  f"{sum(r['recipe']['cost'] >= r['autopar']['cost'] and r['fits'] for r in ok)}/{len(rows)}.", ""]
+        return (f"| {r['case']} | {r['cluster']} | `{r['pin']}` | {plan_cells(p)} | "
+                f"{'yes' if r['recipe_fits'] else 'NO'} | {plan_cells(a)} | {'yes' if r['fits'] else 'NO'} | "
+                f"{p['cost'] / a['cost']:.3f}x | {r['wall']:.1f} s | {r['rss_peak'] / 1e9:.2f} GB |")
+
+    lines += result_rows(rows, 12, line)
+    lines += ["", "autopar no slower than the recipe and fitting: "
+                  f"{passed(rows, lambda r: r['recipe']['cost'] >= r['autopar']['cost'] and r['fits'])}.", ""]
     return lines
 
 
@@ -189,42 +191,40 @@ def write(published: list[dict], sweep: list[dict], repeat: int) -> str:
              "| model | cluster | time (trace + plan) | peak RSS | autopar: degrees, options, microbatch | step | MFU | "
              "paper: degrees, options | paper's plan priced | reported | predicted for it | ratio | autopar speed-up | fits |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in published:
-        if "error" in r:
-            lines.append(error_row(r, 12))
-            continue
+
+    def line(r: dict) -> str:
         a, p = r["autopar"], r["published"]
         what = "HFU" if r["measure"] == "hardware" else "MFU"
-        lines.append(
-            f"| {r['case']} | {r['cluster']} | {r['wall']:.1f} s | {r['rss_peak'] / 1e9:.2f} GB | {a['degrees']}; "
-            f"{a['options']}; {a['microbatch']} | {a['cost']:.2f} s | {a['mfu']:.1%} | {p['degrees']}; {p['options']} | "
-            f"{p['cost']:.2f} s | {r['published_figure']:.1%} {what} | {r['predicted']:.1%} | "
-            f"{r['predicted'] / r['published_figure']:.2f}x | {p['cost'] / a['cost']:.3f}x | "
-            f"{'yes' if r['fits'] else 'NO'} (paper's: {'yes' if r['published_fits'] else 'NO'}) |")
+        return (f"| {r['case']} | {r['cluster']} | {r['wall']:.1f} s | {r['rss_peak'] / 1e9:.2f} GB | "
+                f"{plan_cells(a, '.2f')} | {p['degrees']}; {p['options']} | {p['cost']:.2f} s | {r['published_figure']:.1%} {what} | {r['predicted']:.1%} | "
+                f"{r['predicted'] / r['published_figure']:.2f}x | {p['cost'] / a['cost']:.3f}x | "
+                f"{'yes' if r['fits'] else 'NO'} (paper's: {'yes' if r['published_fits'] else 'NO'}) |")
+
+    lines += result_rows(published, 12, line)
     ok = [r for r in published if "error" not in r]
     lines += ["", "Targets: " + "; ".join([
-        f"under {TARGET_S:.0f} s: {sum(r['wall'] < TARGET_S for r in ok)}/{len(published)}",
-        f"under 4 GB: {sum(r['rss_peak'] < TARGET_BYTES for r in ok)}/{len(published)}",
-        f"autopar no slower than the paper's plan and fitting: "
-        f"{sum(r['published']['cost'] >= r['autopar']['cost'] and r['fits'] for r in ok)}/{len(published)}",
-        f"paper's plan within 15% of its reported utilisation: "
-        f"{sum(0.85 <= r['predicted'] / r['published_figure'] <= 1.15 for r in ok)}/{len(published)}"]) + ".",
+        f"under {TARGET_S:.0f} s: {passed(published, lambda r: r['wall'] < TARGET_S)}",
+        f"under 4 GB: {passed(published, lambda r: r['rss_peak'] < TARGET_BYTES)}",
+        "autopar no slower than the paper's plan and fitting: "
+        f"{passed(published, lambda r: r['published']['cost'] >= r['autopar']['cost'] and r['fits'])}",
+        "paper's plan within 15% of its reported utilisation: "
+        f"{passed(published, lambda r: 0.85 <= r['predicted'] / r['published_figure'] <= 1.15)}"]) + ".",
         "", "Search status of autopar's plans: " + "; ".join(f"{r['case']}: {r['autopar']['status']}" for r in ok), "",
         *NOT_WITHIN, ""]
     lines += ["## Sweep: a GPT-3-wide GPT (width 12288, 8 layers, batch 512) on DGX A100 nodes, hierarchical search", "",
               "| devices | automatic path | planning time | peak RSS | degrees | options | microbatch | step | MFU | "
               "flat exact DP (default options: fp32, no microbatches): time, peak RSS, step |",
               "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sweep:
-        if "error" in r:
-            lines.append(error_row(r, 7))
-            continue
+
+    def swept(r: dict) -> str:
         flat = (f"{r['flat_wall']:.2f} s, {r['flat_rss'] / 1e9:.2f} GB, {r['flat_cost']:.3g} s"
                 if r.get("flat_wall") is not None else r["flat_error"] if r.get("flat_error") else
                 "- (105 s and 9.9 GB at 128, over 5 min at 256)" if r["devices"] == 128 else "-")
-        lines.append(f"| {r['devices']} | {r['auto_path']} | {r['wall']:.2f} s | {r['rss_peak'] / 1e9:.2f} GB | "
-                     f"{r['degrees']} | {r['options']} | {r['microbatch']} | {r['cost']:.3g} s | {r['mfu']:.1%} | "
-                     f"{flat} |")
+        return (f"| {r['devices']} | {r['auto_path']} | {r['wall']:.2f} s | {r['rss_peak'] / 1e9:.2f} GB | "
+                f"{r['degrees']} | {r['options']} | {r['microbatch']} | {r['cost']:.3g} s | {r['mfu']:.1%} | "
+                f"{flat} |")
+
+    lines += result_rows(sweep, 7, swept)
     by = {r["devices"]: r for r in sweep if "error" not in r}
     if 64 in by and 4096 in by:
         grow = by[4096]["wall"] / by[64]["wall"]

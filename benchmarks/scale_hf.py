@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from benchmarks.fresh_process import error_row, rss_bytes
+from benchmarks.fresh_process import passed, result_rows, rss_bytes
 
 TARGET_S, TARGET_BYTES = 60.0, 4 * 10**9
 V3 = dict(vocab_size=128256, rope_theta=500000.0)
@@ -95,18 +95,14 @@ def table(rows: list[dict]) -> str:
                  "1-minute load average when the row ended.", "",
              "| model | cluster | seq x batch | wall | CPU | peak RSS | plan | step | MFU | memory per device | fits | "
              "load | search line |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(error_row(r, 11))
-            continue
-        lines.append(f"| {r['case'].split('@')[0]} | {r['cluster']} ({r['devices']}) | {r['seq']} x {r['batch']} | "
-                     f"{r['wall']:.1f} s | {r['cpu']:.1f} s | {r['rss_peak'] / 1e9:.2f} GB | {r['degrees']}; "
-                     f"{r['options']} | {r['step']:.3g} s | {r['mfu']:.1%} | {r['memory'] / 2**30:.1f} GiB | "
-                     f"{'yes' if r['fits'] else 'NO'} | {r['load']:.1f} | {r['search']} |")
-    ok = [r for r in rows if "error" not in r]
+    lines += result_rows(rows, 11, lambda r: (
+        f"| {r['case'].split('@')[0]} | {r['cluster']} ({r['devices']}) | {r['seq']} x {r['batch']} | "
+        f"{r['wall']:.1f} s | {r['cpu']:.1f} s | {r['rss_peak'] / 1e9:.2f} GB | {r['degrees']}; "
+        f"{r['options']} | {r['step']:.3g} s | {r['mfu']:.1%} | {r['memory'] / 2**30:.1f} GiB | "
+        f"{'yes' if r['fits'] else 'NO'} | {r['load']:.1f} | {r['search']} |"))
     lines += ["", "Targets: " + "; ".join([
-        f"CPU under {TARGET_S:.0f} s: {sum(r['cpu'] < TARGET_S for r in ok)}/{len(rows)}",
-        f"wall under {TARGET_S:.0f} s: {sum(r['wall'] < TARGET_S for r in ok)}/{len(rows)}",
-        f"under 4 GB: {sum(r['rss_peak'] < TARGET_BYTES for r in ok)}/{len(rows)}",
-        f"fitting, mixed precision: {sum(r['fits'] and r['precision'] != 'fp32' for r in ok)}/{len(rows)}"]) + "."]
+        f"CPU under {TARGET_S:.0f} s: {passed(rows, lambda r: r['cpu'] < TARGET_S)}",
+        f"wall under {TARGET_S:.0f} s: {passed(rows, lambda r: r['wall'] < TARGET_S)}",
+        f"under 4 GB: {passed(rows, lambda r: r['rss_peak'] < TARGET_BYTES)}",
+        f"fitting, mixed precision: {passed(rows, lambda r: r['fits'] and r['precision'] != 'fp32')}"]) + "."]
     return "\n".join(lines) + "\n"

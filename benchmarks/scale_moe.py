@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.fresh_process import error_row, run_child, timed
+from benchmarks.fresh_process import passed, result_rows, run_child, timed
 from benchmarks.scale import TARGET_BYTES, TARGET_S, _summary
 
 HERE = Path(__file__).resolve().parent
@@ -82,29 +82,28 @@ def write(rows: list[dict], repeat: int) -> str:
              "| case | cluster | batch | time (trace + plan) | CPU time | peak RSS | degrees | options | microbatch | "
              "step | MFU | fits | pinned beside it: pin; degrees; step (MFU) | expert all-to-all in the step: autopar's, pinned |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(error_row(r, 12))
-            continue
+
+    def line(r: dict) -> str:
         a, rep = r["autopar"], r["replicated"]
         base = (f"`{r.get('pin', 'expert=1')}`; {rep['degrees']}; {rep['cost']:.3g} s ({rep['mfu']:.1%})"
                 f"{'' if r['replicated_fits'] else ' (does not fit)'}" if rep else "-")
-        lines.append(
-            f"| {r['model']} | {r['cluster']} | {r['sizes']['batch']} x {r['sizes']['seq']} | {r['wall']:.1f} s | "
-            f"{r['cpu']:.1f} s | {r['rss_peak'] / 1e9:.2f} GB | {a['degrees']} | {a['options']} | {a['microbatch']} | "
-            f"{a['cost']:.3g} s | {a['mfu']:.1%} | {'yes' if r['fits'] else 'NO'} | {base} | "
-            f"{r['terms'].get('expert all-to-all', 0.0):.3g} s, "
-            f"{r.get('replicated_terms', {}).get('expert all-to-all', 0.0):.3g} s |")
+        return (f"| {r['model']} | {r['cluster']} | {r['sizes']['batch']} x {r['sizes']['seq']} | {r['wall']:.1f} s | "
+                f"{r['cpu']:.1f} s | {r['rss_peak'] / 1e9:.2f} GB | {a['degrees']} | {a['options']} | "
+                f"{a['microbatch']} | {a['cost']:.3g} s | {a['mfu']:.1%} | {'yes' if r['fits'] else 'NO'} | {base} | "
+                f"{r['terms'].get('expert all-to-all', 0.0):.3g} s, "
+                f"{r.get('replicated_terms', {}).get('expert all-to-all', 0.0):.3g} s |")
+
+    lines += result_rows(rows, 12, line)
     ok = [r for r in rows if "error" not in r]
     loads = [r["load"] for r in ok if "load" in r]
     if loads:
-        lines += ["", f"Load average (1 min) at the end of each case: {', '.join(f'{x:.1f}' for x in loads)} on 2 cores: "
-                      "the wall times are those of a process given a fraction of a core; its CPU time is what it needs alone."]
+        lines += ["", f"Load average (1 min) at the end of each case: {', '.join(f'{x:.1f}' for x in loads)} on the "
+                      "benchmark machine (benchmarks/README.md): the wall times are those of a process given a fraction of a core; its CPU time is what it needs alone."]
     lines += ["", "Targets: " + "; ".join([
-        f"under {TARGET_S:.0f} s wall: {sum(r['wall'] < TARGET_S for r in ok)}/{len(rows)}",
-        f"under {TARGET_S:.0f} s CPU: {sum(r['cpu'] < TARGET_S for r in ok)}/{len(rows)}",
-        f"under 4 GB: {sum(r['rss_peak'] < TARGET_BYTES for r in ok)}/{len(rows)}",
-        f"fitting: {sum(r['fits'] for r in ok)}/{len(rows)}"]) + ".", "",
+        f"under {TARGET_S:.0f} s wall: {passed(rows, lambda r: r['wall'] < TARGET_S)}",
+        f"under {TARGET_S:.0f} s CPU: {passed(rows, lambda r: r['cpu'] < TARGET_S)}",
+        f"under 4 GB: {passed(rows, lambda r: r['rss_peak'] < TARGET_BYTES)}",
+        f"fitting: {passed(rows, lambda r: r['fits'])}"]) + ".", "",
         "Search status: " + "; ".join(f"{r['case']}: {r['autopar']['status']}" for r in ok), ""]
     return "\n".join(lines) + "\n"
 

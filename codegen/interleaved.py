@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 
+from .pipeline_step import run_step
 from .stage_split import build_stage_modules, check_stages, split_stages
 
 SCHEDULE = "interleaved-1f1b"
@@ -85,23 +86,7 @@ class InterleavedModule(nn.Module):
             return self._run(self._schedule.eval, inputs)
 
     def _run(self, run, inputs: tuple) -> torch.Tensor:
-        if len(inputs) != len(self.input_names):
-            raise TypeError(f"the pipelined model takes its {len(self.input_names)} traced inputs "
-                            f"{self.input_names} in order, got {len(inputs)}")
-        inputs = tuple(x.to(self._device) if isinstance(x, torch.Tensor) else x for x in inputs)
-        batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), None)
-        if batch is not None and batch % self.microbatches:
-            raise ValueError(f"batch {batch} does not split into {self.microbatches} equal microbatches")
-        losses: list[torch.Tensor] = []
-        target = torch.zeros(self.microbatches, device=self._device)
-        run(target=target, losses=losses, return_outputs=False, **dict(zip(self.input_names, inputs)))
-        if self.is_last:
-            loss = torch.stack([x.detach() for x in losses])
-            loss = loss.mean() if self.loss_reduction == "mean" else loss.sum()
-        else:
-            loss = torch.empty(self._loss_meta.shape, dtype=self._loss_meta.dtype, device=self._device)
-        dist.broadcast(loss, src=self._loss_rank, group=self._group)
-        return loss
+        return run_step(self, run, inputs, positional=False)
 
 
 def _output_is_loss(output: torch.Tensor, target: Any) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 
+from .pipeline_step import run_step
 from .stage_split import (HoldsTensor, StageGraph, build_stage_modules, check_stages, split_stages,  # noqa: F401
                           stage_boundary, stage_ir, stage_modules)
 
@@ -112,28 +113,7 @@ class PipelinedModule(nn.Module):
             return self._run(self._schedule.eval, inputs)
 
     def _run(self, run, inputs: tuple) -> torch.Tensor:
-        if len(inputs) != len(self.input_names):
-            raise TypeError(f"the pipelined model takes its {len(self.input_names)} traced inputs "
-                            f"{self.input_names} in order, got {len(inputs)}")
-        inputs = tuple(x.to(self._device) if isinstance(x, torch.Tensor) else x for x in inputs)
-        batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), None)
-        if batch is not None and batch % self.microbatches:
-            raise ValueError(f"batch {batch} does not split into {self.microbatches} equal microbatches")
-        losses: list[torch.Tensor] = []
-        # the loss is the last stage's output; the schedule still wants a target to chunk
-        target = torch.zeros(self.microbatches, device=self._device)
-        common = dict(target=target, losses=losses, return_outputs=False)
-        if self.is_first:
-            run(*inputs, **common)
-        else:  # keyword inputs reach every stage; positional ones only the first
-            run(**common, **dict(zip(self.input_names, inputs)))
-        if self.is_last:
-            loss = torch.stack([x.detach() for x in losses])
-            loss = loss.mean() if self.loss_reduction == "mean" else loss.sum()
-        else:
-            loss = torch.empty(self._loss_meta.shape, dtype=self._loss_meta.dtype, device=self._device)
-        dist.broadcast(loss, src=self._loss_rank, group=self._group)
-        return loss
+        return run_step(self, run, inputs, positional=self.is_first)
 
 
 def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
@@ -159,19 +139,11 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
         return _interleaved(model, plan, example_inputs, group, device, loss_reduction, graph)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
-    if loss_reduction not in ("mean", "sum"):
-        raise ValueError(f"loss_reduction must be 'mean' or 'sum', not {loss_reduction!r}")
     microbatches = int(plan.microbatches)
     if microbatches < 1:
         raise ValueError(f"the plan has {microbatches} microbatches")
     schedule = schedule_run(schedule, microbatches, len(plan.stages))
-    if not dist.is_initialized():
-        raise RuntimeError("pipeline_module needs an initialized process group (torchrun, or "
-                           "autopar.runtime.launch.launch)")
-    graph = graph if graph is not None else plan.graph
-    if graph is None or getattr(graph, "fx_graph", None) is None:
-        raise ValueError("pipeline_module needs the model's traced graph: pass "
-                         "graph=autopar.trace(model, inputs) (a plan read from a file has none)")
+    graph = _checked(plan, graph, loss_reduction)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if rank < 0:
         raise ValueError("this process is not in the process group the pipeline is to run on")
@@ -251,10 +223,9 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     module.to("meta")
     return sharded, mesh.get_group("pp")
 
-def _interleaved(model, plan, example_inputs: tuple, group, device, loss_reduction: str, graph):
-    """Interleaved 1F1B's module for this rank (``interleaved.py``), after the common checks."""
-    from .interleaved import interleaved_module
-
+def _checked(plan, graph, loss_reduction: str):
+    """The traced graph the stages are cut from (``graph``, else the plan's), after what every
+    schedule needs: a loss reduction it knows, a process group, and a traced graph."""
     if loss_reduction not in ("mean", "sum"):
         raise ValueError(f"loss_reduction must be 'mean' or 'sum', not {loss_reduction!r}")
     if not dist.is_initialized():
@@ -264,6 +235,14 @@ def _interleaved(model, plan, example_inputs: tuple, group, device, loss_reducti
     if graph is None or getattr(graph, "fx_graph", None) is None:
         raise ValueError("pipeline_module needs the model's traced graph: pass "
                          "graph=autopar.trace(model, inputs) (a plan read from a file has none)")
+    return graph
+
+
+def _interleaved(model, plan, example_inputs: tuple, group, device, loss_reduction: str, graph):
+    """Interleaved 1F1B's module for this rank (``interleaved.py``), after the common checks."""
+    from .interleaved import interleaved_module
+
+    graph = _checked(plan, graph, loss_reduction)
     if any(n.op == "placeholder" and n.target.startswith("*") for n in graph.fx_graph.graph.nodes):
         raise ValueError("pipelining needs a model with named inputs (no *args)")
     device = torch.device(device if device is not None else _default_device(group))

@@ -39,7 +39,7 @@ def collective_time(kind: str, nbytes, p, bandwidth, latency, fixed=0.0):
 
 def as_run(kind: str, nbytes, p, backend: str):
     """``(kind, nbytes)`` of what ``backend`` really runs for ``kind``. A CPU process group
-    (gloo), measured on the development machine with 2 processes: its reduce-scatter costs an
+    (gloo), measured on the benchmark machine with 2 processes: its reduce-scatter costs an
     all-reduce of the same input (4 MiB: 5.0 ms, the all-reduce 4.3 ms), and DTensor runs an
     all-to-all on it as an all-gather of the whole tensor and a local chunk. Elsewhere (NCCL):
     the ring collectives as named."""

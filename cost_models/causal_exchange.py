@@ -17,11 +17,9 @@ import numpy as np
 
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Node
-from autopar.core.layout import to_mesh
 from autopar.core.sequence import balanced_causal
 from autopar.core.tables import Config, Mesh
-from autopar.cost_models.alpha_beta import FORMULA, collective_time
-from autopar.cost_models.comm import group_of
+from autopar.cost_models.comm import all_to_alls, per_config
 
 
 def work_factor(node: Node, splits) -> float:
@@ -64,22 +62,11 @@ def balance_seconds(node: Node, config: Config, mesh: Mesh, cluster: Cluster, mo
     steps = balance_steps(node, config, mode)
     if not steps:
         return 0.0, ""
-    axes = balance_axes(node, config)
-    p, cross = group_of(axes, mesh)
-    bw, lat = cluster.kind_link("all-to-all", *cluster.link(cross))
-    times = [collective_time("all-to-all", n, p, bw, lat, cluster.call_latency) for _, _, n in steps]
-    text = (f"{len(steps)} all-to-alls over mesh axes {list(axes)} (p={p}), {FORMULA['all-to-all']} each: "
-            + ", ".join(f"{what} N = {n:.6g} B: {t:.4g} s" for (_, what, n), t in zip(steps, times)))
-    return sum(times), text
+    return all_to_alls(steps, balance_axes(node, config), mesh, cluster)
 
 
 def balance_many(node: Node, configs: list[Config], mesh: Mesh, cluster: Cluster, mode: str = "train") -> np.ndarray:
     """``balance_seconds`` for every config (zeros for nodes that are not causal attention)."""
-    out = np.zeros(len(configs))
     if node.op != "sdpa":
-        return out
-    for i, c in enumerate(configs):
-        m = to_mesh(c, mesh)
-        if m is not None:
-            out[i] = balance_seconds(node, m, mesh, cluster, mode)[0]
-    return out
+        return np.zeros(len(configs))
+    return per_config(balance_seconds, node, configs, mesh, cluster, mode)

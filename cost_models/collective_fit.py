@@ -23,7 +23,7 @@ class CommFit:
     links every other kind is priced on; ``gather_latency``/``gather_bandwidth``: the
     all-gather's (``t(N) = (p-1) a + (p-1)/p N / bw``, N the gathered bytes), 0 where not
     fitted. gloo's all-gather moves about half the bytes per second of its all-reduce (2 ranks on
-    the development machine: 2 MiB gathered in 4.7-6.5 ms, 2 MiB all-reduced in 3.9 ms), and the
+    the benchmark machine: 2 MiB gathered in 4.7-6.5 ms, 2 MiB all-reduced in 3.9 ms), and the
     reshards of a tensor-parallel plan are mostly all-gathers, so one all-reduce fit priced them
     at half their time.
     ``via``: what was timed, ``"dtensor"`` (a DTensor redistribute, whose latency includes

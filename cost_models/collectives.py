@@ -199,14 +199,7 @@ def _experts(node, cfg: Config, mesh, cluster: Cluster, mode: str) -> list[Item]
     steps = exchanges(node, cfg, mesh, mode)
     if not steps:
         return []
-    axes = exchange_axes(node, cfg, mesh)
-    p, cross = group_of(axes, mesh)
-    bw, lat = cluster.kind_link("all-to-all", *cluster.link(cross))
-    return [Item(phase, "experts", node.name, (f"{node.name}:{what}",),
-                 Collective("all-to-all", axes, p, float(n), bw, lat, cross,
-                            collective_time("all-to-all", n, p, bw, lat, cluster.call_latency), "", 0.0,
-                            cluster.call_latency))
-            for phase, what, n in steps]
+    return _all_to_all_items(steps, "experts", node, exchange_axes(node, cfg, mesh), mesh, cluster)
 
 
 def _balance(node, cfg: Config, mesh, cluster: Cluster, mode: str) -> list[Item]:
@@ -214,10 +207,15 @@ def _balance(node, cfg: Config, mesh, cluster: Cluster, mode: str) -> list[Item]
     steps = balance_steps(node, cfg, mode)
     if not steps:
         return []
-    axes = balance_axes(node, cfg)
+    return _all_to_all_items(steps, "attention", node, balance_axes(node, cfg), mesh, cluster)
+
+
+def _all_to_all_items(steps, role: str, node, axes, mesh, cluster: Cluster) -> list[Item]:
+    """One ``Item`` per all-to-all of ``steps`` (``(phase, what, bytes per device)`` each) over
+    the group of mesh ``axes``, priced on the cluster's all-to-all links."""
     p, cross = group_of(axes, mesh)
     bw, lat = cluster.kind_link("all-to-all", *cluster.link(cross))
-    return [Item(phase, "attention", node.name, (f"{node.name}:{what}",),
+    return [Item(phase, role, node.name, (f"{node.name}:{what}",),
                  Collective("all-to-all", axes, p, float(n), bw, lat, cross,
                             collective_time("all-to-all", n, p, bw, lat, cluster.call_latency), "", 0.0,
                             cluster.call_latency))

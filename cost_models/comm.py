@@ -13,7 +13,7 @@ from autopar.cost_models.alpha_beta import (BANDWIDTH_TERM, FORMULA, KINDS, LATE
 from autopar.cost_models.reshard_table import reshard_table
 
 from autopar.core.cluster import Cluster
-from autopar.core.layout import Layout, Partial, Replicate, Shard
+from autopar.core.layout import Layout, Partial, Replicate, Shard, to_mesh
 from autopar.core.tables import Mesh
 
 
@@ -62,6 +62,33 @@ def group_of(axes, mesh: Mesh) -> tuple[int, bool]:
         p *= mesh.shape[a]
         cross = cross or level[a] > 0
     return p, cross
+
+
+def all_to_alls(steps, axes, mesh: Mesh, cluster: Cluster, near: Cluster | None = None,
+                near_steps: tuple[str, ...] = ()) -> tuple[float, str]:
+    """Seconds of a list of all-to-alls over the group of mesh ``axes`` (``steps``: ``(_, what,
+    bytes per device)`` each) and their arithmetic; ``near``: the cluster whose links price the
+    steps named in ``near_steps`` (those that follow another with no compute between)."""
+    p, cross = group_of(axes, mesh)
+    times = []
+    for _, what, n in steps:
+        c = near if near is not None and what in near_steps else cluster
+        bw, lat = c.kind_link("all-to-all", *c.link(cross))
+        times.append(collective_time("all-to-all", n, p, bw, lat, c.call_latency))
+    text = (f"{len(steps)} all-to-alls over mesh axes {list(axes)} (p={p}), {FORMULA['all-to-all']} each: "
+            + ", ".join(f"{what} N = {n:.6g} B: {t:.4g} s" for (_, what, n), t in zip(steps, times)))
+    return sum(times), text
+
+
+def per_config(price, node, configs, mesh: Mesh, cluster: Cluster, mode: str) -> np.ndarray:
+    """``price(node, config, mesh, cluster, mode)[0]`` for every config on the mesh (0 where a
+    config does not map onto it)."""
+    out = np.zeros(len(configs))
+    for i, c in enumerate(configs):
+        m = to_mesh(c, mesh)
+        if m is not None:
+            out[i] = price(node, m, mesh, cluster, mode)[0]
+    return out
 
 
 def collective(kind: str, nbytes: float, axes, mesh: Mesh, cluster: Cluster) -> Collective:

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.cost_models.alpha_beta import FORMULA, collective_time
-from autopar.cost_models.comm import group_of
+from autopar.cost_models.comm import all_to_alls, group_of, per_config
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Node
-from autopar.core.layout import to_mesh
 from autopar.core.tables import Config, Mesh
 
 
@@ -72,27 +70,13 @@ def exchange_seconds(node: Node, config: Config, mesh: Mesh, cluster: Cluster, m
     steps = exchanges(node, config, mesh, mode)
     if not steps:
         return 0.0, ""
-    axes = exchange_axes(node, config, mesh)
-    p, cross = group_of(axes, mesh)
-    times = []
-    for _, what, n in steps:
-        c = near if near is not None and what in BACK_TO_BACK else cluster
-        bw, lat = c.kind_link("all-to-all", *c.link(cross))
-        times.append(collective_time("all-to-all", n, p, bw, lat, c.call_latency))
-    text = (f"{len(steps)} all-to-alls over mesh axes {list(axes)} (p={p}), {FORMULA['all-to-all']} each: "
-            + ", ".join(f"{what} N = {n:.6g} B: {t:.4g} s" for (_, what, n), t in zip(steps, times))
-            + ("; the expert ids and the dispatch on the links after no compute" if near is not None else "")
-            + "; uniform routing assumed")
-    return sum(times), text
+    seconds, text = all_to_alls(steps, exchange_axes(node, config, mesh), mesh, cluster, near, BACK_TO_BACK)
+    return seconds, (text + ("; the expert ids and the dispatch on the links after no compute" if near is not None
+                             else "") + "; uniform routing assumed")
 
 
 def exchange_many(node: Node, configs: list[Config], mesh: Mesh, cluster: Cluster, mode: str = "train") -> np.ndarray:
     """``exchange_seconds`` for every config (zeros for nodes that are not experts)."""
-    out = np.zeros(len(configs))
     if node.op != "moe_experts":
-        return out
-    for i, c in enumerate(configs):
-        m = to_mesh(c, mesh)
-        if m is not None:
-            out[i] = exchange_seconds(node, m, mesh, cluster, mode)[0]
-    return out
+        return np.zeros(len(configs))
+    return per_config(exchange_seconds, node, configs, mesh, cluster, mode)

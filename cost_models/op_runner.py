@@ -99,7 +99,7 @@ def time_op(call: OpCall, backward: bool = True, repeats: int = 5, warmup: int =
 OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
 
-EVICT_BYTES = 64 * 2**20  # written before each timed CPU update: twice the development machine's L3 (32 MiB)
+EVICT_BYTES = 64 * 2**20  # written before each timed CPU update: twice the benchmark machine's L3 (32 MiB)
 
 
 def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats: int = 5,

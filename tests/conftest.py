@@ -1,4 +1,4 @@
-"""Fixtures more than one test module reads, each built once per session (tracing and planning
+"""Fixtures more than one test module reads, each built once per test run (tracing and planning
 these take seconds: building them per module made the suite pay twice).
 
 ``piped_gpt``: a 4-layer GPT planned on two 8-GPU nodes joined by a slow link (0.2 GB/s), where

@@ -3,8 +3,9 @@
 A user reads what autopar is, how to install it, a quickstart, what it supports and does not, one
 figure per area with its benchmark file, how it works and how to contribute; benchmark tables live
 in benchmarks/. Code, tests and docs say what and why; when and in which work item live in the
-commits, so no file names numbered issues or stops, a development machine as "this machine",
-or a path outside the repository.
+commits, so no file names numbered issues, numbered or earlier stops and sessions, the machine it
+was developed on (the benchmark machine is described once, in benchmarks/README.md), or a path
+outside the repository.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ LABELS = [
     (re.compile(r"\b[Ss]tops? \d+\b"), "a numbered stop"),
     (re.compile(r"\b[Ss]ession \d+\b"), "a numbered session"),
     (re.compile(r"\bS\d\d\b"), "a work-log label"),
-    (re.compile(r"\bthis (?:\d+-core|shared|loaded)"), "the development machine as 'this'"),
+    (re.compile(r"\bthis (?:\d+-core|shared|loaded)"), "the machine it was written on as 'this'"),
+    (re.compile(r"\b(?:previous|last|earlier|next|later) (?:stop|session)\b"), "a stop or session of the work"),
+    (re.compile(r"\bdevelop(?:ment|er's) (?:machine|box)|\b(?:machine|box) like ours|\b\d-core (?:machine|box)\b"),
+     "the machine it was written on (say: the benchmark machine, benchmarks/README.md)"),
     (re.compile(r"\.\./shared|shared/[D]ESIGN|\bDESIGN[.]md|\breferenc[e]/pase"), "a file outside the repository"),
     (re.compile(r"\bthe issue's\b"), "an issue"),
 ]

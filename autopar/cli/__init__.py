@@ -78,13 +78,14 @@ def _plan(args, model_arg=None, **overrides):
 
 
 def _training_args(args) -> dict:
+    from autopar.cli import run_setup
+
     out = {}
     if getattr(args, "precision", None):
         out["precision"] = args.precision
     if getattr(args, "zero", "auto") != "auto":
         out["zero"] = int(args.zero)
-    if getattr(args, "recompute", "auto") != "auto":
-        out["recompute"] = args.recompute == "on"
+    out.update(run_setup.training_flags(args))
     if getattr(args, "pin", None):
         out["pin"] = args.pin
     if getattr(args, "hierarchical", "auto") != "auto":
@@ -236,6 +237,7 @@ def _positive(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from autopar.cli import run_setup
     from autopar.core.cluster import known_presets
     from autopar.planning import registry
 
@@ -275,8 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "default fp32, and the devices' fastest mixed precision for the hierarchical search")
         c.add_argument("--zero", default="auto", choices=["auto", "0", "1", "2", "3"],
                        help="ZeRO stage over the data-parallel devices (auto: searched)")
-        c.add_argument("--recompute", default="auto", choices=["auto", "on", "off"],
-                       help="recompute every repeated block's forward in the backward (auto: searched)")
+        run_setup.add_training_flags(c)
         c.add_argument("--follow", default="auto", choices=["auto", "on", "off"],
                        help="search a smaller space where ops without FLOPs or parameters follow their "
                        "producer's layout (the plan says so); auto: only when the full space is too big")
@@ -312,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=[k for k, e in registry.COST_MODELS.items() if e.space == "mesh"],
                    help="cost model of the search (default analytic): "
                    + registry.choices_help({k: e for k, e in registry.COST_MODELS.items() if e.space == "mesh"}))
+    run_setup.add_training_flags(r)
     r.add_argument("--timeout", type=_positive, default=600.0, help="stop the processes after this many seconds")
     r.add_argument("--ignore-memory", action="store_true",
                    help="start even when the plan's predicted memory x --nproc exceeds the local machine's available memory")

@@ -79,7 +79,38 @@ def search(args, model, inputs, kwargs):
         return Plan.load(args.plan)
     cluster = resolve_cluster(args.cluster, args.nproc)
     graph = autopar.trace(model, inputs, kwargs)
-    return autopar.plan(model, inputs, cluster, graph=graph, example_kwargs=kwargs, cost_model=args.cost_model)
+    return autopar.plan(model, inputs, cluster, graph=graph, example_kwargs=kwargs, cost_model=args.cost_model,
+                        **training_flags(args))
+
+
+def add_training_flags(parser) -> None:
+    """``--recompute`` and ``--accumulate``, as ``autopar plan`` and ``autopar run`` take them."""
+    from autopar.planning.degrees import RECOMPUTE_VALUES
+
+    parser.add_argument("--recompute", default="auto", metavar="HOW",
+                        help=f"activation recomputation: auto (searched), {RECOMPUTE_VALUES}")
+    parser.add_argument("--accumulate", default="auto", metavar="K",
+                        help="gradient accumulation: K microbatches a step, one gradient sync (auto: searched "
+                        "where memory binds; 1: none)")
+
+
+def training_flags(args) -> dict:
+    """``autopar.plan``'s ``recompute`` and ``accumulate`` from the flags given (ValueError in one
+    line for a value neither takes)."""
+    from autopar.planning.degrees import recompute_value
+
+    out = {}
+    if getattr(args, "recompute", "auto") != "auto":
+        try:
+            out["recompute"] = recompute_value(args.recompute)
+        except ValueError as e:
+            raise ValueError(f"--{e}") from None
+    accumulate = getattr(args, "accumulate", "auto")
+    if accumulate != "auto":
+        if not (str(accumulate).isdigit() and int(accumulate) >= 1):
+            raise ValueError(f"--accumulate {accumulate}: write a count of microbatches >= 1 (1: none) or auto")
+        out["accumulate"] = int(accumulate)
+    return out
 
 
 def available_memory() -> int | None:

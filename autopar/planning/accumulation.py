@@ -27,6 +27,24 @@ STEPS = (2, 4)  # microbatches per step searched (each only where the next fewer
 ONCE = ("sync", "optimizer")  # the kinds of cost term paid once per step
 
 
+def steps(accumulate, batch: int, zero="auto") -> int:
+    """The microbatches a step asked for (0 for "auto": searched); ValueError in one line for a
+    count that is not one, does not divide the batch, or comes with ZeRO-2/3."""
+    if accumulate == "auto":
+        return 0
+    k = int(accumulate) if str(accumulate).isdigit() else 0
+    if k < 1:
+        raise ValueError(f"accumulate={accumulate!r}: gradient accumulation takes a count of microbatches >= 1 "
+                         "(or 'auto')")
+    if batch % k:
+        raise ValueError(f"accumulate={k}: the batch of {batch} does not split into {k} equal microbatches; "
+                         "take a divisor of the batch")
+    if zero not in ("auto", 0, 1, "0", "1"):
+        raise ValueError(f"accumulate={k} runs with ZeRO 0 or 1 (the gradients are reduced once, after the last "
+                         f"microbatch), not zero={zero}")
+    return k
+
+
 def microbatch_graph(graph: Graph, k: int) -> Graph | None:
     """The graph at 1/k of its batch; None when ``k`` does not divide the batch."""
     try:

@@ -18,7 +18,7 @@ from autopar.core.ir import Graph
 from autopar.core.space import configs_for
 from autopar.cost_models.tables import signature
 
-FLAT_BUDGET = 5e8  # reshard-table entries: about 40 s of tables and DP on a 2-core machine
+FLAT_BUDGET = 5e8  # reshard-table entries: about 40 s of tables and DP on the benchmark machine
 
 
 def flat_entries(graph: Graph, cluster: Cluster) -> float:

@@ -11,13 +11,13 @@ link and more on the slow one is never the better group, and keeping it out spar
 the tensor DPs of those groups).
 
 ``Pin`` fixes what a published plan states (``tensor=8 pipeline=64 data=6``, optionally
-``zero=1``, ``recompute=1`` (``recompute=attention``: attention-only), ``microbatch=1``,
-``context=16`` (``ring=1``: its attention as a ring, ``ring=0``: K/V gathered; else both priced),
-``expert=8``, ``schedule=interleaved-1f1b``); the rest is searched under the same cost model, the pipeline
-schedule included unless the pin names one. A context degree, pinned or searched (for causal
-language models: ``context.context_options``), is carved out of the data-parallel degrees, innermost
-level first (``with_context``: the sequence's ranks sit next to the tensor group, where the keys'
-and values' gathers are cheapest).
+``zero=1``, ``recompute=1`` (``recompute=attention``: attention-only; ``recompute=every-2``: every
+2nd block), ``microbatch=1``, ``context=16`` (``ring=1``: its attention as a ring, ``ring=0``: K/V
+gathered; else both priced), ``expert=8``, ``schedule=interleaved-1f1b``); the rest is searched
+under the same cost model, the pipeline schedule included unless the pin names one. A context
+degree, pinned or searched (for causal language models: ``context.context_options``), is carved out
+of the data-parallel degrees, innermost level first (``with_context``: the sequence's ranks sit
+next to the tensor group, where the keys' and values' gathers are cheapest).
 
 Expert parallelism (models with routed experts): the expert group is part of the data-parallel
 devices and fills them innermost level first (``expert_options``): an expert group on the slower
@@ -82,7 +82,7 @@ class Pin:
     pipeline: int | None = None
     data: int | None = None
     zero: int | None = None
-    recompute: bool | str | None = None  # or RECOMPUTE_ATTENTION
+    recompute: bool | str | int | None = None  # or RECOMPUTE_ATTENTION, or k: every k-th block
     microbatch: int | None = None  # sequences per microbatch
     zero_inner: bool | None = None  # ZeRO over the data parallelism inside a pod only
     context: int | None = None  # ranks each sequence is split over (context parallelism)
@@ -117,10 +117,29 @@ def with_context(deg: Degrees, context: int) -> Degrees | None:
 
 _KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch": int, "context": int, "expert": int,
          "schedule": str,
-         "recompute": lambda v: RECOMPUTE_ATTENTION if v.lower() == RECOMPUTE_ATTENTION
-         else v.lower() in ("1", "true", "yes", "on"),
+         "recompute": lambda v: recompute_value(v),
          "zero_inner": lambda v: v.lower() in ("1", "true", "yes", "on"),
          "ring": lambda v: v.lower() in ("1", "true", "yes", "on")}
+
+
+RECOMPUTE_VALUES = "none, full, attention or every-K (K >= 2: every K-th block)"
+
+
+def recompute_value(text: str) -> bool | str | int:
+    """A recomputation as written (a pin's ``recompute=``, the command line's ``--recompute``):
+    none / off / 0 -> False, full / on / 1 -> True (every block), attention -> attention-only,
+    every-K or K >= 2 -> K (every K-th block, ``planning/every.py``); ValueError otherwise."""
+    v = str(text).strip().lower()
+    if v in ("none", "off", "0", "false", "no"):
+        return False
+    if v in ("full", "on", "1", "true", "yes"):
+        return True
+    if v == RECOMPUTE_ATTENTION:
+        return RECOMPUTE_ATTENTION
+    k = v[len("every-"):] if v.startswith("every-") else v
+    if k.isdigit() and int(k) >= 1:
+        return int(k) if int(k) >= 2 else True
+    raise ValueError(f"recompute {text!r}: write {RECOMPUTE_VALUES}")
 
 
 def parse_pin(text: str | Pin | None) -> Pin | None:
@@ -135,8 +154,9 @@ def parse_pin(text: str | Pin | None) -> Pin | None:
                              "(e.g. tensor=8,pipeline=64,data=6)")
         try:
             values[key] = _KEYS[key](val)
-        except ValueError:
-            raise ValueError(f"pin {part!r}: {val!r} is not a number") from None
+        except ValueError as e:
+            why = str(e) if key == "recompute" else f"{val!r} is not a number"
+            raise ValueError(f"pin {part!r}: {why}") from None
     if not values:
         raise ValueError("empty pin: write e.g. tensor=8,pipeline=64,data=6")
     if values.get("expert", 1) < 1:

@@ -41,11 +41,13 @@ from autopar.core.cluster import Cluster
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
 from autopar.core.margin import capacity_words, usable_memory
-from autopar.core.strategy import PRECISIONS, RECOMPUTE_ATTENTION, Degrees, Strategy, TrainingOptions, default_precision
+from autopar.core.strategy import PRECISIONS, RECOMPUTE_ATTENTION, Degrees, Strategy, default_precision
 from autopar.cost_models.analytic import AnalyticModel
+from autopar.planning.accumulation import steps
 from autopar.planning.activations import attention_core, attention_flops, attention_recompute, price_fitting
 from autopar.planning.context import context_options, exchange_times, kv_bytes, rank_stats, unit_attention_flops
 from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
+from autopar.planning.every import every_of, every_options, every_stats, options_of, per_unit
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats
 from autopar.planning.settings import TrainingSettings
@@ -105,6 +107,7 @@ class Search:
         self.batch = _batch(graph)
         self.levels = cluster.levels()
         self.max_tensor = max_tensor
+        self.accumulate = 0  # microbatches a step when asked for (``accumulation.steps``); 0: searched
         self._graphs: dict[bool, Graph] = {}
         self._windows: dict[bool, object] = {}
         self._memo: dict[tuple, UnitStats] = {}
@@ -130,11 +133,12 @@ class Search:
         if recompute == RECOMPUTE_ATTENTION and recompute not in self._graphs:
             self._graphs[recompute] = attention_recompute(self.training_graph(False))
         if recompute not in self._graphs:
-            self._graphs[recompute] = apply_training(self.graph, TrainingOptions(precision=self.precision,
-                                                                                 recompute=recompute))
+            self._graphs[recompute] = apply_training(self.graph, options_of(recompute, precision=self.precision))
         return self._graphs[recompute]
 
     def window(self, recompute: bool):
+        if every_of(recompute):  # priced on the window of full recomputation (planning/every.py)
+            return self.window(True)
         if recompute not in self._windows:
             g = self.training_graph(recompute)
             self._windows[recompute] = block_window(g) or run_window(g)
@@ -143,10 +147,12 @@ class Search:
     def _stats(self, tensor: tuple[int, int], microbatches: int, recompute: bool) -> UnitStats:
         key = (tensor, microbatches, recompute)
         if key not in self._memo:
-            self.solves += 1
-            self._memo[key] = unit_stats(self.training_graph(recompute), self.spans, self.cluster, tensor,
-                                         microbatches, self.objective, self.solve, self.mode, self.optimizer,
-                                         self.window(recompute))
+            if every_of(recompute):  # one layout, each unit priced as its block is (planning/every.py)
+                self._memo[key] = every_stats(self, tensor, microbatches, every_of(recompute))
+            else:
+                self.solves += 1
+                self._memo[key] = unit_stats(self.training_graph(recompute), self.spans, self.cluster, tensor, microbatches,
+                                             self.objective, self.solve, self.mode, self.optimizer, self.window(recompute))
         return self._memo[key]
 
     def whole_stats(self, recompute: bool) -> UnitStats:
@@ -166,11 +172,11 @@ class Search:
 
     def _context(self, c: Candidate, s: UnitStats) -> UnitStats:
         """``s`` for one rank of the candidate's context group (``planning/context.py``)."""
-        return rank_stats(s, *self._kv_link(c), self.cluster.call_latency, c.recompute)
+        link = self._kv_link(c)  # every k-th block: per unit (every.py)
+        return per_unit(self, c.recompute, lambda rc: rank_stats(s, *link, self.cluster.call_latency, rc))
 
     def _kv_link(self, c: Candidate) -> tuple:
-        """Per unit, the K/V bytes and the forward attention's seconds on one device of one
-        microbatch of ``c``; its degrees; the link its context group spans."""
+        """Per unit and microbatch of ``c``: K/V bytes, one device's attention seconds; degrees; link."""
         if c.recompute not in self._kv:
             g = self.training_graph(c.recompute)
             attention = unit_attention_flops(g, self.spans) / (self.peak * self.eff)
@@ -185,7 +191,8 @@ class Search:
         without context parallelism). The slowest of its p stages takes at least 1/p of it."""
         if c.degrees.c <= 1:
             return 0.0
-        return float(np.sum(exchange_times(*self._kv_link(c), self.cluster.call_latency, c.recompute)))
+        link = self._kv_link(c)
+        return float(np.sum(per_unit(self, c.recompute, lambda rc: exchange_times(*link, self.cluster.call_latency, rc))))
 
     def expert_stats(self, c: Candidate) -> ExpertStats | None:
         """The routed experts' part of ``stats(c)`` (None without experts or expert parallelism)."""
@@ -201,10 +208,11 @@ class Search:
         that are multiples of the candidate's b (the whole batch always is: solved first), the
         one giving the largest ``b/b' T(b')``."""
         tensor, b = self._tensor(c), self.batch // (c.degrees.d * c.microbatches)
-        self._stats(tensor, 1, c.recompute)
+        rec = False if every_of(c.recompute) else c.recompute  # every k-th takes no less than none
+        self._stats(tensor, 1, rec)
         best = (0.0, self.batch)
         for (ten, mb, rc), st in self._memo.items():
-            if ten == tensor and rc == c.recompute and (self.batch // mb) % b == 0:
+            if ten == tensor and rc == rec and (self.batch // mb) % b == 0:
                 t = float(np.sum(st.time))
                 if t * b / (self.batch // mb) > best[0] * b / best[1]:
                     best = (t, self.batch // mb)
@@ -251,7 +259,7 @@ class Search:
             if self.batch % deg.d:
                 continue
             multi = sum(1 for k in deg.data if k > 1) > 1
-            for m in divisors(self.batch // deg.d):
+            for m in (k for k in divisors(self.batch // deg.d) if self.accumulate in (0, k)):
                 if pin is not None and pin.microbatch is not None and self.batch // (deg.d * m) != pin.microbatch:
                     continue
                 for z in (zeros if deg.d > 1 else (0,)):
@@ -360,8 +368,10 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     if pin is not None and (pin.expert or 1) > 1 and not search.experts:
         raise ValueError(f"the pin sets expert={pin.expert}, but {graph.model_name or 'the model'} has no routed "
                          "experts (no module named 'experts'): drop expert= from the pin")
-    zeros = (0, 1, 2, 3) if zero == "auto" else (int(zero),)
-    recs = (False, True) if recompute == "auto" else (bool(recompute),)
+    search.accumulate = steps(training.accumulate, search.batch, zero)  # ZeRO 0/1 with it, as on the flat path
+    zeros = tuple(z for z in ((0, 1, 2, 3) if zero == "auto" else (int(zero),)) if z <= 1 or not search.accumulate)
+    recs = ((False, True, *every_options(len(search.blocks))) if recompute == "auto"  # k: every.py
+            else (every_of(recompute) or bool(recompute),))
     if recompute == "auto" and search.attention:
         recs += (RECOMPUTE_ATTENTION,)
     elif recompute == RECOMPUTE_ATTENTION:

@@ -8,9 +8,11 @@ import math
 
 import numpy as np
 
+from autopar.core.blocks import recomputed_blocks
 from autopar.core.ir import Graph
 from autopar.core.sequence import sequence_dims
-from autopar.core.strategy import Degrees, Strategy, TrainingOptions
+from autopar.core.strategy import Degrees, Strategy
+from autopar.planning.every import every_of, options_of
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.step_bounds import rerun_flops
 from autopar.planning.step_price import Priced, data_groups
@@ -158,10 +160,13 @@ def to_plan(pr: Priced, search, common: dict, info: SearchInfo, baselines: dict,
     data_levels = [level[a] for a in roles["data"]]
     zero_axes = tuple(a for a, lvl in zip(roles["data"], data_levels)
                       if not c.zero_inner or lvl < max(data_levels)) if c.zero else ()
-    options = TrainingOptions(zero=c.zero, precision=search.precision, recompute=c.recompute)
+    every = every_of(c.recompute)  # every k-th block: as the flat path records it (planning/every.py)
+    options = options_of(c.recompute, zero=c.zero, precision=search.precision,
+                         accumulate=c.microbatches if search.accumulate and deg.p == 1 else 1)
     hw = search.totals.train_flops + rerun_flops(c, search.totals)
     strategy = Strategy(options=options, zero_axes=zero_axes,
-                        recompute=tuple(b.path for b in search.blocks) if c.recompute else (),
+                        recompute=(recomputed_blocks(search.graph, options) if every else
+                                   tuple(b.path for b in search.blocks) if c.recompute else ()),
                         degrees=deg, microbatch_size=search.batch // (deg.d * c.microbatches),
                         time_terms=dict(pr.terms), memory_terms=dict(pr.memory_terms),
                         model_flops=search.totals.train_flops, hardware_flops=hw,

@@ -26,13 +26,15 @@ from __future__ import annotations
 from autopar.cost_models.analytic import AnalyticModel
 
 
-def backward_share(recompute: bool, factor: float = AnalyticModel.backward_factor) -> float:
-    """The backward's share of a microbatch's compute (with the recomputed forward inside it)."""
-    return (factor + 1.0) / (factor + 2.0) if recompute else factor / (factor + 1.0)
+def backward_share(recompute: bool | float, factor: float = AnalyticModel.backward_factor) -> float:
+    """The backward's share of a microbatch's compute (with the recomputed forward inside it);
+    a float ``recompute``: the share of the forward run again (every k-th block: 1/k)."""
+    rerun = recompute if isinstance(recompute, float) else (1.0 if recompute else 0.0)
+    return (factor + rerun) / (factor + 1.0 + rerun)
 
 
 def window(zero: int, microbatches: int, t: float, rank: int, virtual: int, bubble: float,
-           recompute: bool) -> float:
+           recompute: bool | float) -> float:
     """Seconds of rank ``rank``'s compute its data-parallel collectives can run under, ``t`` its
     time per microbatch, ``bubble`` the schedule's bubble in microbatch times."""
     share = backward_share(recompute)

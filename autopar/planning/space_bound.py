@@ -14,6 +14,7 @@ import numpy as np
 from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
 from autopar.cost_models.memory import already_saved, node_memory
+from autopar.planning.every import every_of, recomputed_of
 from autopar.planning.step_bounds import layout_bound
 from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
 from autopar.search.pipeline import StageCosts, best_cuts
@@ -140,6 +141,9 @@ def unit_floors(search, c: Candidate) -> np.ndarray:
     any unit, the resharding its inputs need), so the least of that over the configs of its nodes
     and of the edges' sources (those costing nothing here) bounds it under any layout."""
     key = search.group_key(c)
+    if every_of(c.recompute):  # each unit as its own block is recomputed or not (planning/every.py)
+        plain, full = (unit_floors(search, dataclasses.replace(c, recompute=rc)) for rc in (False, True))
+        return np.where(recomputed_of(search, c.recompute), full, plain)
     if key not in search.floors:
         t = search.stats(c).tables
         spans, take = _spans(search, c)
@@ -163,6 +167,11 @@ def memory_floors(search, c: Candidate) -> MemoryFloors:
     ``units.unit_stats`` counts them) and the least the node adds while recomputed, summed per
     unit. Each is separable over nodes, so the sum of the least is the least of the sum."""
     key = ("memory",) + search.group_key(c)
+    if every_of(c.recompute):  # each unit as its own block is recomputed or not (planning/every.py)
+        plain, full = (memory_floors(search, dataclasses.replace(c, recompute=rc)) for rc in (False, True))
+        mask = recomputed_of(search, c.recompute)
+        acts, rerun = np.where(mask, full.acts, plain.acts), np.where(mask, full.rerun, 0.0)
+        return MemoryFloors(acts, rerun, full.state)
     if key not in search.floors:
         s = search.stats(c)
         spans, take = _spans(search, c)

@@ -7,6 +7,7 @@ each docstring and in docs/bound.md."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,8 +19,9 @@ from autopar.core.strategy import RECOMPUTE_ATTENTION
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time
 from autopar.planning.routed import ExpertStats, expert_totals
+from autopar.planning.every import every_of
 from autopar.planning.step_price import (Candidate, all_to_all_time, data_groups, expert_degrees, expert_split,
-                                         level_link, pipeline_level, zero_factors)
+                                         level_link, pipeline_level, rerun_units, zero_factors)
 from autopar.planning.units import UnitStats
 
 
@@ -34,12 +36,15 @@ class Totals:
     expert_bytes: float = 0.0  # the routed experts' part of param_bytes
     expert_numel: float = 0.0
     attention_flops: float = 0.0  # what attention-only recomputation runs again (``activations.py``)
+    block_flops: tuple[float, ...] = ()  # each repeated block's forward (every k-th runs again: every.py)
 
 
 def rerun_flops(c: Candidate, tot: Totals) -> float:
     """FLOPs a step runs again for the candidate's recomputation."""
     if c.recompute == RECOMPUTE_ATTENTION:
         return tot.attention_flops
+    if every_of(c.recompute):  # blocks 0, k, 2k, ...
+        return float(sum(tot.block_flops[::every_of(c.recompute)]))
     return tot.forward_flops if c.recompute else 0.0
 
 
@@ -87,7 +92,7 @@ def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | N
     their average, the data-parallel sync at least 0 (it may hide under compute)."""
     deg, m, p = c.degrees, c.microbatches, c.degrees.p
     s, ex, (_, _, efo) = expert_split(c, s, experts)
-    time = s.time + (all_to_all_time(ex, deg, cluster, c.recompute) if ex is not None else 0.0)
+    time = s.time + (all_to_all_time(ex, deg, cluster, rerun_units(c, s)) if ex is not None else 0.0)
     t_max = max(float(np.sum(time)) / p, float(np.max(time)))
     g, _, _, _ = data_groups(deg, c.zero_inner)
     _, _, fo = zero_factors(c.zero, g)
@@ -131,5 +136,7 @@ def totals(g: Graph, backward_factor: float) -> Totals:
     # what recomputation re-runs: the repeated blocks' forward (not the embedding's or the head's)
     inside = {i for b in repeated_blocks(g) for i in b.nodes}
     rerun = float(sum(n.flops for i, n in enumerate(g.nodes) if i in inside))
-    return Totals((1 + backward_factor) * fwd, rerun, float(sum(b for _, b in seen.values())),
-                  float(sum(k for k, _ in seen.values())), *expert_totals(g))
+    out = Totals((1 + backward_factor) * fwd, rerun, float(sum(b for _, b in seen.values())),
+                 float(sum(k for k, _ in seen.values())), *expert_totals(g))
+    blocks = tuple(float(sum(g.nodes[i].flops for i in b.nodes)) for b in repeated_blocks(g))
+    return dataclasses.replace(out, block_flops=blocks)

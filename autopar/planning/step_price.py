@@ -44,6 +44,7 @@ from autopar.core.strategy import RECOMPUTE_ATTENTION, ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time, zero_sync_time
+from autopar.planning.every import every_of
 from autopar.planning.overlap import exposed, window
 from autopar.planning.routed import ExpertStats
 from autopar.planning.units import UnitStats
@@ -64,7 +65,7 @@ class Candidate:
     microbatches: int
     zero: int = 0
     zero_inner: bool = False
-    recompute: bool | str = False  # or RECOMPUTE_ATTENTION: each attention's core only
+    recompute: bool | str | int = False  # or RECOMPUTE_ATTENTION (attention cores); k: every k-th block
     schedule: str = "1f1b"  # with one pipeline stage: nothing to schedule
     stages_per_rank: int = 0  # interleaved 1F1B's v (0: the schedule's own, SCHEDULES)
 
@@ -74,7 +75,7 @@ class Candidate:
         if self.degrees.p > 1 and self.virtual > 1:
             sched += f" ({self.virtual} stages per rank)"
         return (f"{self.degrees.describe()}; {self.microbatches} microbatch(es){sched}; {z}; "
-                f"{RECOMPUTE_WORDS.get(self.recompute, 'recompute')}")
+                f"{RECOMPUTE_WORDS.get(self.recompute, f'recompute every {self.recompute} blocks')}")
 
     @property
     def virtual(self) -> int:
@@ -214,7 +215,19 @@ def all_to_all_time(ex: ExpertStats, deg: Degrees, cluster: Cluster, recompute: 
             slowest = np.maximum(slowest, (k - 1) * below / ep * per_layer / bw)
         below *= k
     one = np.where(per_layer > 0, slowest + (ep - 1) * lat + cluster.call_latency, 0.0)
-    return (6 if recompute else 4) * ex.layers * one
+    return np.where(recompute, 6, 4) * ex.layers * one  # per unit where only some are recomputed
+
+
+def rerun_units(c: Candidate, s: UnitStats):
+    """Whether the units run their forward again: per unit where only some do (every k-th
+    block, ``planning/every.py``), else the candidate's one answer."""
+    return s.recomputed if s.recomputed is not None else bool(c.recompute)
+
+
+def rerun_share(c: Candidate):
+    """What ``overlap.window`` takes: the candidate's recomputation, or for every k-th block the
+    share of the forward run again, 1/k."""
+    return 1.0 / every_of(c.recompute) if every_of(c.recompute) else c.recompute
 
 
 def expert_split(c: Candidate, s: UnitStats, ex: ExpertStats | None):
@@ -253,7 +266,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     cut = np.zeros(max(len(s.spans) - 1, 0))
     if p > 1:
         cut = cut_times(s.boundary, deg, cluster)
-    a2a = all_to_all_time(ex, deg, cluster, c.recompute) if ex is not None else np.zeros(len(s.spans))
+    a2a = all_to_all_time(ex, deg, cluster, rerun_units(c, s)) if ex is not None else np.zeros(len(s.spans))
     costs = StageCosts(cluster.devices // p, m, s.time + a2a, s.sync, static, s.acts, cut)
     if c.virtual > 1:
         sol = interleaved_cuts(costs, p, c.virtual, c.rounds)
@@ -284,7 +297,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     for r, held_spans in enumerate(ranks):
         u = held_spans[0][0]  # the rank's first unit: its gradients come last in the backward
         bucket = float(dp_sync(c.zero, float(s.grads[u]), float(s.params[u]), 1, cluster, deg, c.zero_inner))
-        under = window(c.zero, m, sol.stage_time[r], r, c.virtual, bubble, c.recompute)
+        under = window(c.zero, m, sol.stage_time[r], r, c.virtual, bubble, rerun_share(c))
         shown.append(exposed(dp[r], bucket, under))
     k = int(np.argmax(sol.stage_time))
     a, b = sol.stages[k]

@@ -72,6 +72,9 @@ class UnitStats:
     # [U] bytes per device held once, while a loss's backward runs: the gradients it makes
     # (``cost_models.memory``'s ``transient``), beside the stage's activations in flight
     transient: np.ndarray | None = None
+    # [U] bools: the units recomputed when only some are (every k-th block, ``planning/every.py``);
+    # None: all or none as the candidate's recomputation says
+    recomputed: np.ndarray | None = None
 
     @property
     def time(self) -> np.ndarray:
@@ -88,7 +91,8 @@ def group_cluster(cluster: Cluster, tensor: tuple[int, ...]) -> Cluster:
 
 def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, tensor: tuple[int, ...],
                microbatches: int, model: AnalyticModel, solve, mode: str = "train",
-               optimizer: str | None = "adam", window: Window | None = None) -> UnitStats:
+               optimizer: str | None = "adam", window: Window | None = None,
+               tables: CostTables | None = None) -> UnitStats:
     """Price and solve ``graph`` (already under its training options) for one tensor group at
     ``1/microbatches`` of its batch; ``solve(tables, graph) -> Solution`` is the exact search (the
     graph: the one the tables price, for searches that read it: ``planner.run_search``) and
@@ -97,9 +101,11 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
 
     With a ``window`` (``core.blocks.block_window``), the window is solved instead and its units'
     figures stand for the full graph's: every middle block takes the window's middle block's
-    layout (repeated layers solved once; the first and last blocks keep their own)."""
+    layout (repeated layers solved once; the first and last blocks keep their own). ``tables``:
+    the graph's (or window's) tables at this microbatch when already built (``planning/every.py``)."""
     if window is not None:
-        s = unit_stats(window.graph, window.spans, cluster, tensor, microbatches, model, solve, mode, optimizer)
+        s = unit_stats(window.graph, window.spans, cluster, tensor, microbatches, model, solve, mode, optimizer,
+                       tables=tables)
         take = np.asarray(window.unit_map, dtype=np.intp)
         cuts = s.boundary[take[:-1]] if len(take) > 1 else s.boundary[:0]
         return dataclasses.replace(
@@ -109,8 +115,9 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
             sp_comm=s.sp_comm[take], transient=s.transient[take] if s.transient is not None else None)
     sub = group_cluster(cluster, tensor)
     g = scale_batch(graph, microbatches)
-    tables = build_tables(g, sub, model, space=model_parallel_space(g), mode=mode, optimizer=optimizer)
-    tables.memory_capacity = math.inf
+    if tables is None:
+        tables = build_tables(g, sub, model, space=model_parallel_space(g), mode=mode, optimizer=optimizer)
+        tables.memory_capacity = math.inf
     choice = solve(tables, g).choice
     mesh = sub.mesh()
     n = len(g.nodes)

@@ -133,7 +133,7 @@ def _gloo_first_loss(rank, world):
 
 def _gloo_cases(rank, world, plan_path, cache):
     """The module's real-gloo cases, one after another in one launch of 2 processes (a launch
-    starts an interpreter per rank and imports torch: on a busy 2-core box that is most of a
+    starts an interpreter per rank and imports torch: on a busy machine of few cores that is most of a
     case's time). The profiled one goes last: it points the profile cache elsewhere."""
     return {"first_loss": _gloo_first_loss(rank, world), "pipelined": _pipelined_losses(rank, world, plan_path),
             "profiled": _gloo_profiled(rank, world, cache)}

@@ -25,7 +25,7 @@ CACHE_ELEMENTS = 1 << 16  # the fake device's cache, in parameter elements
 
 def fake_update(shapes) -> Timing:
     """A device whose update costs 1 ns an element while the whole call's state fits its cache
-    and 4 ns once it does not (as AdamW on the development machine: 1.8 vs 3.8 ns)."""
+    and 4 ns once it does not (as AdamW on the benchmark machine: 1.8 vs 3.8 ns)."""
     n = sum(math.prod(s) for s, _ in shapes)
     return Timing((1e-9 if n <= CACHE_ELEMENTS else 4e-9) * n, 0.0)
 
