@@ -34,6 +34,8 @@ def run_case(model: str, devices: int, cost: str, hierarchical: str, rank: str, 
         out = Path(tmp) / "m.json"
         cmd = [sys.executable, "-m", "autopar", "measure", MODELS[model], "--devices", str(devices), "--rank", rank,
                "--cost-model", cost, "--hierarchical", hierarchical, "--steps", str(steps), "--json", str(out)]
+        if hierarchical == "auto":  # codegen runs ZeRO on single-stage plans only
+            cmd[-2:-2] = ["--zero", "0"]
         load = [os.getloadavg()[0]]
         r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                            timeout=1800)

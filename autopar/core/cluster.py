@@ -79,6 +79,17 @@ class Cluster:
     # processes the scheduler parked where more processes than cores share them (the cpu preset
     # past its cores); 0 where each device runs on its own
     call_latency: float = 0.0
+    # seconds of host work every node's op costs whatever its size (the framework's dispatch, the
+    # program's Python, autograd's bookkeeping), added to its forward's roofline time (and so
+    # ``backward_factor`` times to its backward). Where the host runs each op as it is called (a
+    # CPU), it is part of the step; 0 where a device runs queued kernels while the host issues the
+    # next ones (GPUs: the launches hide behind the device's work once it is busy)
+    op_overhead: float = 0.0
+    # True: the optimizer's update runs as torch's own foreach or per-tensor ops, each a pass over
+    # whole fp32 tensors (``cost_models.training.UPDATE_PASSES``: AdamW 21), as the generated
+    # module's ``optimizer()`` runs it; False: one fused kernel that moves each tensor once (the
+    # fused Adam the published GPU trainings ran)
+    foreach_update: bool = False
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -98,7 +109,7 @@ class Cluster:
         for what in ("memory_bandwidth", "memory_capacity", "intra_bandwidth", "inter_bandwidth"):
             if not getattr(self, what) > 0:  # also refuses NaN
                 raise ValueError(f"Cluster: {what} must be > 0, got {getattr(self, what)!r}")
-        for what in ("intra_latency", "inter_latency", "call_latency"):
+        for what in ("intra_latency", "inter_latency", "call_latency", "op_overhead"):
             if not getattr(self, what) >= 0:
                 raise ValueError(f"Cluster: {what} must be >= 0 seconds, got {getattr(self, what)!r}")
         factors = tuple((str(k), float(b), float(a)) for k, b, a in self.kind_factors)
@@ -173,6 +184,8 @@ class Cluster:
         kinds = "".join(f"; {k} at {b:.3g}x the bandwidth, {a:.3g}x the latency" for k, b, a in self.kind_factors)
         if self.call_latency:
             kinds += f"; every collective + {self.call_latency * 1e6:g} us once"
+        if self.op_overhead:
+            eff += f"; every op + {self.op_overhead * 1e6:g} us of host work"
         return (f"{self.name}: {self.devices} devices ({self.nodes} node(s) x {self.devices_per_node}); "
                 f"peak {pf}; memory {self.memory_capacity / GB:g} GB at {self.memory_bandwidth / GB:g} GB/s; "
                 f"intra-node {self.intra_bandwidth / GB:.4g} GB/s + {self.intra_latency * 1e6:g} us; "
