@@ -1,13 +1,15 @@
 """One rank of the zoo gpt's and a small HF Llama's plans for 8, 64 and 512 devices, measured on
 this CPU beside the plan.
 
-    .venv/bin/python -m benchmarks.measure [--out benchmarks/measure.md] [--steps 4] [--models gpt,llama]
+    .venv/bin/python -m benchmarks.measure [--out benchmarks/measure.md] [--steps 6] [--models gpt,llama]
 
 Each case runs ``autopar measure`` in a fresh process (one rank over torch's fake process group,
 one thread: a device of the ``cpu`` preset): flat-mesh plans with the profiled cost model (rank
 0), and the hierarchical plan for 512 devices (the analytic model's terms; pipelined: rank 0 and
-the first rank of the fullest stage); the table of measured/predicted peak memory and compute
-per step is written as markdown, with the load average before and after each case.
+the first rank of the fullest stage; ZeRO off, which codegen runs on single-stage plans only); the
+table of measured/predicted peak memory and compute per step (communication's local work timed
+apart: ``autopar/cli/measure_comm.py``) is written as markdown, with the load average before and
+after each case.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def run_case(model: str, devices: int, cost: str, hierarchical: str, rank: str, 
         out = Path(tmp) / "m.json"
         cmd = [sys.executable, "-m", "autopar", "measure", MODELS[model], "--devices", str(devices), "--rank", rank,
                "--cost-model", cost, "--hierarchical", hierarchical, "--steps", str(steps), "--json", str(out)]
+        if hierarchical == "auto":  # codegen runs ZeRO on single-stage plans only
+            cmd[-2:-2] = ["--zero", "0"]
         load = [os.getloadavg()[0]]
         r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                            timeout=1800)
@@ -74,7 +78,7 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(Path(__file__).with_name("measure.md")))
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=6, help="training steps per row, the first a warm-up")
     p.add_argument("--models", default="gpt,llama")
     p.add_argument("--flat-cost", default="profiled", choices=["profiled", "analytic"],
                    help="cost model of the flat-mesh rows (the hierarchical ones price with the analytic terms)")

@@ -8,6 +8,8 @@ Per node and config (every device does ``1/prod(splits)`` of the node's work):
   where local bytes are the node's ``bytes_read + bytes_written`` scaled by the fraction of its
   operands each device holds under the config's layouts. The byte term keeps a tiny shard of a
   matmul from looking free and prices memory-bound ops (norms, elementwise) at all.
+  Plus ``Cluster.op_overhead``, the host's fixed work per op (a CPU's dispatch and the program's
+  Python; 0 on the GPU presets, whose launches overlap the device's work).
 * compute, backward (training): ``backward_factor`` (2) times the forward: a matmul-like op
   computes two products of the forward's size (input gradient and weight gradient); a
   memory-bound op reads the output gradient and its saved tensors and writes the input gradient,
@@ -166,15 +168,16 @@ class AnalyticModel:
         eff = self.efficiency(cluster)
         t_flops = node.flops / parts / (peak * eff) * work_factor(node, cfg.splits)  # balanced causal attention
         t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
-        fwd = max(t_flops, t_mem)
+        fwd = max(t_flops, t_mem) + cluster.op_overhead
         train = node_training(node)
         f = ""
         if text:
             sym = _dims_product_text(node)
             fl = f"{sym} = {node.flops:.6g}" if sym else f"{node.flops:.6g}"
+            over = f" + op overhead {cluster.op_overhead:.3g} s" if cluster.op_overhead else ""
             f = (f"max(FLOPs {fl} / {parts} parts / ({peak:.4g} [{dtype}] * {eff:g})"
                  f" = {t_flops:.4g} s, bytes {local_bytes:.6g} / ({cluster.memory_bandwidth:.4g} * "
-                 f"{self.memory_efficiency:g}) = {t_mem:.4g} s) = {fwd:.4g} s "
+                 f"{self.memory_efficiency:g}) = {t_mem:.4g} s){over} = {fwd:.4g} s "
                  f"[{'compute' if t_flops >= t_mem else 'memory'}-bound]")
         out.terms.append(Term("compute forward", fwd, f))
         exchange, f = exchange_seconds(node, cfg, mesh, cluster, mode)
@@ -267,7 +270,7 @@ class AnalyticModel:
         if node.op == "sdpa":  # a balanced causal attention's chunks read only the keys they see
             t_flops = t_flops * np.array([work_factor(node, c.splits) for c in configs])
         t_mem = local_bytes / (cluster.memory_bandwidth * self.memory_efficiency)
-        cost = np.maximum(t_flops, t_mem)
+        cost = np.maximum(t_flops, t_mem) + cluster.op_overhead
         exchange = exchange_many(node, configs, mesh, cluster, mode) + balance_many(node, configs, mesh, cluster, mode)
         count = loss_count_many(node, own, mesh, cluster)
         if mode == "train":

@@ -9,10 +9,13 @@ machine's device (CUDA when present, else the CPU).
 
 What is compared, and why it is fair:
 
-* compute: the median time of a training step (collectives take no time on the fake group)
-  against the sum of the plan's per-node ``compute`` terms (forward, backward, recomputation and
-  the optimizer update; the resharding and gradient sync the plan prices are left out on both
-  sides). The first step is a warm-up (the optimizer allocates its state, kernels are chosen).
+* compute: the median time of a training step less the communication inside it, against the
+  sum of the plan's per-node ``compute`` terms (forward, backward, recomputation and the
+  optimizer update; the resharding and gradient sync the plan prices are left out on both sides).
+  On the fake group a collective moves nothing but still works on this rank (the fake all-gather
+  copies its input into every slot) and a reshard does its local slicing and copying around it:
+  ``measure_comm.comm_timed`` times all of that on the same clock, and it is subtracted (printed
+  beside). The first step is a warm-up (the optimizer allocates its state, kernels are chosen).
   The clock is the profiled cost model's (``cost_models/op_runner.clock``): on a CPU running torch
   on one thread, this thread's CPU time (the step runs on the calling thread, so that is its work
   on the core, memory stalls included, without the time the OS gave the core to other processes);
@@ -37,7 +40,7 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -63,18 +66,21 @@ class Measurement:
     param_bytes: float  # its parameters' local shards (as it computes with them)
     predicted_compute: float
     measured_compute: float
-    step_times: list[float]
+    step_times: list[float]  # whole steps, communication included
     clock: str = "wall time"  # what the step times read
+    comm_times: list[float] = field(default_factory=list)  # of each step, the communication's local work
 
     def lines(self) -> list[str]:
         """The report: predicted beside measured, the method, and last the two ratios."""
         ms = [f"{t * 1e3:.2f}" for t in self.step_times]
+        cs = [f"{t * 1e3:.2f}" for t in self.comm_times] or ["0"]
         return [f"rank {self.rank} of {self.devices} on {self.device} (fake process group: collectives take no time)",
                 f"kept between steps (local parameters, buffers, optimizer state): {fmt_bytes(self.state_bytes)}",
                 f"peak memory: measured {fmt_bytes(self.measured_memory)}, predicted "
                 f"{fmt_bytes(self.predicted_memory)} ({self.memory_method})",
-                f"compute per step: measured {self.measured_compute * 1e3:.2f} ms (median of steps after the first: "
-                f"{', '.join(ms)} ms; {self.clock}), predicted {self.predicted_compute * 1e3:.2f} ms (the plan's compute terms)",
+                f"compute per step: measured {self.measured_compute * 1e3:.2f} ms (median of steps after the first, "
+                f"less the communication's local work: {', '.join(ms)} ms less {', '.join(cs)} ms; {self.clock}), "
+                f"predicted {self.predicted_compute * 1e3:.2f} ms (the plan's compute terms)",
                 f"memory measured/predicted: {self.memory_ratio:.2f}; "
                 f"compute measured/predicted: {self.compute_ratio:.2f}"]
 
@@ -153,7 +159,7 @@ def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: d
         if device == "cuda":
             module, optimizer, step = _build(model, plan, inputs, device, lr)
             torch.cuda.reset_peak_memory_stats()
-            times = _steps(step, steps, torch.cuda.synchronize, _clock(device))
+            times, comm = _steps(step, steps, torch.cuda.synchronize, _clock(device))
             peak = torch.cuda.max_memory_allocated() - before
             method = "CUDA: torch.cuda.max_memory_allocated, less the unsplit model"
         else:  # the build and two steps profiled for memory, then the steps timed without the profiler
@@ -164,14 +170,15 @@ def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: d
                 with torch.profiler.record_function(_STEPS):
                     _steps(step, 2, None, time.perf_counter)
             peak = _tensor_bytes(inputs) + _peak_during(prof, _STEPS)
-            times = _steps(step, steps, None, _clock(device))
+            times, comm = _steps(step, steps, None, _clock(device))
             method = ("CPU: the batch + the peak, during two steps, of the running sum of torch.profiler's "
                       "allocation events since the module's build began")
         params = sum(_local(p.detach()).nbytes for p in module.parameters())
         state = _state_bytes([*module.parameters(), *module.buffers(), *_optimizer_tensors(optimizer)])
+    compute = statistics.median(t - c for t, c in zip(times[1:], comm[1:]))
     return Measurement(rank, plan.devices, device, method, predicted_memory(plan, rank), float(peak),
-                       float(state), float(params), predicted_compute(plan, rank), statistics.median(times[1:]), times,
-                       "this thread's CPU time" if _clock(device) is time.thread_time else "wall time")
+                       float(state), float(params), predicted_compute(plan, rank), compute, times,
+                       "this thread's CPU time" if _clock(device) is time.thread_time else "wall time", comm)
 
 
 def _build(model, plan, inputs, device: str, lr: float):
@@ -206,15 +213,20 @@ def _clock(device: str):
     return clock(device)
 
 
-def _steps(step, steps: int, sync, now) -> list[float]:
-    out = []
+def _steps(step, steps: int, sync, now) -> tuple[list[float], list[float]]:
+    """Each step's time and the time of the communication inside it (``measure_comm``)."""
+    from autopar.cli.measure_comm import comm_timed
+
+    out, comm = [], []
     for _ in range(steps):
-        t0 = now()
-        step()
-        if sync is not None:
-            sync()
-        out.append(now() - t0)
-    return out
+        with comm_timed(now, sync) as c:
+            t0 = now()
+            step()
+            if sync is not None:
+                sync()
+            out.append(now() - t0)
+        comm.append(c.seconds)
+    return out, comm
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -267,12 +279,21 @@ def one_process_cluster(devices: int):
     """The default cluster a measurement is priced on: ``devices`` devices, each as fast and as big
     as this whole process (the ``cpu`` preset for one device, with the count of the plan): the one
     process runs rank R alone, so dividing the local machine's cores among N processes, as the ``cpu``
-    preset does for N local ranks, would price a device slower than the one measured."""
+    preset does for N local ranks, would price a device slower than the one measured.
+
+    Two figures of the device differ from the preset's defaults, both from how this host runs a
+    step: its peak FLOP/s is a matmul's measured rate (``measure_cpu``), which the step's matmuls
+    reach (85-100 GFLOP/s on one thread at the plans' shapes), so its compute efficiency is 1, not
+    the 0.6 of a datasheet peak; and every op costs host work whatever its size (``op_overhead``,
+    ``CPU_OP_OVERHEAD``), which at one sequence per device is a third of a pipeline stage's step.
+    And the update is torch's, op by op (``foreach_update``), as the measured steps run it."""
     from dataclasses import replace
 
     from autopar.core.cluster import Cluster
+    from autopar.core.hardware import CPU_OP_OVERHEAD
 
-    return replace(Cluster.preset("cpu", devices=1).with_devices(devices), name="cpu (one process per device)")
+    return replace(Cluster.preset("cpu", devices=1).with_devices(devices), name="cpu (one process per device)",
+                   compute_efficiency=1.0, op_overhead=CPU_OP_OVERHEAD, foreach_update=True)
 
 
 def add_parser(sub) -> None:

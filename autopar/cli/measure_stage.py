@@ -13,8 +13,9 @@ gives at microbatch size, cut to this rank's shard where the stage has several d
 rank of a stage receives its shard, in the layout the sending stage leaves it: codegen's
 ``Boundary``; floats a constant, integers zeros, valid indices); the gradient each non-last
 stage receives for its outputs likewise, shaped as the outputs it sends. Then the optimizer steps this rank's
-parameters. The sends and receives themselves take no time and no memory here, as every
-collective on the fake group.
+parameters. The sends move nothing, as every collective on the fake group; the buffers the
+receives write are made (``receive``, ``receive_grads``: their memory counts) and their time is
+communication's, timed apart from the compute (``measure_comm``).
 
 Predicted, for the same rank: the stage's peak memory per device (``Stage.memory``: its state and
 its in-flight microbatches' activations) and its compute per step (``Stage.compute``: the
@@ -50,18 +51,7 @@ class StageRun:
         return self.stage == self.stages - 1
 
     def _received(self) -> tuple[tuple, dict]:
-        def fresh(v):
-            if not isinstance(v, torch.Tensor):
-                return v
-            if not v.is_meta:  # the model's own inputs, which every rank of a pipeline is given
-                return v
-            # a buffer per microbatch, as a receive writes one (a constant: as cheap to make as
-            # the receive's copy, and as dense for the kernels as any activation)
-            if v.is_floating_point():
-                return torch.full(v.shape, 0.5, dtype=v.dtype, device=self.device).requires_grad_(True)
-            return torch.zeros(v.shape, dtype=v.dtype, device=self.device)
-
-        return tuple(fresh(a) for a in self.args), {k: fresh(v) for k, v in self.kwargs.items()}
+        return receive(self.args, self.device), receive(self.kwargs, self.device)
 
     def _backward(self, out) -> None:
         if self.is_last:
@@ -69,9 +59,7 @@ class StageRun:
             return
         outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
                 if isinstance(o, torch.Tensor) and o.requires_grad]
-        # the gradients received: a buffer each, a constant (drawing random numbers would be work a
-        # stage does not do, and at a whole microbatch's size it outweighs a small stage's compute)
-        torch.autograd.backward(outs, [torch.full_like(o, 1e-3) for o in outs])
+        torch.autograd.backward(outs, receive_grads(outs))
 
     def step(self) -> None:
         pending = []
@@ -84,6 +72,29 @@ class StageRun:
             self._backward(pending.pop(0))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+
+def receive(values, device):
+    """What a stage's receives write for one microbatch: a fresh buffer for each meta tensor of
+    ``values`` (a tuple or dict), as a receive writes one (a constant: as cheap to make as the
+    receive's copy, and as dense for the kernels as any activation); the model's own inputs, which
+    every rank of a pipeline is given, as they are. Communication: ``measure_comm`` times it apart."""
+    def fresh(v):
+        if not isinstance(v, torch.Tensor) or not v.is_meta:
+            return v
+        if v.is_floating_point():
+            return torch.full(v.shape, 0.5, dtype=v.dtype, device=device).requires_grad_(True)
+        return torch.zeros(v.shape, dtype=v.dtype, device=device)
+
+    if isinstance(values, dict):
+        return {k: fresh(v) for k, v in values.items()}
+    return tuple(fresh(v) for v in values)
+
+
+def receive_grads(outs: list) -> list:
+    """The gradients a non-last stage receives for its outputs: a buffer each, a constant (drawing
+    random numbers would be work a stage does not do). Communication, as ``receive``."""
+    return [torch.full_like(o, 1e-3) for o in outs]
 
 
 class _Values(MetaProp):

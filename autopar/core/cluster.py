@@ -91,6 +91,17 @@ class Cluster:
     move_call: float = 0.0
     copy_time: float = 0.0
     strided_copy_time: float = 0.0
+    # seconds of host work every node's op costs whatever its size (the framework's dispatch, the
+    # program's Python, autograd's bookkeeping), added to its forward's roofline time (and so
+    # ``backward_factor`` times to its backward). Where the host runs each op as it is called (a
+    # CPU), it is part of the step; 0 where a device runs queued kernels while the host issues the
+    # next ones (GPUs: the launches hide behind the device's work once it is busy)
+    op_overhead: float = 0.0
+    # True: the optimizer's update runs as torch's own foreach or per-tensor ops, each a pass over
+    # whole fp32 tensors (``cost_models.training.UPDATE_PASSES``: AdamW 21), as the generated
+    # module's ``optimizer()`` runs it; False: one fused kernel that moves each tensor once (the
+    # fused Adam the published GPU trainings ran)
+    foreach_update: bool = False
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -110,7 +121,8 @@ class Cluster:
         for what in ("memory_bandwidth", "memory_capacity", "intra_bandwidth", "inter_bandwidth"):
             if not getattr(self, what) > 0:  # also refuses NaN
                 raise ValueError(f"Cluster: {what} must be > 0, got {getattr(self, what)!r}")
-        for what in ("intra_latency", "inter_latency", "call_latency", "move_call", "copy_time", "strided_copy_time"):
+        for what in ("intra_latency", "inter_latency", "call_latency", "move_call", "copy_time", "strided_copy_time",
+                     "op_overhead"):
             if not getattr(self, what) >= 0:
                 raise ValueError(f"Cluster: {what} must be >= 0 seconds, got {getattr(self, what)!r}")
         factors = tuple((str(k), float(b), float(a)) for k, b, a in self.kind_factors)
@@ -188,6 +200,8 @@ class Cluster:
         if self.move_call or self.copy_time or self.strided_copy_time:
             kinds += (f"; every reshard step + {self.move_call * 1e6:.3g} us and its buffer copied at "
                       f"{_rate(self.copy_time)} (plain), {_rate(self.strided_copy_time)} (strided)")
+        if self.op_overhead:
+            eff += f"; every op + {self.op_overhead * 1e6:g} us of host work"
         return (f"{self.name}: {self.devices} devices ({self.nodes} node(s) x {self.devices_per_node}); "
                 f"peak {pf}; memory {self.memory_capacity / GB:g} GB at {self.memory_bandwidth / GB:g} GB/s; "
                 f"intra-node {self.intra_bandwidth / GB:.4g} GB/s + {self.intra_latency * 1e6:g} us; "

@@ -164,6 +164,15 @@ DEFAULT_DEVICE = DEVICES["a100"]
 # measure=True)`` re-measures compute; ``--cost-model profiled`` fits the links on the live group.
 CPU_DEFAULT_FLOPS = 85e9  # fp32 FLOP/s per process
 CPU_DEFAULT_MEMBW = 27 * GB
+# The host work every op of a training step costs on one CPU thread whatever its size (torch's
+# dispatch, autograd's bookkeeping, the generated program's Python, the update's per-tensor work),
+# per forward-equivalent (a node's forward pays it once, its backward twice): the zoo gpt at
+# vanishing size (layers 2, width 16, seq 8, vocabulary 32: 48 nodes, their roofline terms 0.68
+# ms) ran rank 0 of its 8-device plan over the fake process group in 5.18 ms of thread CPU time a
+# step, communication excluded (2026-11-27, ``autopar measure``, load 16): (5.18 - 0.68) ms / (48 x
+# 3) = 31 us. Torch's own share is 3 us a forward and 8-16 us a forward and backward (a chain of
+# 64 tiny multiplications or linears); the rest is the program around the ops.
+CPU_OP_OVERHEAD = 30e-6
 CPU_LINK_BANDWIDTH = 1 * GB  # gloo over loopback TCP, per direction
 CPU_LINK_LATENCY = 800e-6
 # 4 gloo processes on the 2 cores: a process the scheduler parked is waited for, once per

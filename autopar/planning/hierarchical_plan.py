@@ -135,7 +135,8 @@ def stage_compute(pr: Priced, s: UnitStats, search, a: int, b: int) -> float:
     g, _, _, _ = data_groups(c.degrees, c.zero_inner)
     fo = zero_factors(c.zero, g)[2]
     update = optimizer_step_time(float(np.sum(s.numel[a:b])) / fo, search.itemsize, optimizer_states(search.optimizer),
-                                 search.master, search.cluster.memory_bandwidth)
+                                 search.master, search.cluster.memory_bandwidth,
+                                 foreach=search.cluster.foreach_update)
     return c.microbatches * float(np.sum(s.compute[a:b])) + float(update)
 
 

@@ -67,11 +67,13 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     efp, efg, efo = (ep * f for f in zero_factors(c.zero, ge))
     fp, efp = (1.0, float(ep)) if c.zero >= 3 else (fp, efp)  # ZeRO-3's held whole, as ``price`` counts them
     states = optimizer_states(optimizer)
-    rest += optimizer_step_time((tot.numel - xn) / per / fo, itemsize, states, master, cluster.memory_bandwidth)
+    rest += optimizer_step_time((tot.numel - xn) / per / fo, itemsize, states, master, cluster.memory_bandwidth,
+                                foreach=cluster.foreach_update)
     opt_bytes = (states * 4 + (4 if master else 0))
     mem = ((tot.param_bytes - xb) / fp + (tot.param_bytes - xb) / fg + (tot.numel - xn) * opt_bytes / fo) / per
     if ep > 1:
-        rest += optimizer_step_time(xn / per / efo, itemsize, states, master, cluster.memory_bandwidth)
+        rest += optimizer_step_time(xn / per / efo, itemsize, states, master, cluster.memory_bandwidth,
+                                    foreach=cluster.foreach_update)
         mem += (xb / efp + xb / efg + xn * opt_bytes / efo) / per
     return compute, rest, mem
 
@@ -98,10 +100,11 @@ def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | N
     _, _, fo = zero_factors(c.zero, g)
     dp = 0.0  # the data-parallel sync may hide under compute (overlap.py): at least 0
     states = optimizer_states(optimizer)
-    opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, states, master, cluster.memory_bandwidth)
+    opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, states, master, cluster.memory_bandwidth,
+                              foreach=cluster.foreach_update)
     if ex is not None:
         opt += optimizer_step_time(float(np.sum(ex.numel)) / p / efo, itemsize, states, master,
-                                   cluster.memory_bandwidth)
+                                   cluster.memory_bandwidth, foreach=cluster.foreach_update)
     return c.rounds * t_max + float(np.sum(s.sync)) / p + dp + opt
 
 

@@ -285,13 +285,15 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         grads, params, numel = (sum(float(np.sum(arr[a:b])) for a, b in held_spans)
                                 for arr in (s.grads, s.params, s.numel))
         dp.append(float(dp_sync(c.zero, grads, params, m, cluster, deg, c.zero_inner)))
-        opt.append(optimizer_step_time(numel / fo, itemsize, states, master, cluster.memory_bandwidth))
+        opt.append(optimizer_step_time(numel / fo, itemsize, states, master, cluster.memory_bandwidth,
+                                       foreach=cluster.foreach_update))
         if ex is not None:  # the experts' shards: their own data group, after the dense sync
             xg, xp, xn = (sum(float(np.sum(arr[a:b])) for a, b in held_spans)
                           for arr in (ex.grads, ex.params, ex.numel))
             dp[-1] += float(dp_sync(c.zero, xg / deg.ep, xp / deg.ep, m, cluster, expert_degrees(deg),
                                     c.zero_inner))
-            opt[-1] += optimizer_step_time(xn / efo, itemsize, states, master, cluster.memory_bandwidth)
+            opt[-1] += optimizer_step_time(xn / efo, itemsize, states, master, cluster.memory_bandwidth,
+                                           foreach=cluster.foreach_update)
     bubble = c.rounds - m
     shown = []  # per rank: the sync the step waits for, the rest under its compute (overlap.py)
     for r, held_spans in enumerate(ranks):

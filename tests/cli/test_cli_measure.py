@@ -57,9 +57,11 @@ def test_a_rank_outside_the_plan_is_one_line():
 @pytest.fixture(scope="module")
 def stage_measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("measure_stage") / "m.json"
-    # 512 devices: a pipelined (hierarchical) plan; the rank of its fullest stage
+    # 512 devices: a pipelined (hierarchical) plan; the rank of its fullest stage (ZeRO off: codegen
+    # runs it on single-stage plans only)
     r = subprocess.run([sys.executable, "-m", "autopar", "measure", "zoo:gpt:layers=2,width=64,heads=4,seq=32,batch=64,"
-                        "vocab=1024", "--devices", "512", "--rank", "fullest", "--steps", "2", "--json", str(out)],
+                        "vocab=1024", "--devices", "512", "--rank", "fullest", "--zero", "0", "--steps", "2",
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     return r.stdout, json.loads(out.read_text())
