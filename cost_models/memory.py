@@ -269,7 +269,26 @@ def _saved(node: Node, shared: frozenset[int]) -> list[tuple[str, int, TensorSpe
     if node.op in FUSED_ATTENTION and nin not in shared:
         out = node.outputs[0]
         kept += [("output", 0, out), ("lse", 0, TensorSpec(out.shape[:-1], "float32", out.axes[:-1]))]
+    if node.op == "moe_experts" and nin not in shared:
+        kept += [("internal", k, spec) for k, spec in enumerate(_expert_internals(node))]
     return kept
+
+
+def _expert_internals(node: Node) -> list[TensorSpec]:
+    """What a routed experts node keeps inside, per routed token (``tokens x top_k`` rows, split
+    as the tokens are), as its code runs each expert on its tokens (the zoo's, Mixtral's): the
+    gathered input, the up projections' outputs (gate and up), the activation's output where
+    gated, the down projection's input and output, the output scaled by the router's weight
+    (``index_add`` keeps its source), the weight; and two int64 indices (token, slot)."""
+    x = node.inputs[0].spec
+    width, experts = x.shape[-1], node.attrs.get("experts", 1)
+    per = max(len(node.params) // experts, 1) if node.attrs.get("listed") else len(node.params)
+    mats = [p.spec.shape[-2:] if not node.attrs.get("listed") else p.spec.shape for p in node.params[:per]]
+    up = sum(m[0] for m in mats if len(m) == 2 and m[1] == width)
+    hidden = next((m[1] for m in mats if len(m) == 2 and m[0] == width and m[1] != width), up)
+    rows = x.numel // width * node.attrs.get("top_k", 1)
+    elems = 3 * width + up + hidden + (hidden if up > hidden else 0) + 1
+    return [TensorSpec((rows, elems), x.dtype, (x.axes[0], ())), TensorSpec((rows, 2), "int64", (x.axes[0], ()))]
 
 
 def _saved_layout(node: Node, cfg: Config, mesh: Mesh, lay: NodeLayouts, kind: str, k: int):
@@ -277,6 +296,8 @@ def _saved_layout(node: Node, cfg: Config, mesh: Mesh, lay: NodeLayouts, kind: s
         return lay.inputs[k]
     if kind == "output":
         return lay.outputs[k]
+    if kind == "internal":
+        return tensor_layout(node, cfg, _expert_internals(node)[k], mesh)
     out = node.outputs[0]
     return tensor_layout(node, cfg, TensorSpec(out.shape[:-1], "float32", out.axes[:-1]), mesh, output=True)
 
@@ -320,7 +341,7 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
             total += spec.nbytes / shard_factors(node, spec, own, mesh)
     elif train:
         for kind, _, spec in _saved(node, shared):
-            total += spec.nbytes / shard_factors(node, spec, own, mesh, kind != "input")
+            total += spec.nbytes / shard_factors(node, spec, own, mesh, kind in ("output", "lse"))
     if train and node.op in LOSS_GRADIENTS:
         for op in node.inputs:
             if op.spec.dtype in FLOAT_DTYPES:

@@ -75,3 +75,14 @@ def test_a_frozen_parameter_holds_no_gradient_or_optimizer_state():
     held = sum(t.nbytes for st in opt.state.values() for t in st.values() if t.dim())  # the moments
     assert held == 2 * 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert FROZEN_PARAMS not in trainable.attrs
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["stacked", "module-list"])
+def test_routed_experts_keep_what_autograd_keeps_inside_them(listed):
+    """A routed experts node is one node of the graph, but its code runs each expert on its
+    tokens and autograd keeps, per routed token, the gathered input, the gate and up outputs,
+    the activation, the down projection's output, the weighted output and the indices: the
+    model's total is autograd's within 0.1% (it counted the node's inputs only: 0.12x)."""
+    model, inputs = autopar.zoo.get("moe", width=48, hidden=96, top_k=3, listed=listed)
+    measured = saved_bytes(model, *inputs)
+    assert modelled_activations(trace(model, inputs)) == pytest.approx(measured, rel=1e-3)
