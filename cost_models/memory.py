@@ -18,7 +18,8 @@ Training (the default) holds, per device:
   and a ``where`` their condition only, a linear its input for its weight's. A fused attention
   kernel (``sdpa``: flash, memory-efficient, cuDNN and the CPU's flash kernel alike) keeps its
   query, key and value, its output and the softmax's log-sum-exp per query row in fp32, for a
-  backward that runs the attention again blockwise. Buffers and parameters that take no gradient
+  backward that runs the attention again blockwise; a max pool its input and the int64 position of
+  each window's maximum. Buffers and parameters that take no gradient
   (``core.ir.FROZEN_PARAMS``: a rotary table) hold no gradient or optimizer state, and what
   reads only them records no backward; a view of one is its storage, kept at no cost.
 
@@ -269,6 +270,9 @@ def _saved(node: Node, shared: frozenset[int]) -> list[tuple[str, int, TensorSpe
     if node.op in FUSED_ATTENTION and nin not in shared:
         out = node.outputs[0]
         kept += [("output", 0, out), ("lse", 0, TensorSpec(out.shape[:-1], "float32", out.axes[:-1]))]
+    if node.op == "pool" and node.attrs.get("kind") == "max" and nin not in shared:  # the argmax per window
+        out = node.outputs[0]
+        kept.append(("output", 0, TensorSpec(out.shape, "int64", out.axes)))
     if node.op == "moe_experts" and nin not in shared:
         kept += [("internal", k, spec) for k, spec in enumerate(_expert_internals(node))]
     return kept

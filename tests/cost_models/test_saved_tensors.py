@@ -86,3 +86,21 @@ def test_routed_experts_keep_what_autograd_keeps_inside_them(listed):
     model, inputs = autopar.zoo.get("moe", width=48, hidden=96, top_k=3, listed=listed)
     measured = saved_bytes(model, *inputs)
     assert modelled_activations(trace(model, inputs)) == pytest.approx(measured, rel=1e-3)
+
+
+def test_a_max_pool_keeps_its_input_and_the_positions_of_its_maxima():
+    """conv -> relu -> max pool -> linear: the relu's result (read by the pool too), and the
+    pool's int64 argmax per window, the size of its output, as the saved-tensor hooks see."""
+
+    class Pool(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Linear(8 * 8 * 8, 10)
+
+        def forward(self, x):
+            return self.fc(F.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1)).sum()
+
+    model, x = Pool(), torch.randn(4, 3, 16, 16)
+    measured = saved_bytes(model, x)
+    assert measured == x.nbytes + 4 * 8 * 16 * 16 * 4 + 4 * 8 * 8 * 8 * (8 + 4)  # x, relu, argmax + pooled
+    assert modelled_activations(trace(model, (x,))) == measured
