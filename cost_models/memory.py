@@ -10,9 +10,18 @@ Training (the default) holds, per device:
 * activations saved for backward: the tensors the op's backward reads, sharded per the config's
   layouts. Shape-only and additive ops, a product with a Python number, a mean or sum and a
   dropout with p = 0 save nothing (their derivative formulas read no tensor), ops whose gradient
-  is a function of their output (softmax, sigmoid, tanh, exp) save the output, every other op
-  its data inputs (a linear needs ``x`` for ``dW``, a norm its input, a matmul both operands, a
+  is a function of their output (softmax, sigmoid, tanh, exp, relu) save the output, every other
+  op its data inputs (a linear needs ``x`` for ``dW``, a norm its input, a matmul both operands, a
   dropout its mask: on a CPU in the input's dtype; CUDA's is bool, a quarter of that for fp32).
+  An input is kept only for a gradient that is taken (``already_saved``): a product keeps each
+  factor for the other's gradient, a division its dividend for the divisor's, a ``masked_fill``
+  and a ``where`` their condition only, a linear its input for its weight's. A fused attention
+  kernel (``sdpa``: flash, memory-efficient, cuDNN and the CPU's flash kernel alike) keeps its
+  query, key and value, its output and the softmax's log-sum-exp per query row in fp32, for a
+  backward that runs the attention again blockwise; a max pool its input and the int64 position of
+  each window's maximum. Buffers and parameters that take no gradient
+  (``core.ir.FROZEN_PARAMS``: a rotary table) hold no gradient or optimizer state, and what
+  reads only them records no backward; a view of one is its storage, kept at no cost.
 
 Training options (``node.attrs["train"]``, ``autopar.core.strategy.NodeTraining``): mixed
 precision adds fp32 master weights (4 bytes per element) to the optimizer state; ZeRO stage z
@@ -41,9 +50,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.core.ir import FLOAT_DTYPES, Node
-from autopar.core.layout import (NodeLayouts, Partial, grad_of_input, node_layouts, owner_matrix, shard_factor, shard_factors,
-                            shard_mask, to_mesh)
+from autopar.core.ir import FLOAT_DTYPES, Node, TensorSpec, trainable
+from autopar.core.layout import (NodeLayouts, Partial, grad_of_input, node_layouts, owner_matrix, shard_factor,
+                                 shard_factors, shard_mask, tensor_layout, to_mesh)
 from autopar.core.strategy import node_training
 from autopar.core.tables import Config, Mesh
 from autopar.cost_models.training import OPTIMIZER_STATE_BYTES, param_bytes  # noqa: F401 (re-exported)
@@ -58,7 +67,7 @@ SAVES_NOTHING = {
 }
 LINEAR_FNS = {"add", "sub", "neg", "iadd", "isub"}  # ``elementwise`` nodes whose backward needs no input
 SAVES_OUTPUT = {"softmax", "log_softmax", "sigmoid", "tanh", "exp"}
-OUTPUT_FNS = {"sigmoid", "tanh", "exp", "rsqrt", "sqrt"}  # ``elementwise`` fns whose backward reads their result
+OUTPUT_FNS = {"sigmoid", "tanh", "exp", "rsqrt", "sqrt", "relu", "reciprocal"}  # ``elementwise`` fns whose backward reads their result
 
 
 def _saves_output(node: Node) -> bool:
@@ -71,6 +80,8 @@ LOSS_GRADIENTS = {"cross_entropy": 2}
 SHAPE_FNS = {"expand", "expand_as", "repeat", "broadcast_to"}  # ``elementwise`` shape ops
 SCALED_FNS = {"mul", "div", "truediv"}  # by a Python number: the backward scales by it, saves nothing
 SUMS = {"mean", "sum"}  # ``reduce``: the gradient is the output's, spread (the input's shape only)
+# ``elementwise`` fns whose result does not depend on the input's values: no gradient flows back
+FRESH_FNS = {"zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like", "bernoulli"}
 
 
 def _saves(node: Node) -> bool:
@@ -78,7 +89,7 @@ def _saves(node: Node) -> bool:
     if node.op in SAVES_NOTHING:
         return False
     fn = node.attrs.get("fn")
-    if node.op == "elementwise" and (fn in LINEAR_FNS or fn in SHAPE_FNS):
+    if node.op == "elementwise" and (fn in LINEAR_FNS or fn in SHAPE_FNS or fn in FRESH_FNS):
         return False
     if node.op == "elementwise" and fn in SCALED_FNS and len(node.inputs) == 1 and not node.params:
         return False
@@ -89,17 +100,18 @@ def _saves(node: Node) -> bool:
 
 
 def already_saved(graph) -> dict[str, frozenset[int]]:
-    """Per node, the positions of the inputs it does not keep for itself: those an earlier node of
-    ``graph`` saves too (autograd keeps the one tensor once, however many backward formulas read
-    it: a norm's input read by its square and its product, the softmax's output read by the next
-    matmul), every input of a node nothing of which needs a gradient (a mask, a position table:
-    autograd records no backward for it), and a product's operand whose partner needs no gradient
-    (``q * cos``, ``q @ x``: the gradient of q reads the other; q is kept only for the other's
-    gradient, not needed). An op that returns its input's storage (a dropout with p = 0, a view of
-    the whole tensor) passes the tensor on as the same tensor. Whether a
-    node saves an input depends on its op only, not on its config, so this is one pass over the
-    graph; a reader that gets the tensor resharded saves the new copy, which this does not count
-    (readers of one tensor mostly share its layout). Recomputed nodes are left as they are."""
+    """Per node, the positions of the tensors it does not keep for itself (its inputs, then its
+    outputs at ``len(node.inputs) + j``): those an earlier node of ``graph`` saves too (autograd
+    keeps the one tensor once, however many backward formulas read it: a norm's input read by its
+    square and its product, the softmax's output read by the next matmul), views of a buffer or
+    parameter (its storage, held anyway), everything of a node nothing of which needs a gradient
+    (a mask, a position table: autograd records no backward for it), and an input kept only for a
+    gradient that is not taken (``_kept``: ``q * cos`` keeps cos, not q). An op that returns its
+    input's storage (a dropout with p = 0, a view of the whole tensor) passes the tensor on as the
+    same tensor. Whether a node saves an input depends on its op only, not on its config, so this
+    is one pass over the graph; a reader that gets the tensor resharded saves the new copy, which
+    this does not count (readers of one tensor mostly share its layout). Recomputed nodes are left
+    as they are."""
     seen: set[tuple[str, int]] = set()
     out: dict[str, frozenset[int]] = {}
     grad = _needs_grad(graph)
@@ -108,24 +120,55 @@ def already_saved(graph) -> dict[str, frozenset[int]]:
         if _returns_input(n):
             k = (n.inputs[0].source, n.inputs[0].output)
             alias[(n.name, 0)] = alias.get(k, k)
+        elif _views_state(n):
+            alias[(n.name, 0)] = (n.params[0].source, 0)
         if node_training(n).recompute or not _saves(n):
+            continue
+        keys = [alias.get((o.source, o.output), (o.source, o.output)) for o in n.inputs]
+        needs = [k[0] in grad for k in keys]
+        if not (any(needs) or any(trainable(n))):  # nothing here needs a gradient: no backward recorded
+            out[n.name] = frozenset(range(len(n.inputs) + len(n.outputs)))
             continue
         if _saves_output(n):
             seen.update((n.name, i) for i in range(len(n.outputs)))
             continue
-        keys = [alias.get((o.source, o.output), (o.source, o.output)) for o in n.inputs]
-        dup = {i for i, k in enumerate(keys) if k in seen}
-        needs = [k[0] in grad for k in keys]
-        if not (any(needs) or any(p.spec.dtype in FLOAT_DTYPES for p in n.params)):
-            dup = set(range(len(keys)))  # nothing here needs a gradient: autograd records no backward
-        elif ((n.op == "elementwise" and n.attrs.get("fn") == "mul") or n.op == "matmul") and len(keys) == 2 \
-                and not n.params:
-            # d(a*b)/da reads b, d(a*b)/db reads a: an operand is kept only for the other's gradient
-            dup |= {i for i in range(2) if not needs[1 - i]}
+        dup = {i for i, k in enumerate(keys) if k in seen or k[0].startswith("param:")}
+        dup |= set(range(len(keys))) - _kept(n, needs)
         if dup:
             out[n.name] = frozenset(dup)
         seen.update(k for i, k in enumerate(keys) if i not in dup)
+        if n.op in FUSED_ATTENTION:
+            seen.add((n.name, 0))
     return out
+
+
+FUSED_ATTENTION = {"sdpa"}  # keeps its output and log-sum-exp beside its inputs (module docstring)
+PRODUCTS = {"mul", "matmul"}  # d(a*b)/da reads b, d(a*b)/db reads a
+
+
+def _kept(n: Node, needs: list[bool]) -> set[int]:
+    """Positions of the inputs ``n``'s backward keeps, given which inputs need a gradient
+    (autograd's derivative formulas): a product's factor only for the other's gradient, a
+    division's dividend only for the divisor's (its divisor for either), a ``masked_fill``'s or
+    ``where``'s condition only, a linear's input only for its weight's."""
+    fn = n.attrs.get("fn") if n.op == "elementwise" else n.op
+    every = set(range(len(n.inputs)))
+    if fn in PRODUCTS and len(n.inputs) + len(n.params) == 2:
+        factors = needs + trainable(n)  # the inputs, then the parameters
+        return {i for i in every if factors[1 - i]}
+    if fn in ("div", "truediv") and len(n.inputs) == 2:
+        return {i for i in every if needs[1] or (i == 1 and needs[0])}
+    if fn in ("masked_fill", "where"):
+        return {i for i in every if n.inputs[i].spec.dtype not in FLOAT_DTYPES}
+    if n.op == "linear" and n.params:
+        return every if trainable(n)[0] else set()
+    return every
+
+
+def _views_state(n: Node) -> bool:
+    """A view of a buffer or parameter, whole or a slice (``self.cos[:s]``): its storage."""
+    return not n.inputs and len(n.params) == 1 and len(n.outputs) == 1 and n.op in VIEWS | {"slice"} \
+        and n.outputs[0].dtype == n.params[0].spec.dtype
 
 
 VIEWS = {"view", "reshape", "transpose", "permute", "flatten", "unflatten", "squeeze", "unsqueeze"}
@@ -145,11 +188,14 @@ def _returns_input(n: Node) -> bool:
 
 
 def _needs_grad(graph) -> set[str]:
-    """Nodes whose output needs a gradient: those reading a float parameter or such a node's output
-    (the model's inputs need none)."""
+    """Nodes whose output needs a gradient: those reading a parameter that takes one or such a
+    node's output (the model's inputs and buffers need none), bar those whose outputs carry none:
+    not floating point (a comparison, an argmax) or made fresh (``zeros_like``)."""
     out: set[str] = set()
     for n in graph.nodes:
-        if any(p.spec.dtype in FLOAT_DTYPES for p in n.params) or any(o.source in out for o in n.inputs):
+        if not any(s.dtype in FLOAT_DTYPES for s in n.outputs) or (n.op == "elementwise" and n.attrs.get("fn") in FRESH_FNS):
+            continue
+        if any(trainable(n)) or any(o.source in out for o in n.inputs):
             out.add(n.name)
     return out
 
@@ -187,11 +233,11 @@ def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
     states = optimizer_states(optimizer) if train else 0
     rec = node_training(node)
     params = grads = opt = acts = 0.0
-    for op, pl in zip(node.params, lay.params):
+    for op, pl, grad in zip(node.params, lay.params, trainable(node)):
         if op.source in skip:
             continue
         k = shard_factor(pl, mesh)
-        if not (train and op.spec.dtype in FLOAT_DTYPES):
+        if not (train and grad):
             params += op.spec.nbytes / k
             continue
         group = _data_group(node, cfg, pl, mesh)
@@ -199,18 +245,65 @@ def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
         params, grads, opt = params + b.params, grads + b.grads, opt + b.optimizer
     if train and rec.recompute:
         acts = sum(node.inputs[i].spec.nbytes / shard_factor(lay.inputs[i], mesh) for i in rec.saved_inputs)
-    elif train and _saves(node):
-        if _saves_output(node):
-            saved = zip(node.outputs, lay.outputs)
-        else:
-            saved = ((op.spec, l) for i, (op, l) in enumerate(zip(node.inputs, lay.inputs)) if i not in shared)
-        acts = sum(spec.nbytes / shard_factor(l, mesh) for spec, l in saved)
+    elif train:
+        acts = sum(spec.nbytes / shard_factor(_saved_layout(node, cfg, mesh, lay, kind, k), mesh)
+                   for kind, k, spec in _saved(node, shared))
     transient = 0.0
     if train and node.op in LOSS_GRADIENTS:
         transient = LOSS_GRADIENTS[node.op] * sum(op.spec.nbytes / shard_factor(l, mesh)
                                                   for op, l in zip(node.inputs, lay.inputs)
                                                   if op.spec.dtype in FLOAT_DTYPES)
     return MemoryBreakdown(params, grads, opt, acts, transient)
+
+
+def _saved(node: Node, shared: frozenset[int]) -> list[tuple[str, int, TensorSpec]]:
+    """The tensors the node keeps for its backward that no other node counts, as (kind, position,
+    spec): ``"input"``/``"output"`` (positions in ``shared`` as ``already_saved`` numbers them:
+    inputs, then outputs after them) or ``"lse"``, a fused attention's log-sum-exp: its output's
+    rows (the value dim dropped), fp32."""
+    if not _saves(node):
+        return []
+    nin = len(node.inputs)
+    if _saves_output(node):
+        return [("output", j, spec) for j, spec in enumerate(node.outputs) if nin + j not in shared]
+    kept = [("input", i, op.spec) for i, op in enumerate(node.inputs) if i not in shared]
+    if node.op in FUSED_ATTENTION and nin not in shared:
+        out = node.outputs[0]
+        kept += [("output", 0, out), ("lse", 0, TensorSpec(out.shape[:-1], "float32", out.axes[:-1]))]
+    if node.op == "pool" and node.attrs.get("kind") == "max" and nin not in shared:  # the argmax per window
+        out = node.outputs[0]
+        kept.append(("output", 0, TensorSpec(out.shape, "int64", out.axes)))
+    if node.op == "moe_experts" and nin not in shared:
+        kept += [("internal", k, spec) for k, spec in enumerate(_expert_internals(node))]
+    return kept
+
+
+def _expert_internals(node: Node) -> list[TensorSpec]:
+    """What a routed experts node keeps inside, per routed token (``tokens x top_k`` rows, split
+    as the tokens are), as its code runs each expert on its tokens (the zoo's, Mixtral's): the
+    gathered input, the up projections' outputs (gate and up), the activation's output where
+    gated, the down projection's input and output, the output scaled by the router's weight
+    (``index_add`` keeps its source), the weight; and two int64 indices (token, slot)."""
+    x = node.inputs[0].spec
+    width, experts = x.shape[-1], node.attrs.get("experts", 1)
+    per = max(len(node.params) // experts, 1) if node.attrs.get("listed") else len(node.params)
+    mats = [p.spec.shape[-2:] if not node.attrs.get("listed") else p.spec.shape for p in node.params[:per]]
+    up = sum(m[0] for m in mats if len(m) == 2 and m[1] == width)
+    hidden = next((m[1] for m in mats if len(m) == 2 and m[0] == width and m[1] != width), up)
+    rows = x.numel // width * node.attrs.get("top_k", 1)
+    elems = 3 * width + up + hidden + (hidden if up > hidden else 0) + 1
+    return [TensorSpec((rows, elems), x.dtype, (x.axes[0], ())), TensorSpec((rows, 2), "int64", (x.axes[0], ()))]
+
+
+def _saved_layout(node: Node, cfg: Config, mesh: Mesh, lay: NodeLayouts, kind: str, k: int):
+    if kind == "input":
+        return lay.inputs[k]
+    if kind == "output":
+        return lay.outputs[k]
+    if kind == "internal":
+        return tensor_layout(node, cfg, _expert_internals(node)[k], mesh)
+    out = node.outputs[0]
+    return tensor_layout(node, cfg, TensorSpec(out.shape[:-1], "float32", out.axes[:-1]), mesh, output=True)
 
 
 def _data_group(node: Node, cfg: Config, layout, mesh: Mesh) -> int:
@@ -233,11 +326,11 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
     rec = node_training(node)
     sizes = np.asarray(mesh.shape, dtype=float)
     total = np.zeros(len(configs))
-    for op in node.params:
+    for op, grad in zip(node.params, trainable(node)):
         if op.source in skip:
             continue
         k = shard_factors(node, op.spec, own, mesh)
-        if not (train and op.spec.dtype in FLOAT_DTYPES):
+        if not (train and grad):
             total += op.spec.nbytes / k
             continue
         if rec.zero:  # the partial (data-parallel) axes: those cutting a dim that does not index it
@@ -250,13 +343,9 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
         for i in rec.saved_inputs:
             spec = node.inputs[i].spec
             total += spec.nbytes / shard_factors(node, spec, own, mesh)
-    elif train and _saves(node):
-        if _saves_output(node):
-            saved = [(s, True) for s in node.outputs]
-        else:
-            saved = [(op.spec, False) for i, op in enumerate(node.inputs) if i not in shared]
-        for spec, out in saved:
-            total += spec.nbytes / shard_factors(node, spec, own, mesh, out)
+    elif train:
+        for kind, _, spec in _saved(node, shared):
+            total += spec.nbytes / shard_factors(node, spec, own, mesh, kind in ("output", "lse"))
     if train and node.op in LOSS_GRADIENTS:
         for op in node.inputs:
             if op.spec.dtype in FLOAT_DTYPES:
@@ -290,9 +379,5 @@ def saved_tensors(node: Node, config: Config, mesh: Mesh, mode: str = "train",
     rec = node_training(node)
     if rec.recompute:
         return [(node.inputs[i].spec.nbytes, shard_factor(lay.inputs[i], mesh)) for i in rec.saved_inputs]
-    if not _saves(node):
-        return []
-    if _saves_output(node):
-        return [(spec.nbytes, shard_factor(l, mesh)) for spec, l in zip(node.outputs, lay.outputs)]
-    return [(op.spec.nbytes, shard_factor(l, mesh)) for i, (op, l) in enumerate(zip(node.inputs, lay.inputs))
-            if i not in shared]
+    return [(spec.nbytes, shard_factor(_saved_layout(node, cfg, mesh, lay, kind, k), mesh))
+            for kind, k, spec in _saved(node, shared)]

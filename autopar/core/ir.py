@@ -106,6 +106,18 @@ class Operand:
 # ``y``), as ``(source, output)`` pairs: in any layout, never resharded, never an operand.
 METADATA_READS = "metadata_reads"
 
+# Node.attrs key: positions in ``Node.params`` of the tensors that take no gradient (buffers such
+# as a rotary embedding's cos/sin tables, parameters with ``requires_grad=False``): autograd keeps
+# nothing for their gradient. Absent: every floating-point parameter takes one.
+FROZEN_PARAMS = "frozen_params"
+
+
+def trainable(node: "Node") -> list[bool]:
+    """Per parameter of ``node``: does it take a gradient (floating point, not ``FROZEN_PARAMS``)."""
+    frozen = node.attrs.get(FROZEN_PARAMS, ()) if node.attrs else ()
+    return [p.spec.dtype in FLOAT_DTYPES and k not in frozen for k, p in enumerate(node.params)]
+
+
 # Node.attrs key: ``{dim: carried}``: a mesh axis that cuts ``dim`` also shards the tensors indexed
 # by ``carried`` (which no split of ``dim`` indexes), as if it cut ``carried``. A mixture of experts'
 # expert dim carries its token dim: under expert parallelism the weights are split by expert and the

@@ -16,7 +16,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autopar.core.call import OutputLeaf
-from autopar.core.ir import Node, TensorSpec
+from autopar.core.ir import FROZEN_PARAMS, Node, TensorSpec
 from autopar.frontend.rules import build_node
 from autopar.frontend.rules.base import Call, Tensor, collect_tensors, signature
 from autopar.frontend.rules.sites import ATTRIBUTES, FACTORY, Site
@@ -43,6 +43,9 @@ class Builder:
         self.env: dict[fx.Node, Any] = {}
         self.nodes: list[Node] = []
         self.inputs: dict[str, TensorSpec] = {}
+        # the state that takes no gradient: buffers and parameters with requires_grad=False
+        self.frozen = {name for name, _ in model.named_buffers(remove_duplicate=False)} | \
+            {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
 
     # the front end provides these two
     def value(self, node: fx.Node) -> Any:
@@ -94,7 +97,11 @@ class Builder:
             bound = {"args": args, "kwargs": kwargs}
         call = Call(site.op, site.target, bound, outs, dict(site.fixed))
         module = node.target if node.op == "call_module" else self.module_of(node)
-        self.nodes.append(build_node(node.name, module, call))
+        built = build_node(node.name, module, call)
+        frozen = tuple(k for k, p in enumerate(built.params) if p.source.removeprefix("param:") in self.frozen)
+        if frozen:
+            built.attrs[FROZEN_PARAMS] = frozen
+        self.nodes.append(built)
         self.env[node] = _relabel(value, node.name, iter(range(len(outs))))
 
     def target_name(self, node: fx.Node) -> str:

@@ -2,7 +2,9 @@
 
 * RMSNorm (no mean, no bias) before attention and before the MLP;
 * grouped-query attention: ``heads`` query heads, ``kv_heads`` key/value heads each shared by
-  ``heads // kv_heads`` query heads (expanded: a view, no copy);
+  ``heads // kv_heads`` query heads: the fused kernel takes the groups as they are
+  (``enable_gqa``, as flash attention does: keys and values kept at ``kv_heads``), the written-out
+  attention expands them to every query head (a copy, as Hugging Face's ``repeat_kv``);
 * rotary position embeddings on queries and keys (cos/sin tables as buffers, rotate-half form);
 * SwiGLU MLP: ``w2(silu(x w1) * x w3)``, three weight matrices of ``width x ffn``;
 * no biases, separate (untied) input embedding and output head.
@@ -63,14 +65,14 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, self.kv_heads, hd).transpose(1, 2)
         cos, sin = self.cos[:s], self.sin[:s]
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        k = k[:, :, None].expand(b, self.kv_heads, rep, s, hd).reshape(b, self.heads, s, hd)
-        v = v[:, :, None].expand(b, self.kv_heads, rep, s, hd).reshape(b, self.heads, s, hd)
         if self.manual:
+            k = k[:, :, None].expand(b, self.kv_heads, rep, s, hd).reshape(b, self.heads, s, hd)
+            v = v[:, :, None].expand(b, self.kv_heads, rep, s, hd).reshape(b, self.heads, s, hd)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
             att = att.masked_fill(~self.mask[:s, :s], float("-inf"))
             y = F.softmax(att, dim=-1) @ v
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=rep > 1)
         return self.wo(y.transpose(1, 2).contiguous().view(b, s, self.heads * hd))
 
 

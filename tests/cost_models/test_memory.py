@@ -139,7 +139,8 @@ def test_cross_entropy_backward_working_set_matches_the_allocator(split):
 
 def saved_bytes(model, *inputs) -> int:
     """What autograd keeps for the backward of ``model(*inputs)``: the bytes its saved-tensor hooks
-    see, each storage once, the parameters left out (the measure the model is checked against)."""
+    see, each storage once, the parameters and buffers left out (the model's state, held anyway:
+    the measure the model is checked against)."""
     import torch
 
     saved = {}
@@ -150,7 +151,7 @@ def saved_bytes(model, *inputs) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(*inputs)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
     return sum(b for ptr, b in saved.items() if ptr not in params)
 
 
