@@ -78,7 +78,8 @@ def _published_ratio(name: str) -> float:
     s = _search(autopar.zoo.get(name), cluster, rec.precision)
     pin = Pin(tensor=rec.tensor, pipeline=rec.pipeline, data=rec.data, zero=rec.zero, recompute=rec.recompute,
               microbatch=rec.microbatch_size, zero_inner=rec.zero_inner or None,
-              context=rec.context if rec.context > 1 else None, schedule=rec.schedule)
+              context=rec.context if rec.context > 1 else None, schedule=rec.schedule,
+              ring=False if rec.context > 1 else None)  # Llama 3 gathered K/V, as the CLI's --published pins
     best, least, _, _ = s.best(pin, (rec.zero,), (False, True) if rec.recompute is None else (rec.recompute,),
                                schedules=H.pin_schedules(pin))
     pr = best or least
