@@ -48,6 +48,7 @@ from autopar.planning.context import context_options, context_stats, gather_time
 from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats
+from autopar.planning.lagrangian import tighten
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.space_bound import any_layout_bound, memory_floor
 from autopar.planning.step_bounds import lower_bound, reference_bound, stats_bound, totals
@@ -324,6 +325,8 @@ class Search:
                     del valid[i]
             if pr.fits and (best is None or pr.cost < best.cost):
                 best = pr
+        if best is not None and pin is None:  # time traded against memory where the floors sit below the plan
+            tighten(self, cands, valid, best.cost, deadline)
         self.space_bound = min(valid.values(), default=math.inf)
         self.bounds = {cands[i][3]: v for i, v in valid.items()}  # candidate -> its bound, for the report
         least = None

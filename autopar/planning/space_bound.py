@@ -94,11 +94,27 @@ def memory_floor(search, c: Candidate, static: float) -> float:
     return least + transient_floor(search, c)
 
 
+def memory_floor_terms(search, c: Candidate, static: float) -> tuple[float, float]:
+    """(K, k): every layout of ``c`` (context degree 1) holds at least ``K + k A`` bytes in its
+    fullest rank with its transient, ``A`` its activations per microbatch summed over the model's
+    units: ``memory_floor``'s spread term with ``A`` left open (``lagrangian.py`` prices it)."""
+    v = c.virtual if c.degrees.p > 1 else 1
+    s0 = float(np.min(unit_static(search, c))) if c.degrees.ep == 1 else 0.0
+    held = [in_flight(c, w) for w in range(c.degrees.p)]
+    spread = sum(1.0 / h for h in held)
+    rest = max(c.degrees.p * static - c.degrees.p * v * s0, 0.0)
+    return v * s0 + rest / max(held) / spread + transient_floor(search, c), 1.0 / spread
+
+
 def unit_static(search, c: Candidate) -> np.ndarray:
     """Per unit, the parameters, gradients and optimizer state every layout's unit holds at least,
-    ZeRO applied: per node the least over the configs of its space, summed (``memory_floors``)."""
+    ZeRO applied (ZeRO-3's parameters whole, as the program holds them from a stage's forward to
+    its backward's end): per node the least over the configs of its space, summed
+    (``memory_floors``)."""
     g, _, _, _ = data_groups(c.degrees, c.zero_inner)
     factors = zero_factors(c.zero, g)
+    if c.zero >= 3:  # the program holds a stage's gathered parameters whole (``step_price.price``)
+        factors = (1, *factors[1:])
     key = ("static", factors) + search.group_key(c)
     if key not in search.floors:
         scale, memo = 1.0 / np.asarray(factors), {}
