@@ -27,7 +27,8 @@ import numpy as np
 from autopar.core.errors import InfeasibleError
 from autopar.core.tables import CostTables
 from autopar.cost_models.memory import already_saved, node_memory
-from autopar.planning.space_bound import _spans, memory_floor_terms, sync_floors, transient_floor, unit_static
+from autopar.planning.space_bound import (group_spans, memory_floor_terms, sync_floors, transient_floor,
+                                          unit_static)
 from autopar.planning.step_bounds import layout_bound
 from autopar.planning.step_price import Candidate, in_flight
 from autopar.planning.units import sequence_parallel_saved
@@ -50,7 +51,8 @@ def lagrangian_bound(search, c: Candidate, comp: float, rest: float, static: flo
     if ctx > 1 and not c.recompute:
         held_kv = search._kv_link(c)[0] / deg.t * (ctx - 1) / ctx
     forms = memory_forms(search, c, static, weight / ctx, middle / ctx, q, mid_unit, held_kv)
-    variants = ((plain, [0.0] * len(weight)), (kept, gathers)) if ctx == 1 else ((plain, [0.0] * len(weight)),)
+    none = [0.0] * len(weight)
+    variants = ((plain, none), (kept, gathers)) if ctx == 1 else ((plain, none),)
     bucket, sync = sync_floors(search, c)
     least = -math.inf if not forms else math.inf
     for acts, extra in variants:
@@ -106,7 +108,7 @@ def middle_floor(search, c: Candidate, count: int, q: int, state: float) -> floa
     v = c.virtual if c.degrees.p > 1 else 1
     held = np.asarray([in_flight(c, w) for w in range(c.degrees.p)])
     ranked = np.sort(held)[::-1]
-    units = np.maximum(v - q // np.arange(1, len(ranked) + 1), 0)  # middle units the k-th of them holds at least
+    units = np.maximum(v - q // np.arange(1, len(ranked) + 1), 0)  # middle units the k-th holds at least
     extra = transient_floor(search, c)
 
     def need(y: float) -> float:
@@ -133,11 +135,11 @@ def _node_terms(search, c: Candidate):
     key = ("lagrangian",) + search.group_key(c)
     if key not in search.floors:
         s = search.stats(c)
-        spans, take = _spans(search, c)
-        count = np.bincount(take, minlength=len(spans)) if take is not None else np.ones(len(spans), dtype=int)
+        spans, take = group_spans(search, c)
+        count = np.bincount(take, minlength=len(spans)) if take is not None else np.ones(len(spans), int)
         mid = int(np.argmax(count)) if count.max() > 1 else -1
         g, mesh, mode = s.graph, s.cluster.mesh(), search.mode
-        tensor = search._tensor(c)
+        tensor = search.group_key(c)[0]
         link = s.cluster.link(len(tensor) > 1 and tensor[1] > 1)
         dup = already_saved(g)
         weight, middle, plain, kept, gathers, cache = [], [], [], [], [], {}
@@ -146,9 +148,10 @@ def _node_terms(search, c: Candidate):
                 node, shared, configs = g.nodes[i], dup.get(g.nodes[i].name, frozenset()), s.tables.configs[i]
                 at = (id(configs), shared)
                 if at not in cache:
-                    sp = [sequence_parallel_saved(node, cfg, s.cluster, mesh, link, mode, shared) for cfg in configs]
-                    saved = np.asarray([node_memory(node, cfg, mesh, mode, search.optimizer, shared=shared).activations
-                                        for cfg in configs])
+                    sp = [sequence_parallel_saved(node, cfg, s.cluster, mesh, link, mode, shared)
+                          for cfg in configs]
+                    saved = np.asarray([node_memory(node, cfg, mesh, mode, search.optimizer, shared=shared)
+                                        .activations for cfg in configs])
                     cache[at] = (saved, np.minimum(np.asarray([x for x, _ in sp]), saved),
                                  np.asarray([y for _, y in sp]))
                 weight.append(float(count[k]))

@@ -144,7 +144,7 @@ def cut_bound(search, c: Candidate, rest: float) -> float:
     return math.inf if sol is None else c.rounds * max(sol.stage_time) + rest
 
 
-def _spans(search, c: Candidate):
+def group_spans(search, c: Candidate):
     """The group's units as its tables see them, and the map from the model's units to them."""
     win = search.window(c.recompute)
     return (win.spans, np.asarray(win.unit_map)) if win is not None else (search.spans, None)
@@ -158,7 +158,7 @@ def unit_floors(search, c: Candidate) -> np.ndarray:
     key = search.group_key(c)
     if key not in search.floors:
         t = search.stats(c).tables
-        spans, take = _spans(search, c)
+        spans, take = group_spans(search, c)
         least = []
         for a, b in spans:
             src = sorted({u for u, v in t.edge_cost if a <= v < b and u < a})
@@ -181,7 +181,7 @@ def memory_floors(search, c: Candidate) -> MemoryFloors:
     key = ("memory",) + search.group_key(c)
     if key not in search.floors:
         s = search.stats(c)
-        spans, take = _spans(search, c)
+        spans, take = group_spans(search, c)
         mesh, g, mode, opt = s.cluster.mesh(), s.graph, search.mode, search.optimizer
         dup = already_saved(g)
         acts, rerun, state = np.zeros(len(spans)), np.zeros(len(spans)), []
