@@ -14,6 +14,7 @@ import numpy as np
 from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
 from autopar.cost_models.memory import already_saved, node_memory
+from autopar.planning.context import gather_times
 from autopar.planning.step_bounds import layout_bound
 from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
 from autopar.search.pipeline import StageCosts, best_cuts
@@ -132,14 +133,21 @@ def cut_bound(search, c: Candidate, rest: float) -> float:
     unsplit state over t (ZeRO applied) and its activation floor (``memory_floors``), a cut
     costs what crosses it (``cut_times``: its 1/t slices, whatever the layout), the transient
     comes on top (``transient_floor``), and the cut into p stages that fits is found exactly on
-    those floors (``best_cuts``): any layout's cut fits them too and is no faster. ``math.inf``
-    when none fits: no layout of ``c`` fits."""
+    those floors (``best_cuts``): any layout's cut fits them too and is no faster. With k context
+    ranks, a rank's units take 1/k of those floors plus their K/V gathers and hold 1/k of the
+    activations plus the gathered K/V (``context.context_stats``). ``math.inf`` when none fits:
+    no layout of ``c`` fits."""
     deg, m = c.degrees, c.microbatches
-    if deg.p == 1 or c.virtual > 1 or deg.c > 1 or deg.ep > 1:
-        return 0.0  # context and expert degrees change the units' state and work: no floor from them here
+    if deg.p == 1 or c.virtual > 1 or deg.ep > 1:
+        return 0.0  # expert degrees change the units' state and work: no floor from them here
     s = search.stats(c)
-    costs = StageCosts(search.cluster.devices // deg.p, m, unit_floors(search, c), np.zeros(len(s.spans)),
-                       unit_static(search, c), memory_floors(search, c).acts, cut_times(s.boundary, deg, search.cluster))
+    time, acts = unit_floors(search, c), memory_floors(search, c).acts
+    if deg.c > 1:  # a context rank: 1/k of the work and activations, its K/V gathers and the K/V it holds
+        kv, bw, lat = search._kv_link(c)
+        time = time / deg.c + gather_times(kv, deg.c, deg.t, bw, lat, search.cluster.call_latency, c.recompute)
+        acts = acts / deg.c + (0.0 if c.recompute else kv / deg.t * (deg.c - 1) / deg.c)
+    costs = StageCosts(search.cluster.devices // deg.p, m, time, np.zeros(len(s.spans)),
+                       unit_static(search, c), acts, cut_times(s.boundary, deg, search.cluster))
     sol = best_cuts(costs, deg.p, search.capacity - transient_floor(search, c), "1f1b")
     return math.inf if sol is None else c.rounds * max(sol.stage_time) + rest
 
