@@ -230,3 +230,54 @@ def test_the_lagrangian_bound_closes_where_the_per_term_floors_stay_loose(layout
     assert closed and best.cost >= optimum * (1 - 1e-12)
     assert search.space_bound <= optimum * (1 + 1e-9)
     assert search.space_bound >= 0.7 * optimum
+
+
+class Chain(nn.Module):
+    """Eight identical linear blocks and a head: repeated enough for the window (the middle blocks
+    share one layout) and for four stages per rank over two pipeline ranks."""
+
+    def __init__(self, width=16, blocks=8):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).square().mean()
+
+
+@pytest.mark.parametrize("share", [1.0, 0.25, 0.1, 0.0])
+def test_the_middle_block_floor_holds_over_pipelined_windows(share):
+    """Tensor 2 x pipeline 2 on 4 A100s, every schedule (interleaved 1F1B with 2 and 4 stages per
+    rank): every layout of the window (the middle blocks one layout) priced as the search prices
+    it, at capacities down to the least any layout needs. The Lagrangian bound, with its floor of
+    the memory the middle blocks' ranks hold, is at most each candidate's best fitting layout."""
+    cluster = Cluster.preset("4xA100")
+    g = autopar.trace(Chain().to("meta"), (torch.empty(4, 16, device="meta"),))
+    search = H.Search(g, cluster, "bf16", "adam", "train", usable_memory(cluster.memory_capacity),
+                      lambda t, g=None: dp(t))
+    cands = [x for x in search.candidates(None, (0,), (False,), SCHEDULES)
+             if x[3].degrees.t == x[3].degrees.p == 2]
+    assert any(c.virtual == 4 for *_, c in cands) and search.window(False) is not None
+    every = []
+    for _, _, _, c in cands:
+        tensor, micro, rc = search.group_key(c)
+        sizes = [len(k) for k in search._stats(tensor, micro, rc).tables.configs]
+        for choice in itertools.product(*(range(k) for k in sizes)):
+            fixed = lambda t, _g=None, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
+            s = unit_stats(search.training_graph(rc), search.spans, cluster, tensor, micro, search.objective,
+                           fixed, "train", "adam", search.window(rc))
+            every.append((s, c))
+    memory = sorted(H.price(c, s, cluster, search.capacity, "adam", search.master, search.itemsize).memory
+                    for s, c in every)
+    search.capacity = memory[min(int(len(memory) * share), len(memory) - 1)]
+    best = {}
+    for s, c in every:
+        pr = price_fitting(c, s, cluster, search.capacity, "adam", search.master, search.itemsize)
+        if pr.fits:
+            best[c] = min(best.get(c, math.inf), pr.cost)
+    assert best
+    for comp, rest, static, c in cands:
+        if c in best:
+            assert lagrangian_bound(search, c, comp, rest, static) <= best[c] * (1 + 1e-9), c.describe()
