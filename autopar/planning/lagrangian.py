@@ -32,6 +32,7 @@ from autopar.planning.space_bound import (group_spans, memory_floor_terms, sync_
 from autopar.planning.step_bounds import layout_bound
 from autopar.planning.step_price import Candidate, in_flight
 from autopar.planning.units import sequence_parallel_saved
+from autopar.search.common import SearchTooLargeError
 from autopar.search.dp import dp
 
 MULTIPLIERS = 12  # breakpoint re-solves per bound: each is one DP of the group's tables
@@ -71,6 +72,8 @@ def lagrangian_bound(search, c: Candidate, comp: float, rest: float, static: flo
             except InfeasibleError:
                 lower = math.inf
                 break
+            except SearchTooLargeError:  # its tables past the DP's budget: no bound from this floor
+                continue
             lower = max(lower, sol.cost - sol.gap * abs(sol.cost))
         if math.isinf(lower):
             continue
