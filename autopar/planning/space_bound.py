@@ -13,7 +13,7 @@ import numpy as np
 
 from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
-from autopar.cost_models.memory import already_saved, node_memory
+from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import gather_times
 from autopar.planning.step_bounds import layout_bound
 from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
@@ -216,13 +216,17 @@ def memory_floors(search, c: Candidate) -> MemoryFloors:
 
 def _node_floors(node, configs, mesh, mode, opt, skip, shared) -> tuple[float, float, np.ndarray]:
     """(least activations saved, least extra while recomputed, [configs, 3] state) of one node over
-    its configs, as ``units.unit_stats`` counts them (``full_acts``: saved without recomputation)."""
+    its configs, as ``units.unit_stats`` counts them (``full_acts``: saved without recomputation).
+    The activations as the layout saves them or under sequence parallelism (each saved tensor at
+    1/t of the group: ``units.sequence_parallel_saved``), whichever is less: the search prices
+    either (``activations.price_fitting``); the latter's recomputed extra is only larger."""
     rec = node_training(node)
     plain = dataclasses.replace(node, attrs={**node.attrs, "train": dataclasses.replace(rec, recompute=False)})
     saved, extra, held = [], [], []
     for cfg in configs:
         mb = node_memory(node, cfg, mesh, mode, opt, skip, shared=shared)
-        saved.append(mb.activations)
+        kept = sum(nbytes for nbytes, _ in saved_tensors(node, cfg, mesh, mode, shared)) / mesh.size
+        saved.append(min(mb.activations, kept))
         extra.append(node_memory(plain, cfg, mesh, mode, opt, skip, shared=shared).activations - mb.activations
                      if rec.recompute else 0.0)
         held.append((mb.params, mb.grads, mb.optimizer))
