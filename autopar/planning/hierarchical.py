@@ -50,6 +50,7 @@ from autopar.planning.degrees import Pin, divisors, expert_options, level_degree
 from autopar.planning.every import every_of, every_options, every_stats, options_of, per_unit
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats
+from autopar.planning.lagrangian import tighten
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.space_bound import any_layout_bound, memory_floor
 from autopar.planning.step_bounds import lower_bound, reference_bound, stats_bound, totals
@@ -100,17 +101,15 @@ class Search:
                  solve, max_tensor: int = 64):
         self.graph, self.cluster, self.precision = graph, cluster, precision
         self.optimizer, self.mode, self.capacity, self.solve = optimizer, mode, capacity, solve
-        self.model = AnalyticModel()  # the figures' model: the cluster's efficiency, terms at face value
-        self.objective = AnalyticModel(sync_scale=0.0)  # what a tensor group's layout minimises
+        # the figures' model (the cluster's efficiency, terms at face value); what a group's layout minimises
+        self.model, self.objective = AnalyticModel(), AnalyticModel(sync_scale=0.0)
         self.blocks = repeated_blocks(graph)
         self.spans = units(graph, self.blocks)
         self.batch = _batch(graph)
         self.levels = cluster.levels()
         self.max_tensor = max_tensor
         self.accumulate = 0  # microbatches a step when asked for (``accumulation.steps``); 0: searched
-        self._graphs: dict[bool, Graph] = {}
-        self._windows: dict[bool, object] = {}
-        self._memo: dict[tuple, UnitStats] = {}
+        self._graphs, self._windows, self._memo = {}, {}, {}  # graphs, windows, UnitStats by recomputation
         self._kv: dict[bool, tuple] = {}  # K/V bytes and attention's seconds per unit (context parallelism)
         self._experts: dict[tuple, ExpertStats | None] = {}
         self.experts = expert_count(graph)  # routed experts per MoE layer (0: none): the expert degree's range
@@ -333,6 +332,8 @@ class Search:
                     del valid[i]
             if pr.fits and (best is None or pr.cost < best.cost):
                 best = pr
+        if best is not None and pin is None:  # time traded against memory where the floors sit below the plan
+            tighten(self, cands, valid, best.cost, deadline)
         self.space_bound = min(valid.values(), default=math.inf)
         self.bounds = {cands[i][3]: v for i, v in valid.items()}  # candidate -> its bound, for the report
         least = None
@@ -397,8 +398,7 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
         raise InfeasibleError(
             f"no plan of {graph.model_name or 'the model'} in the hierarchical space fits "
             f"{max(capacity, 0.0) / 2**30:.3g} GiB per device ({capacity_words(device)}) on {cluster.devices} devices; "
-            f"the least found needs "
-            f"{need:.3g} GiB ({least.candidate.describe() if least else '-'}): add devices or memory",
+            f"the least found needs {need:.3g} GiB ({least.candidate.describe() if least else '-'}): add devices or memory",
             least.memory if least else math.inf)
     # against the optimum of the space (docs/bound.md); a bound equal to the plan up to rounding is no gap
     gap = max(best.cost / search.space_bound - 1.0, 0.0)

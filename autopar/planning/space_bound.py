@@ -13,8 +13,9 @@ import numpy as np
 
 from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
-from autopar.cost_models.memory import already_saved, node_memory
-from autopar.planning.every import every_of, recomputed_of
+from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
+from autopar.planning.context import exchange_times
+from autopar.planning.every import every_of, per_unit, recomputed_of
 from autopar.planning.step_bounds import layout_bound
 from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
 from autopar.search.pipeline import StageCosts, best_cuts
@@ -95,11 +96,27 @@ def memory_floor(search, c: Candidate, static: float) -> float:
     return least + transient_floor(search, c)
 
 
+def memory_floor_terms(search, c: Candidate, static: float) -> tuple[float, float]:
+    """(K, k): every layout of ``c`` (context degree 1) holds at least ``K + k A`` bytes in its
+    fullest rank with its transient, ``A`` its activations per microbatch summed over the model's
+    units: ``memory_floor``'s spread term with ``A`` left open (``lagrangian.py`` prices it)."""
+    v = c.virtual if c.degrees.p > 1 else 1
+    s0 = float(np.min(unit_static(search, c))) if c.degrees.ep == 1 else 0.0
+    held = [in_flight(c, w) for w in range(c.degrees.p)]
+    spread = sum(1.0 / h for h in held)
+    rest = max(c.degrees.p * static - c.degrees.p * v * s0, 0.0)
+    return v * s0 + rest / max(held) / spread + transient_floor(search, c), 1.0 / spread
+
+
 def unit_static(search, c: Candidate) -> np.ndarray:
     """Per unit, the parameters, gradients and optimizer state every layout's unit holds at least,
-    ZeRO applied: per node the least over the configs of its space, summed (``memory_floors``)."""
+    ZeRO applied (ZeRO-3's parameters whole, as the program holds them from a stage's forward to
+    its backward's end): per node the least over the configs of its space, summed
+    (``memory_floors``)."""
     g, _, _, _ = data_groups(c.degrees, c.zero_inner)
     factors = zero_factors(c.zero, g)
+    if c.zero >= 3:  # the program holds a stage's gathered parameters whole (``step_price.price``)
+        factors = (1, *factors[1:])
     key = ("static", factors) + search.group_key(c)
     if key not in search.floors:
         scale, memo = 1.0 / np.asarray(factors), {}
@@ -117,19 +134,26 @@ def cut_bound(search, c: Candidate, rest: float) -> float:
     unsplit state over t (ZeRO applied) and its activation floor (``memory_floors``), a cut
     costs what crosses it (``cut_times``: its 1/t slices, whatever the layout), the transient
     comes on top (``transient_floor``), and the cut into p stages that fits is found exactly on
-    those floors (``best_cuts``): any layout's cut fits them too and is no faster. ``math.inf``
-    when none fits: no layout of ``c`` fits."""
+    those floors (``best_cuts``): any layout's cut fits them too and is no faster. With k context
+    ranks, a rank's units take 1/k of those floors plus their K/V gathers and hold 1/k of the
+    activations plus the gathered K/V (``context.context_stats``). ``math.inf`` when none fits:
+    no layout of ``c`` fits."""
     deg, m = c.degrees, c.microbatches
-    if deg.p == 1 or c.virtual > 1 or deg.c > 1 or deg.ep > 1:
-        return 0.0  # context and expert degrees change the units' state and work: no floor from them here
+    if deg.p == 1 or c.virtual > 1 or deg.ep > 1:
+        return 0.0  # expert degrees change the units' state and work: no floor from them here
     s = search.stats(c)
-    costs = StageCosts(search.cluster.devices // deg.p, m, unit_floors(search, c), np.zeros(len(s.spans)),
-                       unit_static(search, c), memory_floors(search, c).acts, cut_times(s.boundary, deg, search.cluster))
+    time, acts = unit_floors(search, c), memory_floors(search, c).acts
+    if deg.c > 1:  # a context rank: 1/k of the work and activations, its K/V gathers and the K/V it holds
+        link, call = search._kv_link(c), search.cluster.call_latency  # the exchange as the search prices it
+        time = time / deg.c + per_unit(search, c.recompute, lambda rc: exchange_times(*link, call, rc))
+        acts = acts / deg.c + (0.0 if c.recompute or deg.ring else link[0] / deg.t * (deg.c - 1) / deg.c)
+    costs = StageCosts(search.cluster.devices // deg.p, m, time, np.zeros(len(s.spans)),
+                       unit_static(search, c), acts, cut_times(s.boundary, deg, search.cluster))
     sol = best_cuts(costs, deg.p, search.capacity - transient_floor(search, c), "1f1b")
     return math.inf if sol is None else c.rounds * max(sol.stage_time) + rest
 
 
-def _spans(search, c: Candidate):
+def group_spans(search, c: Candidate):
     """The group's units as its tables see them, and the map from the model's units to them."""
     win = search.window(c.recompute)
     return (win.spans, np.asarray(win.unit_map)) if win is not None else (search.spans, None)
@@ -146,7 +170,7 @@ def unit_floors(search, c: Candidate) -> np.ndarray:
         return np.where(recomputed_of(search, c.recompute), full, plain)
     if key not in search.floors:
         t = search.stats(c).tables
-        spans, take = _spans(search, c)
+        spans, take = group_spans(search, c)
         least = []
         for a, b in spans:
             src = sorted({u for u, v in t.edge_cost if a <= v < b and u < a})
@@ -174,7 +198,7 @@ def memory_floors(search, c: Candidate) -> MemoryFloors:
         return MemoryFloors(acts, rerun, full.state)
     if key not in search.floors:
         s = search.stats(c)
-        spans, take = _spans(search, c)
+        spans, take = group_spans(search, c)
         mesh, g, mode, opt = s.cluster.mesh(), s.graph, search.mode, search.optimizer
         dup = already_saved(g)
         acts, rerun, state = np.zeros(len(spans)), np.zeros(len(spans)), []
@@ -201,13 +225,17 @@ def memory_floors(search, c: Candidate) -> MemoryFloors:
 
 def _node_floors(node, configs, mesh, mode, opt, skip, shared) -> tuple[float, float, np.ndarray]:
     """(least activations saved, least extra while recomputed, [configs, 3] state) of one node over
-    its configs, as ``units.unit_stats`` counts them (``full_acts``: saved without recomputation)."""
+    its configs, as ``units.unit_stats`` counts them (``full_acts``: saved without recomputation).
+    The activations as the layout saves them or under sequence parallelism (each saved tensor at
+    1/t of the group: ``units.sequence_parallel_saved``), whichever is less: the search prices
+    either (``activations.price_fitting``); the latter's recomputed extra is only larger."""
     rec = node_training(node)
     plain = dataclasses.replace(node, attrs={**node.attrs, "train": dataclasses.replace(rec, recompute=False)})
     saved, extra, held = [], [], []
     for cfg in configs:
         mb = node_memory(node, cfg, mesh, mode, opt, skip, shared=shared)
-        saved.append(mb.activations)
+        kept = sum(nbytes for nbytes, _ in saved_tensors(node, cfg, mesh, mode, shared)) / mesh.size
+        saved.append(min(mb.activations, kept))
         extra.append(node_memory(plain, cfg, mesh, mode, opt, skip, shared=shared).activations - mb.activations
                      if rec.recompute else 0.0)
         held.append((mb.params, mb.grads, mb.optimizer))

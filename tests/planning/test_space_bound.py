@@ -18,6 +18,8 @@ from autopar.core.cluster import Cluster
 from autopar.core.margin import device_memory_for, usable_memory
 from autopar.core.tables import Solution
 from autopar.planning import hierarchical as H
+from autopar.planning.activations import price_fitting
+from autopar.planning.lagrangian import lagrangian_bound
 from autopar.planning.space_bound import any_layout_bound, memory_floor, memory_floors, unit_floors
 from autopar.planning.units import unit_stats
 from autopar.search.dp import dp
@@ -154,6 +156,7 @@ def test_unit_floors_hold_for_every_layout(layouts):
         assert np.all(unit_floors(search, c) <= s.time * (1 + 1e-9) + 1e-15), c.describe()
         floors = memory_floors(search, c)
         assert np.all(floors.acts <= s.acts + 1e-6), c.describe()
+        assert np.all(floors.acts <= s.sp_acts + 1e-6), c.describe()  # or under sequence parallelism
         assert np.all(floors.rerun <= s.full_acts - s.acts + 1e-6), c.describe()
 
 
@@ -184,3 +187,98 @@ def test_each_candidates_bound_is_below_its_best_layout_and_tight(layouts, share
             assert bound >= 0.5 * best[c], c.describe()
         elif c.degrees.t == 1:  # one layout, none fitting: the floors say so
             assert floor > search.capacity or math.isinf(bound), c.describe()
+
+
+# -- time traded against memory: the Lagrangian bound ------------------------------------------------
+
+def _fitting(search, every):
+    """Per candidate, its best fitting price over every layout as the search prices one: its plain
+    layout or, where that does not fit, under sequence parallelism (``price_fitting``)."""
+    best = {}
+    for s, c in every:
+        pr = price_fitting(c, s, CLUSTER, search.capacity, "adam", search.master, search.itemsize)
+        if pr.fits:
+            best[c] = min(best.get(c, math.inf), pr.cost)
+    return best
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.25, 0.2])
+def test_the_lagrangian_bound_is_below_every_fitting_layout(layouts, share):
+    """Per candidate, at a roomy capacity and at ones a half, a quarter and a fifth of the priced
+    layouts fit: the Lagrangian bound (least time + lambda x memory over the layouts, less lambda x
+    the capacity) is at most the candidate's best fitting layout, plain or sequence parallel."""
+    search, cands, every = layouts
+    memory = sorted(_price(search, s, c).memory for s, c in every)
+    search.capacity = memory[min(int(len(memory) * share), len(memory) - 1)]
+    best = _fitting(search, every)
+    for comp, rest, static, c in cands:
+        bound = lagrangian_bound(search, c, comp, rest, static)
+        if c in best:
+            assert bound <= best[c] * (1 + 1e-9), c.describe()
+
+
+def test_the_lagrangian_bound_closes_where_the_per_term_floors_stay_loose(layouts):
+    """A capacity a quarter of the layouts fit: the tensor-parallel group's fast layouts keep their
+    inputs whole and do not fit, its lean ones pay in resharding. The space's bound the search
+    states is at most the brute-force optimum and, with time traded against memory, at least 70%
+    of it (the per-term floors alone, each node's least time and least memory from its own best
+    config, state half of it)."""
+    search, _, every = layouts
+    memory = sorted(_price(search, s, c).memory for s, c in every)
+    search.capacity = memory[len(memory) // 4]
+    optimum = min(_fitting(search, every).values())
+    best, _, _, closed = search.best(None, ZEROS, (False, True), schedules=SCHEDULES)
+    assert closed and best.cost >= optimum * (1 - 1e-12)
+    assert search.space_bound <= optimum * (1 + 1e-9)
+    assert search.space_bound >= 0.7 * optimum
+
+
+class Chain(nn.Module):
+    """Eight identical linear blocks and a head: repeated enough for the window (the middle blocks
+    share one layout) and for four stages per rank over two pipeline ranks."""
+
+    def __init__(self, width=16, blocks=8):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).square().mean()
+
+
+@pytest.mark.parametrize("share", [1.0, 0.25, 0.1, 0.0])
+def test_the_middle_block_floor_holds_over_pipelined_windows(share):
+    """Tensor 2 x pipeline 2 on 4 A100s, every schedule (interleaved 1F1B with 2 and 4 stages per
+    rank): every layout of the window (the middle blocks one layout) priced as the search prices
+    it, at capacities down to the least any layout needs. The Lagrangian bound, with its floor of
+    the memory the middle blocks' ranks hold, is at most each candidate's best fitting layout."""
+    cluster = Cluster.preset("4xA100")
+    g = autopar.trace(Chain().to("meta"), (torch.empty(4, 16, device="meta"),))
+    search = H.Search(g, cluster, "bf16", "adam", "train", usable_memory(cluster.memory_capacity),
+                      lambda t, g=None: dp(t))
+    cands = [x for x in search.candidates(None, (0,), (False,), SCHEDULES)
+             if x[3].degrees.t == x[3].degrees.p == 2]
+    assert any(c.virtual == 4 for *_, c in cands) and search.window(False) is not None
+    every = []
+    for _, _, _, c in cands:
+        tensor, micro, rc = search.group_key(c)
+        sizes = [len(k) for k in search._stats(tensor, micro, rc).tables.configs]
+        for choice in itertools.product(*(range(k) for k in sizes)):
+            fixed = lambda t, _g=None, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
+            s = unit_stats(search.training_graph(rc), search.spans, cluster, tensor, micro, search.objective,
+                           fixed, "train", "adam", search.window(rc))
+            every.append((s, c))
+    memory = sorted(H.price(c, s, cluster, search.capacity, "adam", search.master, search.itemsize).memory
+                    for s, c in every)
+    search.capacity = memory[min(int(len(memory) * share), len(memory) - 1)]
+    best = {}
+    for s, c in every:
+        pr = price_fitting(c, s, cluster, search.capacity, "adam", search.master, search.itemsize)
+        if pr.fits:
+            best[c] = min(best.get(c, math.inf), pr.cost)
+    assert best
+    for comp, rest, static, c in cands:
+        if c in best:
+            assert lagrangian_bound(search, c, comp, rest, static) <= best[c] * (1 + 1e-9), c.describe()
