@@ -160,7 +160,10 @@ def plan_with(model, example_inputs, cluster, *, example_kwargs, devices, cost_m
 
     may_fall_back = _hierarchical_can_take(graph, entry, searching)
     if may_fall_back:
-        why = budget.over_budget(graph, cluster)
+        from autopar.planning.options import option_sets
+
+        sets = option_sets(*training.choices, cluster=cluster, mode=training.mode, accumulate=training.accumulate)
+        why = budget.over_budget(graph, cluster, sets=len(sets))
         if why:
             return _plan_hierarchical(graph, cluster, common, training, scope, searching, memory_capacity, why)
     try:
@@ -231,7 +234,8 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
     start = time.perf_counter()
     try:
         opts, priced, tables, sol = flat.solve(
-            lambda t: run_search(t, searching.search, searching.time_limit, whole, graph, searching.follow))
+            lambda t, limit: run_search(t, searching.search, limit, whole, graph, searching.follow),
+            searching.time_limit)
     except InfeasibleError as e:
         least = float(sum(np.min(m) for m in tables.memory))
         if pipeline is not False and cluster.devices > 1:

@@ -65,6 +65,61 @@ def test_over_budget_the_hierarchical_search_plans_and_says_why(llama4, monkeypa
     assert flat.search.name != "hierarchical"
 
 
+def test_the_budget_counts_every_option_set_the_flat_search_may_run(llama4, monkeypatch):
+    """Each training option set has its own tables and DP: tables within the budget once but not
+    times the default sets go hierarchical; the same tables with one set asked for stay flat."""
+    from autopar.planning.options import option_sets
+
+    model, inputs, graph = llama4
+    cluster = autopar.Cluster.preset(CLUSTER)
+    entries = budget.flat_entries(graph, cluster)
+    sets = len(option_sets(None, "auto", "auto", cluster=cluster, mode="train", accumulate="auto"))
+    assert sets > 2
+    monkeypatch.setattr(budget, "FLAT_BUDGET", entries * 2)
+    plan = autopar.plan(model, inputs, CLUSTER, graph=graph, baselines=False)
+    assert plan.search.name == "hierarchical"
+    assert f"for each of {sets} training option sets" in plan.search.describe()
+    one = autopar.plan(model, inputs, CLUSTER, graph=graph, baselines=False, zero=0, recompute=False, accumulate=1)
+    assert one.search.name != "hierarchical"
+
+
+def test_the_flat_search_keeps_only_the_best_and_the_plain_sets_tables(llama4, monkeypatch):
+    """A beaten option set's tables are dropped as the search goes (on a large mesh each set's are
+    gigabytes), and the plan is the one the search keeping every set's tables finds."""
+    from autopar.core.margin import device_memory_for
+    from autopar.cost_models.analytic import AnalyticModel
+    from autopar.planning.options import MIN_SLICE, FlatOptions, option_sets
+    from autopar.search.dp import dp
+
+    model, inputs, graph = llama4
+    cluster = autopar.Cluster.preset(CLUSTER)
+    cm = AnalyticModel()
+    sets = [o for o in option_sets("bf16", "auto", "auto", cluster=cluster, accumulate=1)
+            if o.zero <= 1 and o.every == 1 and o.recompute in (False, True)]  # 4 sets: a quick test
+    searched, limits = [], []
+
+    def run(t, limit):  # the exact DP without its ILP finish: the same plan every run
+        searched.append(t)
+        limits.append(limit)
+        return dp(t, ilp_fallback=False, max_multipliers=8)
+
+    _, _, _, plain = FlatOptions(graph, cluster, cm, "train", "adam", None, sets[:1]).solve(run, 20.0)
+    tight = device_memory_for(0.6 * plain.memory)  # usable: below the plain set's best plan's
+    searched.clear()
+    limits.clear()
+    flat = FlatOptions(graph, cluster, cm, "train", "adam", tight, sets)
+    opts, _, _, sol = flat.solve(run, 20.0)
+    assert len(searched) >= 3  # memory binds: several sets searched
+    assert set(flat._tables) <= {sets[0], opts}
+    # the sets share the time limit: no search is given more than its share of what is left
+    assert max(limits) <= 20.0 / len(sets) + 1e-6 or max(limits) == MIN_SLICE
+    monkeypatch.setattr(FlatOptions, "_forget", lambda self, o: None)
+    keep = FlatOptions(graph, cluster, cm, "train", "adam", tight, sets)
+    opts_kept, _, _, sol_kept = keep.solve(run, 20.0)
+    assert len(keep._tables) >= 3
+    assert (opts_kept, sol_kept.cost, sol_kept.choice) == (opts, sol.cost, sol.choice)
+
+
 def test_tables_too_large_for_the_dp_fall_back_not_raise(llama4, monkeypatch):
     """The flat DP refuses its tables (SearchTooLargeError, its real check, with a budget of
     1 KiB for tables priced against a device's memory: the flat search's; the hierarchical
