@@ -28,7 +28,7 @@ import numpy as np
 from autopar.core.batch import scale_batch
 from autopar.core.blocks import Block
 from autopar.core.ir import Graph
-from autopar.core.strategy import TrainingOptions, node_training
+from autopar.core.strategy import RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE, TrainingOptions, node_training
 from autopar.core.tables import CostTables, Solution
 from autopar.cost_models.memory import already_saved, node_memory
 from autopar.planning.units import UnitStats, unit_stats
@@ -55,6 +55,16 @@ def every_options(blocks: int, largest: int = 8) -> tuple[int, ...]:
     groups of k (each group one recomputed block) with at least two groups."""
     powers = (2 ** j for j in range(1, largest.bit_length()))
     return tuple(k for k in powers if blocks % k == 0 and k < blocks)
+
+
+NAMED_MODES = (RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE)  # the recomputations named by a word, not a k
+
+
+def auto_recomputes(blocks: int) -> tuple:
+    """The recomputations the hierarchical search weighs under ``recompute="auto"`` (attention-only
+    is added where the graph has a core): none, every block, every k-th, and with repeated blocks
+    pointwise recomputation (``core/selective.py``)."""
+    return (False, True, *every_options(blocks)) + ((RECOMPUTE_POINTWISE,) if blocks else ())
 
 
 def recomputed_units(spans: list[tuple[int, int]], blocks: list[Block], k: int) -> np.ndarray:
@@ -179,5 +189,5 @@ def saved(g: Graph, dup: dict, spans: list[tuple[int, int]], s: UnitStats, mode:
     return {"acts": acts, "full_acts": full}
 
 
-__all__ = ["every_of", "options_of", "every_options", "recomputed_units", "recomputed_of", "per_unit",
-           "mixed", "blend", "every_stats", "saved"]
+__all__ = ["every_of", "options_of", "every_options", "auto_recomputes", "NAMED_MODES", "recomputed_units",
+           "recomputed_of", "per_unit", "mixed", "blend", "every_stats", "saved"]
