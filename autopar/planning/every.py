@@ -60,11 +60,23 @@ def every_options(blocks: int, largest: int = 8) -> tuple[int, ...]:
 NAMED_MODES = (RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE)  # the recomputations named by a word, not a k
 
 
-def auto_recomputes(blocks: int) -> tuple:
-    """The recomputations the hierarchical search weighs under ``recompute="auto"`` (attention-only
-    is added where the graph has a core): none, every block, every k-th, and with repeated blocks
-    pointwise recomputation (``core/selective.py``)."""
-    return (False, True, *every_options(blocks)) + ((RECOMPUTE_POINTWISE,) if blocks else ())
+def searched_recomputes(recompute, blocks: int, attention: bool) -> tuple:
+    """The recomputations the hierarchical search weighs for ``recompute``: under "auto" none,
+    every block, every k-th, pointwise where there are repeated blocks (``core/selective.py``) and
+    attention-only where the graph has a core; a named mode or k: that one."""
+    if recompute == "auto":
+        return ((False, True, *every_options(blocks)) + ((RECOMPUTE_POINTWISE,) if blocks else ())
+                + ((RECOMPUTE_ATTENTION,) if attention else ()))
+    if recompute in NAMED_MODES:
+        return (recompute,)
+    return (every_of(recompute) or bool(recompute),)
+
+
+def reference_mode(recompute):
+    """The recomputation whose tensor-group optimum bounds ``recompute``'s from below: none for
+    every k-th block and for pointwise recomputation (each runs what none runs, and some forward
+    again, under any layout), itself otherwise."""
+    return False if every_of(recompute) or recompute == RECOMPUTE_POINTWISE else recompute
 
 
 def recomputed_units(spans: list[tuple[int, int]], blocks: list[Block], k: int) -> np.ndarray:
@@ -189,5 +201,5 @@ def saved(g: Graph, dup: dict, spans: list[tuple[int, int]], s: UnitStats, mode:
     return {"acts": acts, "full_acts": full}
 
 
-__all__ = ["every_of", "options_of", "every_options", "auto_recomputes", "NAMED_MODES", "recomputed_units",
-           "recomputed_of", "per_unit", "mixed", "blend", "every_stats", "saved"]
+__all__ = ["every_of", "options_of", "every_options", "searched_recomputes", "reference_mode", "NAMED_MODES",
+           "recomputed_units", "recomputed_of", "per_unit", "mixed", "blend", "every_stats", "saved"]

@@ -29,7 +29,7 @@ from autopar.cost_models.tables import build_tables
 from autopar.planning import hierarchical as H
 from autopar.planning.baselines import data_parallel_choice
 from autopar.planning.degrees import Pin, recompute_value
-from autopar.planning.every import auto_recomputes
+from autopar.planning.every import searched_recomputes
 from autopar.planning.step_bounds import rerun_flops
 from autopar.planning.step_price import Candidate
 from autopar.search.dp import dp
@@ -171,7 +171,7 @@ def test_the_hierarchical_search_picks_pointwise_where_none_does_not_fit_and_the
     _, _, g = llama
     cluster, pin = Cluster.preset("8xA100"), Pin(tensor=1, pipeline=1, microbatch=8)
     probe = H.Search(g, cluster, "bf16", "adam", "train", 1e15, lambda t, g=None: dp(t))
-    modes = auto_recomputes(4)
+    modes = searched_recomputes("auto", 4, False)
     assert "pointwise" in modes
     cap = probe.price(Candidate(Degrees((1,), (1,), (8,)), 1, 0, False, "pointwise")).memory
     s = H.Search(g, cluster, "bf16", "adam", "train", cap, lambda t, g=None: dp(t))
