@@ -6,7 +6,10 @@ every parameter after 3 AdamW steps)."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import autopar
 from autopar.codegen.selective import KEPT_ATEN, keep_matmuls
@@ -16,10 +19,35 @@ from tests.helpers.numerics import check_module, reference_run
 LAYERS = 2
 
 
+class _Matmuls(TorchDispatchMode):
+    """The matmuls run while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
+        return func(*args, **(kwargs or {}))
+
+
+def _backward_matmuls(model, inputs, plan, **override) -> int:
+    module = autopar.compile(copy.deepcopy(model), inputs, plan=plan, **override)
+    loss = module(*inputs)
+    mode = _Matmuls()
+    with mode:
+        loss.backward()
+    return mode.count
+
+
 def _check(rank, world, model, inputs, plan, ref):
-    module = autopar.compile(model, inputs, plan=plan)
+    """The blocks wrapped; the backward runs no matmul again (as many as without recomputation,
+    fewer than with every block's forward again); the training matches one device's."""
+    module = autopar.compile(copy.deepcopy(model), inputs, plan=plan)
     wrapped = [m for m in module.program.module.modules() if type(m).__name__ == "Recomputed"]
     assert [m.pointwise for m in wrapped] == [True] * LAYERS, wrapped
+    plain, full = (_backward_matmuls(model, inputs, plan, recompute=rc) for rc in (False, True))
+    assert _backward_matmuls(model, inputs, plan) == plain < full
     check_module(rank, module, inputs, ref)
 
 
