@@ -109,7 +109,8 @@ class NodeTraining:
     and it saves nothing for the backward except its inputs at ``saved_inputs`` (the block's
     inputs, each kept once, by the first node that reads it). ``kept``: with ``recompute``, the
     node's outputs are kept instead of re-run (pointwise recomputation's matmuls and fused
-    attentions: selective checkpointing's MUST_SAVE ops); its forward does not run again. ``zero``: the ZeRO stage over the
+    attentions: selective checkpointing's MUST_SAVE ops); its forward does not run again.
+    ``zero``: the ZeRO stage over the
     mesh axes along which its parameters' gradients are partial sums (its data-parallel axes).
     ``master``: fp32 master weights beside low-precision parameters (mixed precision).
     """
