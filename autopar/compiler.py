@@ -77,8 +77,8 @@ def compile(model: nn.Module, devices: int | Cluster | str | None = None, exampl
     whole batch); "local" plans on the global batch, so it needs ``example_inputs`` (the whole batch).
 
     ``cost_model`` ... ``explain``: ``autopar.plan``'s options (same names, same defaults).
-    ``zero`` (0-3), ``precision`` ("fp32", "bf16") and ``recompute`` (bool, or k: every k-th
-    repeated block): training options the
+    ``zero`` (0-3), ``precision`` ("fp32", "bf16") and ``recompute`` (bool, k: every k-th
+    repeated block, "attention" or "pointwise"): training options the
     search decides ("auto"/None) or is told; with a given plan, what codegen runs in place of
     the plan's ``strategy`` (``codegen/training.py``).
 

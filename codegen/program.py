@@ -182,7 +182,7 @@ class _Builder:
         names = [by_node[s] for s in state]
         reduce_axes = {k: tuple(a for a, p in enumerate(self.grad_of[k]) if p.is_partial())
                        for k in names if k not in self.sync_bn}
-        module = recompute_blocks(module)
+        module = recompute_blocks(module, self.training.pointwise)
         return Program(module, names, self.inputs, self.input_specs, stored,
                        reduce_axes, self.sync_bn, self.layouts, self.output_placements, self.input_placements,
                        [m for m in module.modules() if isinstance(m, OutputReshard)], self.boundary, held)

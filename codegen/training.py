@@ -12,6 +12,7 @@ has none):
   node they come from, each block cut out with ``torch.fx``'s ``split_module`` and run under
   ``torch.utils.checkpoint`` (non-reentrant): only the block's inputs are kept for the backward,
   which re-runs the block's forward, its collectives included (every rank re-runs the same ones).
+  Pointwise recomputation (``selective.py``): the same blocks under selective checkpointing.
 * ZeRO-1/2/3: ``zero.py`` (the gradient buckets and the sharded optimizer).
 """
 
@@ -29,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from autopar.core.blocks import block_path, recomputed_blocks
 
 from .inplace import STATE_WRITE
+from .selective import pointwise_checkpoint
 
 BLOCK = "autopar_block"  # node.meta key: the recomputed block a program node belongs to
 
@@ -46,6 +48,7 @@ class ProgramTraining:
     # (``core/attention_core.py``), each core run under ``torch.utils.checkpoint`` on its own
     cores: tuple[tuple[str, str], ...] = ()
     ring: bool = False  # context-parallel attention as a ring, K/V kept in chunks (``ring_attention.py``)
+    pointwise: bool = False  # the recomputed blocks keep their matmuls' outputs (``selective.py``)
 
     @functools.cached_property
     def _core_of(self) -> dict[str, str]:
@@ -68,17 +71,18 @@ def program_training(graph, strategy=None, *, zero=None, precision=None, recompu
                      accumulate=None) -> ProgramTraining:
     """The plan's strategy, with the options given to ``compile`` in its place (or over it)."""
     from autopar.core.attention_core import attention_members
-    from autopar.core.strategy import PRECISIONS, RECOMPUTE_ATTENTION, TrainingOptions
+    from autopar.core.strategy import PRECISIONS, RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE, TrainingOptions
 
     opts = strategy.options if strategy is not None else TrainingOptions()
     blocks = tuple(strategy.recompute) if strategy is not None else ()
     axes = tuple(strategy.zero_axes) if strategy is not None and strategy.zero_axes else None
+    named = (RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE)
     if zero is not None or precision is not None or recompute is not None:
         opts = TrainingOptions(opts.zero if zero is None else int(zero),
                                opts.precision if precision is None else precision,
                                opts.recompute if recompute is None else
-                               recompute if recompute == RECOMPUTE_ATTENTION else bool(recompute),
-                               opts.every if recompute in (None, RECOMPUTE_ATTENTION) else max(1, int(recompute)),
+                               recompute if recompute in named else bool(recompute),
+                               opts.every if recompute is None or recompute in named else max(1, int(recompute)),
                                opts.accumulate)
         if recompute is not None and recompute != RECOMPUTE_ATTENTION:  # True: every block; k: every k-th
             blocks = recomputed_blocks(graph, opts)
@@ -97,7 +101,7 @@ def program_training(graph, strategy=None, *, zero=None, precision=None, recompu
         if opts.recompute == RECOMPUTE_ATTENTION else ()
     ring = bool(strategy is not None and strategy.degrees is not None and strategy.degrees.ring)
     return ProgramTraining(dtype, blocks if opts.recompute != RECOMPUTE_ATTENTION else (), opts.zero,
-                           axes if opts.zero else None, steps, cores, ring)
+                           axes if opts.zero else None, steps, cores, ring, opts.recompute == RECOMPUTE_POINTWISE)
 
 
 def block_of(module_path: str, recompute: tuple[str, ...]) -> str | None:
@@ -129,23 +133,28 @@ def cast_placeholders(graph: fx.Graph, placeholders: list[fx.Node], dtype: torch
 
 
 class Recomputed(nn.Module):
-    """One block of the program, its forward re-run in the backward (``torch.utils.checkpoint``)."""
+    """One block of the program, its forward re-run in the backward (``torch.utils.checkpoint``);
+    ``pointwise``: only its pointwise ops, the matmuls' outputs kept (``selective.py``)."""
 
-    def __init__(self, inner: fx.GraphModule, block: str):
+    def __init__(self, inner: fx.GraphModule, block: str, pointwise: bool = False):
         super().__init__()
         self.inner = inner
         self.block = block
+        self.pointwise = pointwise
 
     def forward(self, *args):
+        if self.pointwise:
+            return pointwise_checkpoint(self.inner, *args)
         return checkpoint(self.inner, *args, use_reentrant=False)
 
     def extra_repr(self) -> str:
-        return f"recomputed block {self.block}"
+        return f"recomputed block {self.block}" + (" (pointwise)" if self.pointwise else "")
 
 
-def recompute_blocks(gm: fx.GraphModule) -> fx.GraphModule:
+def recompute_blocks(gm: fx.GraphModule, pointwise: bool = False) -> fx.GraphModule:
     """``gm`` with each run of nodes tagged with one block as a ``Recomputed`` submodule (the
-    untagged runs as plain submodules between them); ``gm`` itself when nothing is tagged."""
+    untagged runs as plain submodules between them); ``gm`` itself when nothing is tagged.
+    ``pointwise``: each under selective checkpointing (``selective.py``)."""
     segment, last, blocks = -1, object(), {}
 
     def part_of(node: fx.Node) -> int:
@@ -162,7 +171,7 @@ def recompute_blocks(gm: fx.GraphModule) -> fx.GraphModule:
     split = split_module(gm, gm, lambda n: parts[n], keep_original_order=True, keep_original_node_name=True)
     for name, sub in list(split.named_children()):
         if name.startswith("submod_") and blocks.get(int(name[7:])) is not None:
-            setattr(split, name, Recomputed(sub, blocks[int(name[7:])]))
+            setattr(split, name, Recomputed(sub, blocks[int(name[7:])], pointwise))
     before = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     after = [n.name for n in split.graph.nodes if n.op == "placeholder"]
     if before != after:  # the caller feeds the state and inputs in the unsplit order

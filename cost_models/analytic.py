@@ -197,7 +197,7 @@ class AnalyticModel:
             return out
         out.terms.append(Term("compute backward", self.backward_factor * fwd,
                               f"{self.backward_factor:g} * {fwd:.4g} s = {self.backward_factor * fwd:.4g} s" if text else ""))
-        if train.recompute:
+        if train.recompute and not train.kept:  # a kept output (pointwise recompute) is not re-run
             out.terms.append(Term("compute forward again (recomputed in the backward)", fwd,
                                   f"= the forward, {fwd:.4g} s" if text else ""))
         stats = bn_stats(node, cfg, mesh, cluster)
@@ -274,7 +274,7 @@ class AnalyticModel:
         exchange = exchange_many(node, configs, mesh, cluster, mode) + balance_many(node, configs, mesh, cluster, mode)
         count = loss_count_many(node, own, mesh, cluster)
         if mode == "train":
-            again = 1.0 if node_training(node).recompute else 0.0
+            again = 1.0 if node_training(node).recompute and not node_training(node).kept else 0.0
             sync = self._grad_sync(node, own, mesh, cluster) * self.sync_scale if self.sync_scale else 0.0
             cost = (cost * (1.0 + self.backward_factor + again) + sync + bn_stats_many(node, own, mesh, cluster)
                     + optimizer_step(self.optimizer, node, own, mesh, cluster, self.memory_efficiency))

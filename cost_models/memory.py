@@ -245,6 +245,8 @@ def node_memory(node: Node, config: Config, mesh: Mesh, mode: str = "train",
         params, grads, opt = params + b.params, grads + b.grads, opt + b.optimizer
     if train and rec.recompute:
         acts = sum(node.inputs[i].spec.nbytes / shard_factor(lay.inputs[i], mesh) for i in rec.saved_inputs)
+        acts += sum(spec.nbytes / shard_factor(_saved_layout(node, cfg, mesh, lay, kind, k), mesh)
+                    for kind, k, spec in _kept_outputs(node, rec))
     elif train:
         acts = sum(spec.nbytes / shard_factor(_saved_layout(node, cfg, mesh, lay, kind, k), mesh)
                    for kind, k, spec in _saved(node, shared))
@@ -275,6 +277,19 @@ def _saved(node: Node, shared: frozenset[int]) -> list[tuple[str, int, TensorSpe
         kept.append(("output", 0, TensorSpec(out.shape, "int64", out.axes)))
     if node.op == "moe_experts" and nin not in shared:
         kept += [("internal", k, spec) for k, spec in enumerate(_expert_internals(node))]
+    return kept
+
+
+def _kept_outputs(node: Node, rec) -> list[tuple[str, int, TensorSpec]]:
+    """What a recomputed node whose outputs are kept (``NodeTraining.kept``: pointwise
+    recomputation's matmuls and fused attentions) holds: every output, and a fused attention's
+    log-sum-exp beside it (torch's selective checkpoint caches all of the kernel's outputs)."""
+    if not rec.kept:
+        return []
+    kept = [("output", j, spec) for j, spec in enumerate(node.outputs)]
+    if node.op in FUSED_ATTENTION:
+        out = node.outputs[0]
+        kept.append(("lse", 0, TensorSpec(out.shape[:-1], "float32", out.axes[:-1])))
     return kept
 
 
@@ -343,6 +358,8 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
         for i in rec.saved_inputs:
             spec = node.inputs[i].spec
             total += spec.nbytes / shard_factors(node, spec, own, mesh)
+        for kind, _, spec in _kept_outputs(node, rec):
+            total += spec.nbytes / shard_factors(node, spec, own, mesh, True)
     elif train:
         for kind, _, spec in _saved(node, shared):
             total += spec.nbytes / shard_factors(node, spec, own, mesh, kind in ("output", "lse"))
@@ -378,6 +395,8 @@ def saved_tensors(node: Node, config: Config, mesh: Mesh, mode: str = "train",
     lay = node_layouts(node, cfg, mesh)
     rec = node_training(node)
     if rec.recompute:
-        return [(node.inputs[i].spec.nbytes, shard_factor(lay.inputs[i], mesh)) for i in rec.saved_inputs]
+        return [(node.inputs[i].spec.nbytes, shard_factor(lay.inputs[i], mesh)) for i in rec.saved_inputs] + [
+            (spec.nbytes, shard_factor(_saved_layout(node, cfg, mesh, lay, kind, k), mesh))
+            for kind, k, spec in _kept_outputs(node, rec)]
     return [(spec.nbytes, shard_factor(_saved_layout(node, cfg, mesh, lay, kind, k), mesh))
             for kind, k, spec in _saved(node, shared)]

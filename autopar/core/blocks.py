@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from autopar.core.ir import Graph, Node, Operand, TensorSpec
 from autopar.core.attention_core import attention_members
-from autopar.core.strategy import RECOMPUTE_ATTENTION, NodeTraining, TrainingOptions
+from autopar.core.selective import keeps_output
+from autopar.core.strategy import RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE, NodeTraining, TrainingOptions
 from autopar.core.weight_views import WEIGHT_VIEW
 
 _NUMBERED = re.compile(r"^((?:[^.]+\.)*?\d+)(?:\.|$)")  # up to the first numbered path component
@@ -95,7 +96,8 @@ def _cast_node(node: Node, dtype: str) -> Node:
 
 def recomputed_blocks(graph: Graph, options: TrainingOptions) -> tuple[str, ...]:
     """The block paths ``options`` recomputes: none, every repeated block, or every k-th (blocks
-    0, k, 2k, ...: the memory of the others kept, 1/k of the recomputed forward paid)."""
+    0, k, 2k, ...: the memory of the others kept, 1/k of the recomputed forward paid); pointwise
+    recomputation: every repeated block (its matmuls' outputs kept, ``core/selective.py``)."""
     if not options.recompute or options.recompute == RECOMPUTE_ATTENTION:
         return ()
     return tuple(b.path for i, b in enumerate(repeated_blocks(graph)) if i % options.every == 0)
@@ -135,7 +137,8 @@ def apply_training(graph: Graph, options: TrainingOptions, recompute: tuple[str,
                     keep.append(k)
             saved = tuple(keep)
         rec = NodeTraining(zero=options.zero if n.params else 0, master=options.mixed and bool(n.params),
-                           recompute=block is not None, saved_inputs=saved)
+                           recompute=block is not None, saved_inputs=saved,
+                           kept=block is not None and options.recompute == RECOMPUTE_POINTWISE and keeps_output(n))
         m = _cast_node(n, dtype) if options.mixed else n
         attrs = dict(m.attrs)
         attrs["train"] = rec

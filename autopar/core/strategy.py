@@ -32,6 +32,14 @@ ZERO_STAGES = (0, 1, 2, 3)
 # product with the values), not the linears: Korthikanti et al. 2022's selective recomputation,
 # beside False (none) and True (every repeated block's forward).
 RECOMPUTE_ATTENTION = "attention"
+# The recompute mode that re-runs every repeated block's pointwise ops (norms, activations, rotary
+# products, residual adds, casts) and keeps its matmuls' and fused attentions' outputs: op-level
+# selective activation checkpointing (torch.utils.checkpoint's selective contexts; torchtitan's
+# "selective op" AC). ``core/selective.py`` names the kept ops.
+RECOMPUTE_POINTWISE = "pointwise"
+RECOMPUTE_MODES = (False, True, RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE)
+RECOMPUTE_NAMES = {RECOMPUTE_ATTENTION: "attention-only recompute",
+                   RECOMPUTE_POINTWISE: "pointwise recompute (matmul and attention outputs kept)"}
 # Each ZeRO stage under the name users also know it by. ZeRO-3 is FSDP (FSDP2's ``fully_shard``
 # per block, FSDP1's FULL_SHARD); ZeRO-2 is FSDP2 with ``reshard_after_forward=False`` (FSDP1's
 # SHARD_GRAD_OP). codegen/zero.py shards the gradient buckets itself (why: its docstring); the
@@ -55,7 +63,7 @@ class TrainingOptions:
 
     zero: int = 0
     precision: str = "fp32"
-    recompute: bool | str = False  # or RECOMPUTE_ATTENTION
+    recompute: bool | str = False  # or RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE
     every: int = 1  # with ``recompute``: every k-th repeated block (blocks 0, k, 2k, ...) is recomputed
     accumulate: int = 1  # gradient accumulation: microbatches per step, one gradient sync
 
@@ -63,8 +71,9 @@ class TrainingOptions:
         if not (isinstance(self.accumulate, int) and self.accumulate >= 1):
             raise ValueError(f"gradient accumulation needs an integer count of microbatches >= 1, "
                              f"not {self.accumulate!r}")
-        if self.recompute not in (False, True, RECOMPUTE_ATTENTION):
-            raise ValueError(f"recompute must be True, False or {RECOMPUTE_ATTENTION!r}, not {self.recompute!r}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be True, False, {RECOMPUTE_ATTENTION!r} or {RECOMPUTE_POINTWISE!r}, "
+                             f"not {self.recompute!r}")
         if self.zero not in ZERO_STAGES:
             raise ValueError(f"zero must be one of {ZERO_STAGES} (ZeRO stage), not {self.zero!r}")
         if not (isinstance(self.every, int) and self.every >= 1):
@@ -84,7 +93,7 @@ class TrainingOptions:
     def describe(self) -> str:
         parts = [ZERO_NAMES[self.zero],
                  f"{self.precision} mixed precision" if self.mixed else "fp32",
-                 "attention-only recompute" if self.recompute == RECOMPUTE_ATTENTION else
+                 RECOMPUTE_NAMES[self.recompute] if self.recompute in RECOMPUTE_NAMES else
                  ("recompute per block" if self.every == 1 else f"recompute every {self.every} blocks")
                  if self.recompute else "no recomputation"]
         if self.accumulate > 1:
@@ -98,7 +107,10 @@ class NodeTraining:
 
     ``recompute``: the node sits in a recomputed block: its forward runs again in the backward
     and it saves nothing for the backward except its inputs at ``saved_inputs`` (the block's
-    inputs, each kept once, by the first node that reads it). ``zero``: the ZeRO stage over the
+    inputs, each kept once, by the first node that reads it). ``kept``: with ``recompute``, the
+    node's outputs are kept instead of re-run (pointwise recomputation's matmuls and fused
+    attentions: selective checkpointing's MUST_SAVE ops); its forward does not run again.
+    ``zero``: the ZeRO stage over the
     mesh axes along which its parameters' gradients are partial sums (its data-parallel axes).
     ``master``: fp32 master weights beside low-precision parameters (mixed precision).
     """
@@ -107,6 +119,7 @@ class NodeTraining:
     master: bool = False
     recompute: bool = False
     saved_inputs: tuple[int, ...] = ()
+    kept: bool = False
 
 
 PLAIN = NodeTraining()

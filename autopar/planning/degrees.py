@@ -31,7 +31,7 @@ import itertools
 import math
 from dataclasses import dataclass, fields
 
-from autopar.core.strategy import RECOMPUTE_ATTENTION, Degrees
+from autopar.core.strategy import RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE, Degrees
 
 
 def divisors(n: int) -> list[int]:
@@ -122,20 +122,21 @@ _KEYS = {"tensor": int, "pipeline": int, "data": int, "zero": int, "microbatch":
          "ring": lambda v: v.lower() in ("1", "true", "yes", "on")}
 
 
-RECOMPUTE_VALUES = "none, full, attention or every-K (K >= 2: every K-th block)"
+RECOMPUTE_VALUES = "none, full, attention, pointwise or every-K (K >= 2: every K-th block)"
 
 
 def recompute_value(text: str) -> bool | str | int:
     """A recomputation as written (a pin's ``recompute=``, the command line's ``--recompute``):
     none / off / 0 -> False, full / on / 1 -> True (every block), attention -> attention-only,
+    pointwise -> every block's pointwise ops (matmul and attention outputs kept),
     every-K or K >= 2 -> K (every K-th block, ``planning/every.py``); ValueError otherwise."""
     v = str(text).strip().lower()
     if v in ("none", "off", "0", "false", "no"):
         return False
     if v in ("full", "on", "1", "true", "yes"):
         return True
-    if v == RECOMPUTE_ATTENTION:
-        return RECOMPUTE_ATTENTION
+    if v in (RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE):
+        return v
     k = v[len("every-"):] if v.startswith("every-") else v
     if k.isdigit() and int(k) >= 1:
         return int(k) if int(k) >= 2 else True

@@ -28,7 +28,7 @@ import numpy as np
 from autopar.core.batch import scale_batch
 from autopar.core.blocks import Block
 from autopar.core.ir import Graph
-from autopar.core.strategy import TrainingOptions, node_training
+from autopar.core.strategy import RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE, TrainingOptions, node_training
 from autopar.core.tables import CostTables, Solution
 from autopar.cost_models.memory import already_saved, node_memory
 from autopar.planning.units import UnitStats, unit_stats
@@ -55,6 +55,28 @@ def every_options(blocks: int, largest: int = 8) -> tuple[int, ...]:
     groups of k (each group one recomputed block) with at least two groups."""
     powers = (2 ** j for j in range(1, largest.bit_length()))
     return tuple(k for k in powers if blocks % k == 0 and k < blocks)
+
+
+NAMED_MODES = (RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE)  # the recomputations named by a word, not a k
+
+
+def searched_recomputes(recompute, blocks: int, attention: bool) -> tuple:
+    """The recomputations the hierarchical search weighs for ``recompute``: under "auto" none,
+    every block, every k-th, pointwise where there are repeated blocks (``core/selective.py``) and
+    attention-only where the graph has a core; a named mode or k: that one."""
+    if recompute == "auto":
+        return ((False, True, *every_options(blocks)) + ((RECOMPUTE_POINTWISE,) if blocks else ())
+                + ((RECOMPUTE_ATTENTION,) if attention else ()))
+    if recompute in NAMED_MODES:
+        return (recompute,)
+    return (every_of(recompute) or bool(recompute),)
+
+
+def reference_mode(recompute):
+    """The recomputation whose tensor-group optimum bounds ``recompute``'s from below: none for
+    every k-th block and for pointwise recomputation (each runs what none runs, and some forward
+    again, under any layout), itself otherwise."""
+    return False if every_of(recompute) or recompute == RECOMPUTE_POINTWISE else recompute
 
 
 def recomputed_units(spans: list[tuple[int, int]], blocks: list[Block], k: int) -> np.ndarray:
@@ -179,5 +201,5 @@ def saved(g: Graph, dup: dict, spans: list[tuple[int, int]], s: UnitStats, mode:
     return {"acts": acts, "full_acts": full}
 
 
-__all__ = ["every_of", "options_of", "every_options", "recomputed_units", "recomputed_of", "per_unit",
-           "mixed", "blend", "every_stats", "saved"]
+__all__ = ["every_of", "options_of", "every_options", "searched_recomputes", "reference_mode", "NAMED_MODES",
+           "recomputed_units", "recomputed_of", "per_unit", "mixed", "blend", "every_stats", "saved"]

@@ -47,7 +47,7 @@ from autopar.planning.accumulation import steps
 from autopar.planning.activations import attention_core, attention_flops, attention_recompute, price_fitting
 from autopar.planning.context import context_options, exchange_times, kv_bytes, rank_stats, unit_attention_flops
 from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
-from autopar.planning.every import every_of, every_options, every_stats, options_of, per_unit
+from autopar.planning.every import every_of, every_stats, options_of, per_unit, reference_mode, searched_recomputes
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats
 from autopar.planning.lagrangian import tighten
@@ -207,7 +207,7 @@ class Search:
         that are multiples of the candidate's b (the whole batch always is: solved first), the
         one giving the largest ``b/b' T(b')``."""
         tensor, b = self._tensor(c), self.batch // (c.degrees.d * c.microbatches)
-        rec = False if every_of(c.recompute) else c.recompute  # every k-th takes no less than none
+        rec = reference_mode(c.recompute)  # every k-th and pointwise take no less than none
         self._stats(tensor, 1, rec)
         best = (0.0, self.batch)
         for (ten, mb, rc), st in self._memo.items():
@@ -371,12 +371,7 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
                          "experts (no module named 'experts'): drop expert= from the pin")
     search.accumulate = steps(training.accumulate, search.batch, zero)  # ZeRO 0/1 with it, as on the flat path
     zeros = tuple(z for z in ((0, 1, 2, 3) if zero == "auto" else (int(zero),)) if z <= 1 or not search.accumulate)
-    recs = ((False, True, *every_options(len(search.blocks))) if recompute == "auto"  # k: every.py
-            else (every_of(recompute) or bool(recompute),))
-    if recompute == "auto" and search.attention:
-        recs += (RECOMPUTE_ATTENTION,)
-    elif recompute == RECOMPUTE_ATTENTION:
-        recs = (RECOMPUTE_ATTENTION,)
+    recs = searched_recomputes(recompute, len(search.blocks), search.attention)  # k: every.py
     seeds = []  # the baselines of this space, priced first: the search starts from the best that fits
     if with_baselines:
         seeds.append(search.best(Pin(tensor=1, pipeline=1), zeros, recs)[0])

@@ -31,7 +31,8 @@ from autopar.core.cost_model import CostModel
 from autopar.core.errors import InfeasibleError
 from autopar.core.ir import Graph
 from autopar.core.margin import usable_memory
-from autopar.core.strategy import RECOMPUTE_ATTENTION, Strategy, TrainingOptions, default_precision
+from autopar.core.strategy import (RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE, Strategy, TrainingOptions,
+                                   default_precision)
 from autopar.core.tables import CostTables, Solution
 from autopar.planning.accumulation import STEPS, accumulated_tables, microbatch_graph
 
@@ -51,8 +52,11 @@ def option_sets(precision: str | None, zero, recompute, cluster=None, mode: str 
     # more forward run again); ``recompute`` True is every block, an int k every k-th
     # ``recompute`` "attention": each attention core only (core/attention_core.py), searched
     # after none: it saves the scores (seq^2 per head) for their forward again
-    rcs = ([(False, 1), (RECOMPUTE_ATTENTION, 1)] + [(True, k) for k in SPARSE] + [(True, 1)]
-           if recompute == "auto" else [(RECOMPUTE_ATTENTION, 1)] if recompute == RECOMPUTE_ATTENTION
+    # ``recompute`` "pointwise": every block's pointwise ops (core/selective.py), after attention:
+    # the block's matmul and attention outputs kept, the norms' and activations' run again
+    rcs = ([(False, 1), (RECOMPUTE_ATTENTION, 1), (RECOMPUTE_POINTWISE, 1)] + [(True, k) for k in SPARSE]
+           + [(True, 1)] if recompute == "auto"
+           else [(recompute, 1)] if recompute in (RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE)
            else [(bool(recompute), max(1, int(recompute)))])
     out = [TrainingOptions(z, precision, rc, k) for rc, k in rcs for z in zs]
     if mode != "train" or accumulate in (1, "1"):
@@ -85,7 +89,7 @@ def dominators(opts: TrainingOptions) -> list[TrainingOptions]:
     out = []
     if opts.accumulate > 1:  # half the microbatches (each a step's sync, one larger batch's compute)
         out.append(dataclasses.replace(opts, accumulate=max(s for s in (1,) + STEPS if s < opts.accumulate)))
-    if opts.recompute == RECOMPUTE_ATTENTION:  # the attention cores' forward again, nothing less
+    if opts.recompute in (RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE):  # some forward again, nothing less
         out.append(dataclasses.replace(opts, recompute=False))
     elif opts.recompute:  # the next sparser recomputation (every 2k-th block, or none)
         sparser = [k for k in SPARSE if k > opts.every and k % opts.every == 0]

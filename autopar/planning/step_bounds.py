@@ -15,7 +15,8 @@ import numpy as np
 from autopar.core.blocks import repeated_blocks
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Graph
-from autopar.core.strategy import RECOMPUTE_ATTENTION
+from autopar.core.selective import rerun_flops as pointwise_rerun
+from autopar.core.strategy import RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time
 from autopar.planning.routed import ExpertStats, expert_totals
@@ -37,12 +38,15 @@ class Totals:
     expert_numel: float = 0.0
     attention_flops: float = 0.0  # what attention-only recomputation runs again (``activations.py``)
     block_flops: tuple[float, ...] = ()  # each repeated block's forward (every k-th runs again: every.py)
+    pointwise_flops: float = 0.0  # what pointwise recomputation runs again (``core/selective.py``)
 
 
 def rerun_flops(c: Candidate, tot: Totals) -> float:
     """FLOPs a step runs again for the candidate's recomputation."""
     if c.recompute == RECOMPUTE_ATTENTION:
         return tot.attention_flops
+    if c.recompute == RECOMPUTE_POINTWISE:
+        return tot.pointwise_flops
     if every_of(c.recompute):  # blocks 0, k, 2k, ...
         return float(sum(tot.block_flops[::every_of(c.recompute)]))
     return tot.forward_flops if c.recompute else 0.0
@@ -142,4 +146,4 @@ def totals(g: Graph, backward_factor: float) -> Totals:
     out = Totals((1 + backward_factor) * fwd, rerun, float(sum(b for _, b in seen.values())),
                  float(sum(k for k, _ in seen.values())), *expert_totals(g))
     blocks = tuple(float(sum(g.nodes[i].flops for i in b.nodes)) for b in repeated_blocks(g))
-    return dataclasses.replace(out, block_flops=blocks)
+    return dataclasses.replace(out, block_flops=blocks, pointwise_flops=pointwise_rerun(g, inside))

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.core.cluster import Cluster
-from autopar.core.strategy import RECOMPUTE_ATTENTION, ZERO_NAMES, Degrees
+from autopar.core.strategy import RECOMPUTE_NAMES, RECOMPUTE_POINTWISE, ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time, zero_sync_time
@@ -56,7 +56,7 @@ from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
 # planning paths).
 
 
-RECOMPUTE_WORDS = {False: "no recompute", True: "recompute", RECOMPUTE_ATTENTION: "attention-only recompute"}
+RECOMPUTE_WORDS = {False: "no recompute", True: "recompute", **RECOMPUTE_NAMES}
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Candidate:
     microbatches: int
     zero: int = 0
     zero_inner: bool = False
-    recompute: bool | str | int = False  # or RECOMPUTE_ATTENTION (attention cores); k: every k-th block
+    recompute: bool | str | int = False  # or a RECOMPUTE_NAMES mode (strategy.py); k: every k-th block
     schedule: str = "1f1b"  # with one pipeline stage: nothing to schedule
     stages_per_rank: int = 0  # interleaved 1F1B's v (0: the schedule's own, SCHEDULES)
 
@@ -226,7 +226,10 @@ def rerun_units(c: Candidate, s: UnitStats):
 
 def rerun_share(c: Candidate):
     """What ``overlap.window`` takes: the candidate's recomputation, or for every k-th block the
-    share of the forward run again, 1/k."""
+    share of the forward run again, 1/k; pointwise recomputation re-runs no matmul (its memory-
+    bound ops are a few percent of the forward): 0."""
+    if c.recompute == RECOMPUTE_POINTWISE:
+        return 0.0
     return 1.0 / every_of(c.recompute) if every_of(c.recompute) else c.recompute
 
 

@@ -48,6 +48,15 @@ def test_attention_only_recomputation_from_the_command_line(tmp_path):
     assert autopar.Plan.load(path).strategy.options.recompute == "attention"
 
 
+def test_pointwise_recomputation_from_the_command_line(tmp_path):
+    path = tmp_path / "plan.json"
+    assert main(["plan", "zoo:llama:layers=2,heads=4,batch=4,seq=32", "--devices", "2",
+                 "--pipeline", "off", "--recompute", "pointwise", "--json", str(path)]) == 0
+    st = autopar.Plan.load(path).strategy
+    assert st.options.recompute == "pointwise" and st.recompute == ("blocks.0", "blocks.1")
+    assert "pointwise recompute (matmul and attention outputs kept)" in st.options.describe()
+
+
 def test_run_plans_with_the_flags():
     """`autopar run`'s search (before any process starts) takes the same flags."""
     from autopar.cli import run_setup
@@ -59,7 +68,7 @@ def test_run_plans_with_the_flags():
 
 
 @pytest.mark.parametrize("flags,message", [
-    (("--recompute", "sometimes"), "--recompute 'sometimes': write none, full, attention or every-K"),
+    (("--recompute", "sometimes"), "--recompute 'sometimes': write none, full, attention, pointwise or every-K"),
     (("--recompute", "every-0"), "--recompute 'every-0'"),
     (("--accumulate", "0"), "--accumulate 0: write a count of microbatches >= 1"),
     (("--accumulate", "two"), "--accumulate two: write a count of microbatches >= 1"),
