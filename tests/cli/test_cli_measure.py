@@ -160,3 +160,17 @@ def test_second_moments_are_filled_where_the_groups_sum_would_read_rows():
     assert as_after_sync(opt) == int((before == 0).sum())
     assert int((local == 0).sum()) == 0
     assert torch.equal(local[group[0]], before[group[0]])
+
+
+def test_a_pipelined_plan_of_an_exported_model_is_one_line_that_says_what_to_measure(tmp_path):
+    """A Hugging Face Llama (traced with torch.export) planned for 512 devices gets a pipelined
+    plan, whose stages autopar does not build for an exported program: one line naming the flag
+    that measures its single-stage plan instead."""
+    factory = tmp_path / "llama_tiny.py"
+    factory.write_text("import sys\nsys.path.insert(0, %r)\nfrom benchmarks.llama_small import factory as f\n\n"
+                       "def factory():\n    return f(layers=2, hidden=64, heads=4, kv_heads=2, mlp=128, vocab=512, "
+                       "seq=16, batch=64)\n" % os.getcwd())
+    r = cli("measure", f"{factory}:factory", "--devices", "512", "--rank", "0", "--zero", "0",
+            "--hierarchical", "on")
+    assert one_line_error(r), r.stderr
+    assert "pipelined" in r.stderr and "--hierarchical off" in r.stderr
