@@ -339,8 +339,9 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         "optimizer state + master weights": held_sum(s.optimizer / fo) + xo,
         "activations in flight": held * held_sum(s.acts),
         "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
-        "update's buffers above the backward's peak (torch's foreach update)": max(0.0, update[w] - backward[w]),
     }
+    if update[w] > backward[w]:  # the rank's peak is its update's (torch's foreach update, its buffers)
+        memory_terms["update's buffers above the backward's peak (torch's foreach update)"] = update[w] - backward[w]
     a, b = sol.stages[k]
     units = f"{names[a]} .. {names[b - 1]}" if names and b - a > 1 else (names[a] if names else f"units {a}-{b - 1}")
     bottleneck = (f"slowest stage: {b - a} unit(s) ({units}), {fmt(t_max)} per microbatch; fullest stage: "
