@@ -387,8 +387,8 @@ def main(argv=None) -> int:
                              f"bandwidth {c[1] / 1e9:.3f} GB/s{gather} (timed via {c[2]}).  ")
         if per_rank[0]["update_rate"]:
             lines.append(f"Whole-model {OPTIMIZER} update: {1e9 * per_rank[0]['update_rate']:.2f} ns per element.  ")
-        lines.append(f"Ranks computing at once: {per_rank[0]['share']:.3f}x alone (compute_share, times every "
-                     "measured compute and update).  ")
+        lines.append(f"The model's ops on the ranks at once: {per_rank[0]['share']:.3f}x their profiled time "
+                     "(run_share, times every measured compute and update).  ")
         if per_rank[0].get("moves"):
             call, cp, st = per_rank[0]["moves"]
             lines.append(f"Each reshard step beyond its collective: {1e6 * call:.1f} us of the runtime's path, "

@@ -62,11 +62,11 @@ def _run_fb(call: OpCall, grads: list | None) -> None:
 
 
 def time_op(call: OpCall, backward: bool = True, repeats: int = 5, warmup: int = 2,
-            device="cpu") -> tuple[float, float | None]:
+            device="cpu", now: Callable[[], float] | None = None) -> tuple[float, float | None]:
     """(median forward seconds, median backward seconds or None), each over ``repeats`` runs.
 
     Backward is timed as forward+backward minus forward (autograd cannot run a backward without
-    its forward), clamped at zero.
+    its forward), clamped at zero. ``now``: the clock (default ``clock(device)``).
     """
     grads = None
     if backward and _leaves(call):
@@ -75,7 +75,7 @@ def time_op(call: OpCall, backward: bool = True, repeats: int = 5, warmup: int =
                 if isinstance(o, torch.Tensor) and o.requires_grad]
         grads = [torch.randn_like(o) for o in outs] if outs else None
 
-    now = clock(device)
+    now = now or clock(device)
 
     def timed(f) -> float:
         for _ in range(warmup):

@@ -33,6 +33,7 @@ from typing import Any, TextIO
 import numpy as np
 from autopar.cost_models.analytic import AnalyticModel, NodeCost, Term, check_mode
 from autopar.cost_models.collective_fit import GAP_S, NEAR_GAP_S, CommFit, compute_share, fit_collectives
+from autopar.cost_models.run_share import reference_ops, run_share
 from autopar.cost_models.experts import exchange_seconds
 from autopar.cost_models.profile_cache import ProfileCache, Timing
 from autopar.cost_models.reshard_fit import MoveFit, fit_moves
@@ -139,6 +140,7 @@ class ProfiledModel(AnalyticModel):
     moves: MoveFit | None = field(default=None, init=False)
     # measured compute times this: how much slower ranks sharing a host compute together (``compute_share``)
     share: float = field(default=1.0, init=False)
+    _reference: Any = field(default=None, init=False, repr=False)  # the model's ops re-timed in a run (run_share)
     _evict: Any = field(default=None, init=False, repr=False)  # written before each timed CPU update
     _scalar_update: dict = field(default_factory=dict, init=False, repr=False)  # dtype -> seconds
 
@@ -161,7 +163,7 @@ class ProfiledModel(AnalyticModel):
         if self.comm is not None and self.near_gap is not None and 0 < self.near_gap < self.comm_gap:
             self.near = fit_collectives(gap=self.near_gap, **fit)
         if self.comm is not None:
-            self.share = compute_share(self.device)
+            self.share = (run_share(self, self._reference) if self._reference else None) or compute_share(self.device)
             self.moves = fit_moves(self.probe, self.device)
         self._comm_done = True
 
@@ -420,6 +422,7 @@ class ProfiledModel(AnalyticModel):
         if "all-to-all" not in self.comm_kinds and any(n.op == "moe_experts" for n in graph.nodes):
             self.comm_kinds = (*self.comm_kinds, "all-to-all")  # expert parallelism's exchange, fitted too
         mesh = cluster.mesh()
+        self._reference = reference_ops(graph, mesh, op_signature)  # re-timed by the ranks of a run (_fit)
         todo: dict[str, tuple[Node, Config]] = {}
         for n in graph.nodes:
             for c in configs_for(n, mesh, space):

@@ -105,6 +105,24 @@ def zero_label(zero: int) -> str:
 UPDATE_PASSES = {2: 21, 1: 8, 0: 3}
 
 
+# fp32 buffers per stepped element that torch's element-wise update allocates and holds while it
+# runs, the gradients still alive and the activations freed: Adam's and AdamW's foreach update
+# takes the second moments' square root out of place (``_foreach_sqrt``, over every parameter of
+# the group at once), then divides and adds into that buffer in place; SGD's updates run in place.
+UPDATE_TEMPORARIES = {2: 1, 1: 0, 0: 0}
+
+
+def update_working_set(numel: float, states: int, foreach: bool) -> float:
+    """Bytes the optimizer's update allocates beyond the state it keeps, for ``numel`` stepped
+    elements on one device (under ZeRO: its slice): torch's own update (``foreach``, what the
+    generated module's ``optimizer()`` runs) holds ``UPDATE_TEMPORARIES`` fp32 buffers of them;
+    a fused kernel none. The step's peak is then the larger of the backward's (activations in
+    flight) and the update's (this, on top of the parameters, gradients and optimizer state)."""
+    if not foreach:
+        return 0.0
+    return numel * UPDATE_TEMPORARIES.get(states, UPDATE_TEMPORARIES[2]) * OPTIMIZER_STATE_BYTES
+
+
 def optimizer_step_time(numel: float, itemsize: int, states: int, master: bool,
                         memory_bandwidth: float, efficiency: float = 0.8, foreach: bool = False) -> float:
     """An element-wise optimizer step is memory-bound. Fused into one kernel (Megatron's and

@@ -43,7 +43,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.strategy import RECOMPUTE_NAMES, RECOMPUTE_POINTWISE, ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
-from autopar.cost_models.training import optimizer_step_time, zero_sync_time
+from autopar.cost_models.training import optimizer_step_time, update_working_set, zero_sync_time
 from autopar.planning.every import every_of
 from autopar.planning.overlap import exposed, window
 from autopar.planning.routed import ExpertStats
@@ -265,6 +265,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         raw = float(np.sum(s.params + s.grads + s.optimizer))
         static = static.copy()
         static[-1] -= s.shared * float(np.sum(static)) / raw if raw else 0.0
+    kept = static - s.transient if s.transient is not None else static  # what the update runs beside
     transient = float(np.max(s.full_acts - s.acts)) if c.recompute else 0.0
     cut = np.zeros(max(len(s.spans) - 1, 0))
     if p > 1:
@@ -282,11 +283,14 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         if c.schedule != "1f1b":  # the same cuts and memory, a smaller bubble
             sol.cost += (c.rounds - (m + p - 1)) * max(sol.stage_time)
     states = optimizer_states(optimizer)
-    dp, opt = [], []
+    dp, opt, update = [], [], []
     ranks = [sol.stages[r::p] for r in range(p)] if c.virtual > 1 else [[st] for st in sol.stages]
     for held_spans in ranks:
         grads, params, numel = (sum(float(np.sum(arr[a:b])) for a, b in held_spans)
                                 for arr in (s.grads, s.params, s.numel))
+        stepped = numel / fo + (sum(float(np.sum(ex.numel[a:b])) for a, b in held_spans) / efo if ex is not None else 0)
+        update.append(sum(float(np.sum(kept[a:b])) for a, b in held_spans)
+                      + update_working_set(stepped, states, cluster.foreach_update))
         dp.append(float(dp_sync(c.zero, grads, params, m, cluster, deg, c.zero_inner)))
         opt.append(optimizer_step_time(numel / fo, itemsize, states, master, cluster.memory_bandwidth,
                                        foreach=cluster.foreach_update))
@@ -320,6 +324,9 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         "optimizer step": max(opt),
     }
     cost = sol.cost + max(shown) + max(opt)
+    backward = [m_ + transient for m_ in sol.memory]  # each rank's peak: its backward's or its update's
+    sol.memory = [max(b_ - transient, u) for b_, u in zip(backward, update)]
+    peak = max(max(backward), max(update))
     w = int(np.argmax(sol.memory))
     held = in_flight(c, w)
     spans_w = sol.stages[w::p] if c.virtual > 1 else [sol.stages[w]]
@@ -336,12 +343,14 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         "activations in flight": held * held_sum(s.acts),
         "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
     }
+    if update[w] > backward[w]:  # the rank's peak is its update's (torch's foreach update, its buffers)
+        memory_terms["update's buffers above the backward's peak (torch's foreach update)"] = update[w] - backward[w]
     a, b = sol.stages[k]
     units = f"{names[a]} .. {names[b - 1]}" if names and b - a > 1 else (names[a] if names else f"units {a}-{b - 1}")
     bottleneck = (f"slowest stage: {b - a} unit(s) ({units}), {fmt(t_max)} per microbatch; fullest stage: "
                   f"{held:.3g} microbatch(es) of activations in flight; data-parallel sync {fmt(max(dp))}, "
                   f"{fmt(max(shown))} of it not under compute")
-    return Priced(c, cost, max(sol.memory) + transient, fits and max(sol.memory) + transient <= capacity,
+    return Priced(c, cost, peak, fits and peak <= capacity,
                   sol, terms, memory_terms, bottleneck)
 
 

@@ -85,6 +85,25 @@ def test_a_pipelined_stage_of_several_devices_holds_what_its_plan_predicts(stage
     assert 0.85 <= m["measured_memory"] / m["predicted_memory"] <= 1.15, m
 
 
+@pytest.fixture(scope="module")
+def first_stage_measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("measure_first_stage") / "m.json"
+    # rank 0 of the same plan: the embeddings' stage, whose peak is its update's (foreach AdamW's
+    # square root of the second moments, an fp32 buffer of every stepped element), not its backward's
+    r = subprocess.run([sys.executable, "-m", "autopar", "measure", "zoo:gpt:layers=2,width=64,heads=4,seq=32,batch=64,"
+                        "vocab=1024", "--devices", "512", "--rank", "0", "--zero", "0", "--steps", "2",
+                        "--json", str(out)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text())
+
+
+def test_the_embedding_stage_holds_what_its_plan_predicts(first_stage_measured):
+    m = first_stage_measured
+    assert m["measured_memory"] >= 5 * m["param_bytes"]  # parameters, gradients, two moments, the update's buffer
+    assert 0.85 <= m["measured_memory"] / m["predicted_memory"] <= 1.15, m
+
+
 @pytest.mark.parametrize("stage,stages,microbatches,schedule,held", [
     (0, 4, 8, "1f1b", 4), (3, 4, 8, "1f1b", 1), (1, 4, 2, "1f1b", 2), (2, 4, 3, "gpipe", 3)])
 def test_a_stage_runs_its_microbatches_in_the_schedules_order(stage, stages, microbatches, schedule, held):
@@ -114,3 +133,44 @@ def test_a_stage_runs_its_microbatches_in_the_schedules_order(stage, stages, mic
     run.step()
     assert max(alive) == held and alive[-1] == 0
     assert alive.count(max(alive)) >= 1 and len(alive) == 2 * microbatches
+
+
+def test_second_moments_are_filled_where_the_groups_sum_would_read_rows():
+    """A rank's embedding gradient is zero in the rows its batch did not read; the data-parallel
+    sum over the group's batches (here: one process stepping the union of 8 ranks' tokens) reads
+    every row. After ``as_after_sync`` the second moments are zero nowhere, as the summed run's,
+    and the rows this rank read keep their values."""
+    import torch
+
+    from autopar.cli.measure import as_after_sync
+
+    def stepped(tokens):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(64, 8)
+        opt = torch.optim.AdamW(emb.parameters(), lr=1e-3, foreach=True)
+        emb(tokens).square().sum().backward()
+        opt.step()
+        return opt, opt.state[emb.weight]["exp_avg_sq"]
+
+    group = torch.arange(64).reshape(8, 8)  # 8 ranks, each reading 8 rows
+    _, summed = stepped(group.flatten())
+    opt, local = stepped(group[0])
+    before = local.clone()
+    assert int((summed == 0).sum()) == 0 and int((local == 0).sum()) > 0
+    assert as_after_sync(opt) == int((before == 0).sum())
+    assert int((local == 0).sum()) == 0
+    assert torch.equal(local[group[0]], before[group[0]])
+
+
+def test_a_pipelined_plan_of_an_exported_model_is_one_line_that_says_what_to_measure(tmp_path):
+    """A Hugging Face Llama (traced with torch.export) planned for 512 devices gets a pipelined
+    plan, whose stages autopar does not build for an exported program: one line naming the flag
+    that measures its single-stage plan instead."""
+    factory = tmp_path / "llama_tiny.py"
+    factory.write_text("import sys\nsys.path.insert(0, %r)\nfrom benchmarks.llama_small import factory as f\n\n"
+                       "def factory():\n    return f(layers=2, hidden=64, heads=4, kv_heads=2, mlp=128, vocab=512, "
+                       "seq=16, batch=64)\n" % os.getcwd())
+    r = cli("measure", f"{factory}:factory", "--devices", "512", "--rank", "0", "--zero", "0",
+            "--hierarchical", "on")
+    assert one_line_error(r), r.stderr
+    assert "pipelined" in r.stderr and "--hierarchical off" in r.stderr

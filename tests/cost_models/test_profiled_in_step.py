@@ -180,3 +180,62 @@ def test_compute_share_times_measured_compute_updates_and_gaps(tmp_path, monkeyp
     assert model.near_weight(node, [whole], CPU2)[0] == 1.0
     model.share = 1.0
     assert model.near_weight(node, [whole], CPU2)[0] == pytest.approx(1 / 3)
+
+
+# -- the run's compute scale: the model's own ops re-timed by the ranks ------------------------
+
+PROFILED = (1e-3, 2e-3)  # forward, backward of every op as the profile timed it
+
+
+def _ranked_slowdown(rank: int) -> float:
+    return {0: 1.5, 1: 3.0}[rank]  # the ranks compute 1.5x and 3x slower than the profile timed
+
+
+def test_the_ranks_retime_the_models_ops_and_price_at_the_slowest_ranks_speed(tmp_path, monkeypatch):
+    """A host that runs the ranks' ops slower than the profile did (their cores shared, other
+    tenants) prices every measured term at the slowest rank's speed, as the step waits for it;
+    a matmul segment timed alone and together (``compute_share``) does not see it (here: 1.0)."""
+    import torch.distributed as dist
+
+    import autopar.cost_models.profiled as profiled
+    from tests.helpers.dist_utils import run_threaded
+
+    monkeypatch.setattr(ProfiledModel, "_measure_optimizer", lambda self, shapes: fake_update(shapes))
+    monkeypatch.setattr(ProfiledModel, "_measure", lambda self, node, config: Timing(*PROFILED))
+    graph = _mlp(64)
+    cache = str(tmp_path / "p.sqlite")
+    ProfiledModel(cache_path=cache, optimizer="adamw", fit_comm=False).profile(graph, CPU2)  # alone, no group
+    node = next(n for n in graph.nodes if n.op == "linear")
+    whole = Config(tuple(1 for _ in node.dims))
+    alone = {t.label: t.seconds for t in ProfiledModel(cache_path=cache, optimizer="adamw", fit_comm=False)
+             .node_breakdown(node, whole, CPU2).terms}
+
+    monkeypatch.setattr(profiled, "fit_collectives", lambda **kw: CommFit(latency=1e-5, bandwidth=1e9, world=2))
+    monkeypatch.setattr(profiled, "fit_moves", lambda probe, device: None)
+    monkeypatch.setattr(profiled, "compute_share", lambda device="cpu": 1.0)
+    import autopar.cost_models.op_runner as op_runner
+
+    timed = []
+
+    def slower(call, backward=True, repeats=5, warmup=2, device="cpu", now=None):
+        k = _ranked_slowdown(dist.get_rank())
+        timed.append(call)
+        return k * PROFILED[0], k * PROFILED[1]
+
+    monkeypatch.setattr(op_runner, "build", lambda node, config, device: node.name)
+    monkeypatch.setattr(op_runner, "time_op", slower)
+
+    def rank(r, world):
+        model = ProfiledModel(cache_path=cache, optimizer="adamw")
+        assert model.profile(graph, CPU2) == 0  # every op cached: nothing measured afresh
+        terms = {t.label: t.seconds for t in model.node_breakdown(node, whole, CPU2).terms}
+        return model.share, terms
+
+    for share, terms in run_threaded(rank, 2):
+        assert share == pytest.approx(3.0)  # the slower rank's, on both
+        for label in ("compute forward (measured)", "compute backward (measured)", "optimizer step (measured)"):
+            assert terms[label] == pytest.approx(3.0 * alone[label])
+    # each op signature re-timed once per rank: the two linears are one (counted twice), the ReLU
+    # the other third of the fake's compute, needed to cover 90%
+    first, second = [n.name for n in graph.nodes if n.op == "linear"]
+    assert timed.count(first) == 2 and second not in timed and len(timed) == 4

@@ -65,3 +65,31 @@ def test_adam_is_priced_as_adamw_at_most_a_little_high():
     priced = optimizer_step_time(1.0, 4, optimizer_states("adam"), False, 1.0, 1.0, foreach=True)
     counted = counted_bytes_per_element("Adam")
     assert counted <= priced <= 1.11 * counted
+
+
+def update_peak_bytes(name: str, **kwargs) -> int:
+    """Bytes torch's foreach update allocates above what exists when it starts (its peak), read
+    off the allocator's events (``torch.profiler`` with ``profile_memory``)."""
+    params = [torch.randn(ELEMENTS, requires_grad=True) for _ in range(2)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = getattr(torch.optim, name)(params, lr=1e-3, foreach=True, **kwargs)
+    opt.step()  # the state exists: the steady update is measured
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        opt.step()
+    running, peak = 0, 0
+    for at, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                             if e.name() == "[memory]"):
+        running += nbytes
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.parametrize("name,kind,kwargs", [("AdamW", "adamw", {}), ("Adam", "adam", {}),
+                                              ("SGD", "momentum", {"momentum": 0.9}), ("SGD", "plain_sgd", {})])
+def test_the_updates_buffers_are_what_torchs_update_allocates(name, kind, kwargs):
+    from autopar.cost_models.training import update_working_set
+
+    counted = update_peak_bytes(name, **kwargs)
+    assert update_working_set(2 * ELEMENTS, optimizer_states(kind), foreach=True) == pytest.approx(counted, abs=64)
+    assert update_working_set(2 * ELEMENTS, optimizer_states(kind), foreach=False) == 0  # a fused kernel
