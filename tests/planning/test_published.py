@@ -89,9 +89,10 @@ def _published_ratio(name: str) -> float:
 
 
 # The published trainings whose reported utilisation this cost model reaches within 15%. Not here,
-# by what is measured (benchmarks/scale.md): mt_nlg_530b (1.46x: Megatron-LM ran the same shape on
-# the same machines at 52%, Narayanan et al. 2021 Table 1, against MT-NLG's 36.2%; the bubble of
-# its fewer microbatches, priced, explains 52% -> 48%: the rest is the code, see the record),
+# by what is measured (benchmarks/scale.md): mt_nlg_530b (1.39x: Megatron-LM ran the same shape on
+# the same machines at 52%, Narayanan et al. 2021 Table 1, priced within 15% in TABLE_1 below,
+# against MT-NLG's 36.2%; the bubble of its fewer, non-interleaved microbatches, priced, explains
+# 52% -> 44.6%: the rest is the code, see the record),
 # llama3_405b (0.74x: priced with full recomputation, a third more compute; without it 0.96x,
 # sequence parallelism priced, but 84.6 GiB of activations in flight per device against an H100's
 # 66.6 GiB usable: the zoo's Llama keeps what torch's autograd keeps for it, counted with saved-
