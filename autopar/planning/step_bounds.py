@@ -20,8 +20,8 @@ from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import optimizer_step_time
 from autopar.planning.routed import ExpertStats, expert_totals
 from autopar.planning.every import every_of
-from autopar.planning.step_price import (Candidate, all_to_all_time, data_groups, expert_degrees, expert_split,
-                                         level_link, pipeline_level, rerun_units, zero_factors)
+from autopar.planning.step_price import (Candidate, accumulated, all_to_all_time, data_groups, expert_degrees,
+                                         expert_split, level_link, pipeline_level, rerun_units, zero_factors)
 from autopar.planning.units import UnitStats
 
 
@@ -93,11 +93,12 @@ def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | N
     takes at least the average and at least the slowest unit; the tensor group's syncs at least
     their average, the data-parallel sync at least 0 (it may hide under compute)."""
     deg, m, p = c.degrees, c.microbatches, c.degrees.p
-    s, ex, (_, _, efo) = expert_split(c, s, experts)
-    time = s.time + (all_to_all_time(ex, deg, cluster, rerun_units(c, s)) if ex is not None else 0.0)
-    t_max = max(float(np.sum(time)) / p, float(np.max(time)))
+    s, ex, (_, efg, efo) = expert_split(c, s, experts)
     g, _, _, _ = data_groups(deg, c.zero_inner)
-    _, _, fo = zero_factors(c.zero, g)
+    _, fg, fo = zero_factors(c.zero, g)
+    time = s.time + (all_to_all_time(ex, deg, cluster, rerun_units(c, s)) if ex is not None else 0.0)
+    time = time + accumulated(c, s, ex, fg, efg, cluster)  # the same per unit as ``price``
+    t_max = max(float(np.sum(time)) / p, float(np.max(time)))
     dp = 0.0  # the data-parallel sync may hide under compute (overlap.py): at least 0
     states = optimizer_states(optimizer)
     opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, states, master, cluster.memory_bandwidth,
@@ -108,7 +109,8 @@ def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | N
     return c.rounds * t_max + float(np.sum(s.sync)) / p + dp + opt
 
 
-def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float, rest_lb: float) -> float:
+def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float, rest_lb: float,
+                 added: float = 0.0) -> float:
     """A lower bound on ``price(c, ...)`` under *any* layout of the tensor group (the space's
     layouts, not only the one its DP chose), so that it bounds the candidate's optimum.
 
@@ -118,9 +120,11 @@ def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float
     and receive it), and a cut's cost does not depend on the layout (Megatron's 1/t slices of what
     crosses it), so the slowest stage takes at least ``(T* + 2 x (the p - 1 cheapest cuts)) / p``.
     The syncs inside the group are at least 0; data-parallel sync and the optimizer step at least
-    ``rest_lb`` (perfectly sharded state: ``lower_bound``), and the compute at least ``compute_lb``."""
+    ``rest_lb`` (perfectly sharded state: ``lower_bound``), and the compute at least ``compute_lb``.
+    ``added``: seconds per microbatch every layout spends at least adding gradients into the held
+    ones over all units (``space_bound.accumulation_floor``), on top of ``T*``."""
     deg, p = c.degrees, c.degrees.p
-    total = float(np.sum(s.time))
+    total = float(np.sum(s.time)) + added
     if p > 1 and len(s.boundary):
         bw, lat = level_link(cluster, pipeline_level(deg))
         cut = np.sort(2 * (lat + cluster.call_latency + np.asarray(s.boundary, dtype=float) / bw))
