@@ -253,10 +253,16 @@ def accumulation_floor(search, c: Candidate) -> np.ndarray:
     Zeros with expert degrees (their gradients are split apart: ``step_price.expert_split``)."""
     if c.degrees.ep > 1 or c.microbatches <= 1:
         return np.zeros(len(search.spans))
+    key = ("grads",) + search.group_key(c)
+    if key not in search.floors:  # the middle units share their window unit's list
+        memo: dict[int, float] = {}
+        for unit in memory_floors(search, c).state:
+            if id(unit) not in memo:
+                memo[id(unit)] = sum(float(np.min(k[:, 1])) for k in unit)
+        search.floors[key] = np.asarray([memo[id(unit)] for unit in memory_floors(search, c).state])
     g, _, _, _ = data_groups(c.degrees, c.zero_inner)
     _, fg, _ = zero_factors(c.zero, g)
-    grads = np.asarray([sum(float(np.min(k[:, 1])) for k in unit) / fg for unit in memory_floors(search, c).state])
-    out = accumulation_time(grads, c.microbatches, search.cluster.memory_bandwidth)
+    out = accumulation_time(search.floors[key] / fg, c.microbatches, search.cluster.memory_bandwidth)
     if c.degrees.p == 1 and len(out) > 1:
         out[-1] = 0.0
     return out

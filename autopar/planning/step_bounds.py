@@ -17,7 +17,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.ir import Graph
 from autopar.core.strategy import RECOMPUTE_ATTENTION
 from autopar.cost_models.memory import optimizer_states
-from autopar.cost_models.training import optimizer_step_time
+from autopar.cost_models.training import accumulation_time, optimizer_step_time
 from autopar.planning.routed import ExpertStats, expert_totals
 from autopar.planning.every import every_of
 from autopar.planning.step_price import (Candidate, accumulated, all_to_all_time, data_groups, expert_degrees,
@@ -51,12 +51,11 @@ def rerun_flops(c: Candidate, tot: Totals) -> float:
 def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: float, optimizer: str | None,
                 master: bool, itemsize: int) -> tuple[float, float, float]:
     """(compute part, the rest, bytes per device) no plan of this candidate can beat: compute at
-    peak on every device with the pipeline's bubble; the optimizer step of perfectly sharded state
-    (the data-parallel sync may hide under compute: 0); the memory of perfectly sharded state
-    (activations left out)."""
+    peak on every device with the pipeline's bubble, and the gradients' accumulation; the
+    optimizer step of perfectly sharded state (the data-parallel sync may hide under compute: 0);
+    the memory of perfectly sharded state (activations left out)."""
     deg, m = c.degrees, c.microbatches
     flops = tot.train_flops + rerun_flops(c, tot)
-    compute = c.rounds / m * flops / (cluster.devices * peak * eff)
     per = deg.t * deg.p
     g, _, _, _ = data_groups(deg, c.zero_inner)
     ep = deg.ep if tot.expert_bytes else 1
@@ -65,6 +64,11 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     fp, fg, fo = zero_factors(c.zero, g)
     ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
     efp, efg, efo = (ep * f for f in zero_factors(c.zero, ge))
+    # the slowest rank adds at least the average rank's gradients per microbatch (each once, in
+    # their dtype, perfectly sharded): ``step_price.accumulated``
+    added = accumulation_time(((tot.param_bytes - xb) / fg + (xb / efg if ep > 1 else 0.0)) / per, m,
+                              cluster.memory_bandwidth)
+    compute = c.rounds * (flops / m / (cluster.devices * peak * eff) + added)
     fp, efp = (1.0, float(ep)) if c.zero >= 3 else (fp, efp)  # ZeRO-3's held whole, as ``price`` counts them
     states = optimizer_states(optimizer)
     rest += optimizer_step_time((tot.numel - xn) / per / fo, itemsize, states, master, cluster.memory_bandwidth,
