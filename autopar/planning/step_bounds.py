@@ -64,11 +64,7 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     fp, fg, fo = zero_factors(c.zero, g)
     ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
     efp, efg, efo = (ep * f for f in zero_factors(c.zero, ge))
-    # the slowest rank adds at least the average rank's gradients per microbatch (each once, in
-    # their dtype, perfectly sharded): ``step_price.accumulated``
-    added = accumulation_time(((tot.param_bytes - xb) / fg + (xb / efg if ep > 1 else 0.0)) / per, m,
-                              cluster.memory_bandwidth)
-    compute = c.rounds * (flops / m / (cluster.devices * peak * eff) + added)
+    compute = c.rounds * flops / m / (cluster.devices * peak * eff) + accumulation_lb(c, tot, cluster)
     fp, efp = (1.0, float(ep)) if c.zero >= 3 else (fp, efp)  # ZeRO-3's held whole, as ``price`` counts them
     states = optimizer_states(optimizer)
     rest += optimizer_step_time((tot.numel - xn) / per / fo, itemsize, states, master, cluster.memory_bandwidth,
@@ -80,6 +76,22 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
                                     foreach=cluster.foreach_update)
         mem += (xb / efp + xb / efg + xn * opt_bytes / efo) / per
     return compute, rest, mem
+
+
+def accumulation_lb(c: Candidate, tot: Totals, cluster: Cluster) -> float:
+    """Seconds of a step's gradient accumulation no plan of ``c`` beats: the slowest rank adds at
+    least the average rank's gradients per microbatch (each parameter once, in its dtype, sharded
+    over the tensor and pipeline ranks and ZeRO's group), ``rounds`` times
+    (``step_price.accumulated``)."""
+    deg = c.degrees
+    g, _, _, _ = data_groups(deg, c.zero_inner)
+    ep = deg.ep if tot.expert_bytes else 1
+    xb = tot.expert_bytes if ep > 1 else 0.0
+    _, fg, _ = zero_factors(c.zero, g)
+    ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
+    efg = ep * zero_factors(c.zero, ge)[1]
+    grads = ((tot.param_bytes - xb) / fg + (xb / efg if ep > 1 else 0.0)) / (deg.t * deg.p)
+    return c.rounds * float(accumulation_time(grads, c.microbatches, cluster.memory_bandwidth))
 
 
 def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute_lb: float, rest_lb: float
