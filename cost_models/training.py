@@ -140,3 +140,30 @@ def optimizer_step_time(numel: float, itemsize: int, states: int, master: bool,
     moved = numel * (itemsize + 2 * states * OPTIMIZER_STATE_BYTES
                      + 2 * (MASTER_BYTES if master else 0) + 2 * itemsize)
     return moved / (memory_bandwidth * efficiency)
+
+
+# Passes over a gradient element that adding one microbatch's gradient into the held one makes:
+# autograd's AccumulateGrad runs ``grad += new`` in place once ``.grad`` exists (reads both,
+# writes one); the first microbatch's gradient is stored as ``.grad`` without a pass.
+ACCUMULATE_PASSES = 3
+
+
+def accumulation_time(grad_bytes, microbatches: int, memory_bandwidth: float, efficiency: float = 0.8):
+    """Seconds per microbatch a rank spends adding each microbatch's weight gradients into those
+    it holds (numpy-friendly in ``grad_bytes``, the gradient bytes the rank accumulates: whole
+    with ZeRO 0/1, its shard with ZeRO 2/3, reduce-scattered per microbatch).
+
+    With ``m`` microbatches a step, ``m - 1`` of them add into ``.grad``: ``ACCUMULATE_PASSES``
+    passes over the gradient bytes, element-wise and memory-bound, on the stream of the backward
+    that made the gradient, so on the critical path of that microbatch: ``(m - 1) / m x 3 G / (B
+    x efficiency)`` per microbatch on average. It grows with the parameters a rank holds and not
+    with its tokens, so it weighs most where a pipeline rank holds billions of parameters and
+    runs microbatches of one sequence (Narayanan et al. 2021, Table 1: a 1T-parameter stage of 2
+    layers holds 2.0e9 parameters per GPU and runs 2048 tokens a microbatch, 16k FLOPs of
+    compute per parameter against 6 bytes of accumulation: about 6% of its time on an A100).
+    Codes that accumulate in fp32 (Megatron-LM's ``main_grad``, DeepSpeed's bf16 optimizer) move
+    10 bytes per half-precision element, not 6: priced as torch's own accumulation, what the
+    generated program runs."""
+    if microbatches <= 1:
+        return 0.0 * grad_bytes
+    return (microbatches - 1) / microbatches * ACCUMULATE_PASSES * grad_bytes / (memory_bandwidth * efficiency)

@@ -6,8 +6,9 @@ communication and reshards: every node's time per microbatch, every edge's) and 
 gradients and steps the optimizer once (each node's terms of kind "sync" and "optimizer", from
 the cost model's own ``node_breakdown``). So node ``i`` under config ``c`` costs
 ``k * t_i(c) - (k - 1) * s_i(c)``, ``t_i`` its microbatch tables' cost and ``s_i`` its once-per-
-step part; edges cost ``k`` times theirs. Memory is the microbatch graph's: one microbatch's
-activations, the parameters, gradients and optimizer state whole.
+step part; edges cost ``k`` times theirs; the ``k - 1`` later microbatches add their gradients
+into the held ones (``training.accumulation_time``). Memory is the microbatch graph's: one
+microbatch's activations, the parameters, gradients and optimizer state whole.
 
 Gradient accumulation is searched with ZeRO 0 and 1 only: codegen (``codegen/accumulate.py``)
 reduces the gradients once after the last microbatch, so each rank holds the whole gradient
@@ -70,9 +71,34 @@ def once_per_step(graph: Graph, tables: CostTables, model, cluster, mode: str) -
     return out
 
 
+def added_gradients(graph: Graph, tables: CostTables, k: int, cluster, mode: str) -> list[np.ndarray]:
+    """Per node and config, the seconds a step of ``k`` microbatches spends adding the later
+    microbatches' gradients into the held ones (``training.accumulation_time`` over the node's
+    gradient bytes per device, ``memory.node_memory``), ``k`` times its per-microbatch figure."""
+    from autopar.cost_models.memory import node_memory
+    from autopar.cost_models.training import accumulation_time
+
+    mesh = cluster.mesh()
+    cache: dict[tuple, np.ndarray] = {}
+    out = []
+    for node, configs in zip(graph.nodes, tables.configs):
+        if not node.params or mode != "train":
+            out.append(np.zeros(len(configs)))
+            continue
+        key = (id(configs), signature(node))
+        if key not in cache:
+            grads = np.array([node_memory(node, c, mesh, mode).grads for c in configs])
+            cache[key] = k * accumulation_time(grads, k, cluster.memory_bandwidth)
+        out.append(cache[key])
+    return out
+
+
 def accumulated_tables(graph: Graph, tables: CostTables, k: int, model, cluster, mode: str) -> CostTables:
-    """``tables`` (of ``graph``, the microbatch graph) priced as a step of ``k`` microbatches."""
+    """``tables`` (of ``graph``, the microbatch graph) priced as a step of ``k`` microbatches:
+    ``k`` times each microbatch's work, the once-per-step part once, and ``k - 1`` additions of a
+    microbatch's gradients into the held ones (``added_gradients``)."""
     once = once_per_step(graph, tables, model, cluster, mode)
-    cost = [k * np.asarray(c, dtype=float) - (k - 1) * s for c, s in zip(tables.node_cost, once)]
+    added = added_gradients(graph, tables, k, cluster, mode)
+    cost = [k * np.asarray(c, dtype=float) - (k - 1) * s + a for c, s, a in zip(tables.node_cost, once, added)]
     edges = {e: k * np.asarray(m, dtype=float) for e, m in tables.edge_cost.items()}
     return CostTables(tables.nodes, tables.configs, cost, edges, tables.memory, tables.memory_capacity, tables.units)

@@ -13,6 +13,7 @@ import numpy as np
 
 from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
+from autopar.cost_models.training import accumulation_time
 from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
@@ -36,7 +37,8 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float) -> float:
     """The tightest bound on ``c``'s price under any layout this module and ``layout_bound`` give:
     the pipeline part (balanced stages, or the cuts themselves), then the data-parallel sync:
     ``price >= max(pipeline + last bucket, slowest rank's sync) + rest`` (``sync_floors``)."""
-    pipe = max(layout_bound(c, search.stats(c), search.cluster, comp, rest), cut_bound(search, c, rest)) - rest
+    added = float(np.sum(accumulation_floor(search, c)))
+    pipe = max(layout_bound(c, search.stats(c), search.cluster, comp, rest, added), cut_bound(search, c, rest)) - rest
     bucket, sync = sync_floors(search, c)
     return max(pipe + bucket, sync) + rest
 
@@ -142,7 +144,7 @@ def cut_bound(search, c: Candidate, rest: float) -> float:
     if deg.p == 1 or c.virtual > 1 or deg.ep > 1:
         return 0.0  # expert degrees change the units' state and work: no floor from them here
     s = search.stats(c)
-    time, acts = unit_floors(search, c), memory_floors(search, c).acts
+    time, acts = unit_floors(search, c) + accumulation_floor(search, c), memory_floors(search, c).acts
     if deg.c > 1:  # a context rank: 1/k of the work and activations, its K/V gathers and the K/V it holds
         link, call = search._kv_link(c), search.cluster.call_latency  # the exchange as the search prices it
         time = time / deg.c + per_unit(search, c.recompute, lambda rc: exchange_times(*link, call, rc))
@@ -240,3 +242,27 @@ def _node_floors(node, configs, mesh, mode, opt, skip, shared) -> tuple[float, f
                      if rec.recompute else 0.0)
         held.append((mb.params, mb.grads, mb.optimizer))
     return min(saved), min(extra), np.asarray(held, dtype=float)
+
+
+def accumulation_floor(search, c: Candidate) -> np.ndarray:
+    """Per unit, the seconds per microbatch every layout spends at least adding gradients into the
+    held ones (``step_price.accumulated``): ``training.accumulation_time`` of the least gradient
+    bytes any config of each node holds (``memory_floors``' state, ZeRO applied), summed per
+    unit; separable over nodes and increasing in the bytes. On one stage a tied parameter has one
+    gradient, counted in the first and the last unit here: the last unit's floor is left out.
+    Zeros with expert degrees (their gradients are split apart: ``step_price.expert_split``)."""
+    if c.degrees.ep > 1 or c.microbatches <= 1:
+        return np.zeros(len(search.spans))
+    key = ("grads",) + search.group_key(c)
+    if key not in search.floors:  # the middle units share their window unit's list
+        memo: dict[int, float] = {}
+        for unit in memory_floors(search, c).state:
+            if id(unit) not in memo:
+                memo[id(unit)] = sum(float(np.min(k[:, 1])) for k in unit)
+        search.floors[key] = np.asarray([memo[id(unit)] for unit in memory_floors(search, c).state])
+    g, _, _, _ = data_groups(c.degrees, c.zero_inner)
+    _, fg, _ = zero_factors(c.zero, g)
+    out = accumulation_time(search.floors[key] / fg, c.microbatches, search.cluster.memory_bandwidth)
+    if c.degrees.p == 1 and len(out) > 1:
+        out[-1] = 0.0
+    return out

@@ -4,8 +4,9 @@ For every stage count S that splits off the outer mesh axes (so each stage is a 
 the inner axes, the same shape the intra-operator space already knows) and every microbatch count
 M in {S, 2S, 4S} that divides the batch, the graph at microbatch size is priced on one stage's
 devices and solved exactly by the intra-operator DP. Each node's stage-local time is read off that
-solution (its cost plus the resharding of its inputs), its gradient synchronization is taken out
-as a once-per-step term, and its memory is split into static (parameters, gradients, optimizer
+solution (its cost plus the resharding of its inputs, plus adding its gradients into the held
+ones for every microbatch after the first: ``training.accumulation_time``), its gradient
+synchronization is taken out as a once-per-step term, and its memory is split into static (parameters, gradients, optimizer
 state) and per-microbatch activations. ``search.pipeline`` then cuts the node sequence into stages.
 
 Each option is priced by the plan's own cost model (analytic or profiled). Approximation, stated: a stage's intra-operator plan is the restriction of the whole-graph optimum
@@ -85,6 +86,7 @@ def price_option(graph: Graph, cluster: Cluster, stages: int, axes: int, micro: 
     stage's devices, solved exactly; None when the batch does not scale to that microbatch."""
     from autopar.cost_models.memory import already_saved, node_memory
     from autopar.cost_models.tables import build_tables
+    from autopar.cost_models.training import accumulation_time
 
     sub = cluster.with_devices(cluster.devices // stages)
     mesh = sub.mesh()
@@ -103,9 +105,10 @@ def price_option(graph: Graph, cluster: Cluster, stages: int, axes: int, micro: 
     sync = np.zeros(n)
     static = np.zeros(n)
     acts = np.zeros(n)
+    grads = np.zeros(n)
     # Nodes of one signature share one config list (build_tables' cache) and price alike,
     # so each (config list, chosen config) is priced once.
-    seen: dict[tuple[int, int], tuple[float, float, float]] = {}
+    seen: dict[tuple[int, int], tuple[float, float, float, float]] = {}
     dup = already_saved(g)
     for i, node in enumerate(g.nodes):
         key = (id(t.configs[i]), choice[i], dup.get(node.name))
@@ -116,9 +119,10 @@ def price_option(graph: Graph, cluster: Cluster, stages: int, axes: int, micro: 
                 nc = model.node_breakdown(node, cfg, sub, mode, text=False)
                 s = sum(term.seconds for term in nc.terms if term.kind in ("sync", "optimizer"))
             mb = node_memory(node, cfg, mesh, mode, optimizer, shared=dup.get(node.name, frozenset()))
-            seen[key] = (s, mb.params + mb.grads + mb.optimizer + mb.transient, mb.activations)
-        sync[i], static[i], acts[i] = seen[key]
+            seen[key] = (s, mb.params + mb.grads + mb.optimizer + mb.transient, mb.activations, mb.grads)
+        sync[i], static[i], acts[i], grads[i] = seen[key]
     time -= sync  # the per-microbatch part; sync happens once per step
+    time += accumulation_time(grads, micro, cluster.memory_bandwidth)  # into the held gradients
     cut = cut_times(g, sub, cluster, stages)
     return PipelineOption(StageCosts(sub.devices, micro, time, sync, static, acts, cut), g, t, choice, axes)
 

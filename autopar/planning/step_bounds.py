@@ -18,11 +18,11 @@ from autopar.core.ir import Graph
 from autopar.core.selective import rerun_flops as pointwise_rerun
 from autopar.core.strategy import RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE
 from autopar.cost_models.memory import optimizer_states
-from autopar.cost_models.training import optimizer_step_time
+from autopar.cost_models.training import accumulation_time, optimizer_step_time
 from autopar.planning.routed import ExpertStats, expert_totals
 from autopar.planning.every import every_of
-from autopar.planning.step_price import (Candidate, all_to_all_time, data_groups, expert_degrees, expert_split,
-                                         level_link, pipeline_level, rerun_units, zero_factors)
+from autopar.planning.step_price import (Candidate, accumulated, all_to_all_time, data_groups, expert_degrees,
+                                         expert_split, level_link, pipeline_level, rerun_units, zero_factors)
 from autopar.planning.units import UnitStats
 
 
@@ -55,12 +55,11 @@ def rerun_flops(c: Candidate, tot: Totals) -> float:
 def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: float, optimizer: str | None,
                 master: bool, itemsize: int) -> tuple[float, float, float]:
     """(compute part, the rest, bytes per device) no plan of this candidate can beat: compute at
-    peak on every device with the pipeline's bubble; the optimizer step of perfectly sharded state
-    (the data-parallel sync may hide under compute: 0); the memory of perfectly sharded state
-    (activations left out)."""
+    peak on every device with the pipeline's bubble, and the gradients' accumulation; the
+    optimizer step of perfectly sharded state (the data-parallel sync may hide under compute: 0);
+    the memory of perfectly sharded state (activations left out)."""
     deg, m = c.degrees, c.microbatches
     flops = tot.train_flops + rerun_flops(c, tot)
-    compute = c.rounds / m * flops / (cluster.devices * peak * eff)
     per = deg.t * deg.p
     g, _, _, _ = data_groups(deg, c.zero_inner)
     ep = deg.ep if tot.expert_bytes else 1
@@ -69,6 +68,7 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     fp, fg, fo = zero_factors(c.zero, g)
     ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
     efp, efg, efo = (ep * f for f in zero_factors(c.zero, ge))
+    compute = c.rounds * flops / m / (cluster.devices * peak * eff) + accumulation_lb(c, tot, cluster)
     fp, efp = (1.0, float(ep)) if c.zero >= 3 else (fp, efp)  # ZeRO-3's held whole, as ``price`` counts them
     states = optimizer_states(optimizer)
     rest += optimizer_step_time((tot.numel - xn) / per / fo, itemsize, states, master, cluster.memory_bandwidth,
@@ -80,6 +80,22 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
                                     foreach=cluster.foreach_update)
         mem += (xb / efp + xb / efg + xn * opt_bytes / efo) / per
     return compute, rest, mem
+
+
+def accumulation_lb(c: Candidate, tot: Totals, cluster: Cluster) -> float:
+    """Seconds of a step's gradient accumulation no plan of ``c`` beats: the slowest rank adds at
+    least the average rank's gradients per microbatch (each parameter once, in its dtype, sharded
+    over the tensor and pipeline ranks and ZeRO's group), ``rounds`` times
+    (``step_price.accumulated``)."""
+    deg = c.degrees
+    g, _, _, _ = data_groups(deg, c.zero_inner)
+    ep = deg.ep if tot.expert_bytes else 1
+    xb = tot.expert_bytes if ep > 1 else 0.0
+    _, fg, _ = zero_factors(c.zero, g)
+    ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
+    efg = ep * zero_factors(c.zero, ge)[1]
+    grads = ((tot.param_bytes - xb) / fg + (xb / efg if ep > 1 else 0.0)) / (deg.t * deg.p)
+    return c.rounds * float(accumulation_time(grads, c.microbatches, cluster.memory_bandwidth))
 
 
 def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute_lb: float, rest_lb: float
@@ -97,11 +113,12 @@ def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | N
     takes at least the average and at least the slowest unit; the tensor group's syncs at least
     their average, the data-parallel sync at least 0 (it may hide under compute)."""
     deg, m, p = c.degrees, c.microbatches, c.degrees.p
-    s, ex, (_, _, efo) = expert_split(c, s, experts)
-    time = s.time + (all_to_all_time(ex, deg, cluster, rerun_units(c, s)) if ex is not None else 0.0)
-    t_max = max(float(np.sum(time)) / p, float(np.max(time)))
+    s, ex, (_, efg, efo) = expert_split(c, s, experts)
     g, _, _, _ = data_groups(deg, c.zero_inner)
-    _, _, fo = zero_factors(c.zero, g)
+    _, fg, fo = zero_factors(c.zero, g)
+    time = s.time + (all_to_all_time(ex, deg, cluster, rerun_units(c, s)) if ex is not None else 0.0)
+    time = time + accumulated(c, s, ex, fg, efg, cluster)  # the same per unit as ``price``
+    t_max = max(float(np.sum(time)) / p, float(np.max(time)))
     dp = 0.0  # the data-parallel sync may hide under compute (overlap.py): at least 0
     states = optimizer_states(optimizer)
     opt = optimizer_step_time(float(np.sum(s.numel)) / p / fo, itemsize, states, master, cluster.memory_bandwidth,
@@ -112,7 +129,8 @@ def stats_bound(c: Candidate, s: UnitStats, cluster: Cluster, optimizer: str | N
     return c.rounds * t_max + float(np.sum(s.sync)) / p + dp + opt
 
 
-def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float, rest_lb: float) -> float:
+def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float, rest_lb: float,
+                 added: float = 0.0) -> float:
     """A lower bound on ``price(c, ...)`` under *any* layout of the tensor group (the space's
     layouts, not only the one its DP chose), so that it bounds the candidate's optimum.
 
@@ -122,9 +140,11 @@ def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float
     and receive it), and a cut's cost does not depend on the layout (Megatron's 1/t slices of what
     crosses it), so the slowest stage takes at least ``(T* + 2 x (the p - 1 cheapest cuts)) / p``.
     The syncs inside the group are at least 0; data-parallel sync and the optimizer step at least
-    ``rest_lb`` (perfectly sharded state: ``lower_bound``), and the compute at least ``compute_lb``."""
+    ``rest_lb`` (perfectly sharded state: ``lower_bound``), and the compute at least ``compute_lb``.
+    ``added``: seconds per microbatch every layout spends at least adding gradients into the held
+    ones over all units (``space_bound.accumulation_floor``), on top of ``T*``."""
     deg, p = c.degrees, c.degrees.p
-    total = float(np.sum(s.time))
+    total = float(np.sum(s.time)) + added
     if p > 1 and len(s.boundary):
         bw, lat = level_link(cluster, pipeline_level(deg))
         cut = np.sort(2 * (lat + cluster.call_latency + np.asarray(s.boundary, dtype=float) / bw))

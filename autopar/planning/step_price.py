@@ -6,8 +6,10 @@ levels, the pods replicating: hybrid sharding) and per-block recomputation. Its 
 
 * pipeline (``search.pipeline.best_cuts``: exact cuts at unit boundaries, 1F1B, every stage
   fitting): ``(m + p - 1) * t_max + sync_max``, ``t_max`` the slowest stage's compute, tensor-
-  parallel communication and send/recv per microbatch, ``sync_max`` its gradient sync inside the
-  tensor group; a stage holds its static state and ``p - s`` microbatches of activations;
+  parallel communication, send/recv and gradient accumulation (``m - 1`` of the ``m`` microbatches
+  add their gradients into the held ones: ``training.accumulation_time``) per microbatch,
+  ``sync_max`` its gradient sync inside the tensor group; a stage holds its static state and
+  ``p - s`` microbatches of activations;
 * data-parallel sync of the slowest stage over its data group, ZeRO-aware
   (``cost_models/training.py``), plus, with ``zero_inner``, an all-reduce of the gradient shards
   across the outer data group; the step waits only for the part that does not fit under the
@@ -43,7 +45,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.strategy import RECOMPUTE_NAMES, RECOMPUTE_POINTWISE, ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
-from autopar.cost_models.training import optimizer_step_time, update_working_set, zero_sync_time
+from autopar.cost_models.training import accumulation_time, optimizer_step_time, update_working_set, zero_sync_time
 from autopar.planning.every import every_of
 from autopar.planning.overlap import exposed, window
 from autopar.planning.routed import ExpertStats
@@ -218,6 +220,21 @@ def all_to_all_time(ex: ExpertStats, deg: Degrees, cluster: Cluster, recompute: 
     return np.where(recompute, 6, 4) * ex.layers * one  # per unit where only some are recomputed
 
 
+def accumulated(c: Candidate, s: UnitStats, ex: ExpertStats | None, fg: float, efg: float,
+                cluster: Cluster) -> np.ndarray:
+    """[U] seconds per microbatch of adding each microbatch's gradients into the held ones
+    (``training.accumulation_time``): the gradient bytes a device holds for each unit, the dense
+    part over its ZeRO group (``fg``), the experts' over theirs (``efg``). On one stage a tied
+    parameter (the first and the last unit's) has one gradient: counted once, as ``price``
+    counts its state."""
+    grads = s.grads / fg + (ex.grads / efg if ex is not None else 0.0)
+    if c.degrees.p == 1 and s.shared:
+        raw = float(np.sum(s.params + s.grads + s.optimizer))
+        grads = np.array(grads, dtype=float)
+        grads[-1] -= s.shared * float(np.sum(s.grads)) / raw / fg if raw else 0.0
+    return accumulation_time(grads, c.microbatches, cluster.memory_bandwidth)
+
+
 def rerun_units(c: Candidate, s: UnitStats):
     """Whether the units run their forward again: per unit where only some do (every k-th
     block, ``planning/every.py``), else the candidate's one answer."""
@@ -271,7 +288,8 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     if p > 1:
         cut = cut_times(s.boundary, deg, cluster)
     a2a = all_to_all_time(ex, deg, cluster, rerun_units(c, s)) if ex is not None else np.zeros(len(s.spans))
-    costs = StageCosts(cluster.devices // p, m, s.time + a2a, s.sync, static, s.acts, cut)
+    acc = accumulated(c, s, ex, fg, efg, cluster)
+    costs = StageCosts(cluster.devices // p, m, s.time + a2a + acc, s.sync, static, s.acts, cut)
     if c.virtual > 1:
         sol = interleaved_cuts(costs, p, c.virtual, c.rounds)
         fits = sol is not None and max(sol.memory) + transient <= capacity
@@ -318,6 +336,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         "tensor-parallel communication": m * sum(float(np.sum(s.comm[x:y])) for x, y in mine),
         **({"expert all-to-all": m * sum(float(np.sum(a2a[x:y])) for x, y in mine)} if ex is not None else {}),
         "pipeline send/recv": m * sum(float(cut_full[x] + cut_full[y]) for x, y in mine),
+        "gradient accumulation": m * sum(float(np.sum(acc[x:y])) for x, y in mine),
         "pipeline bubble": (c.rounds - m) * t_max,
         "gradient sync inside the tensor group": max(sol.sync) if sol.sync else 0.0,
         "data-parallel sync (exposed)": max(shown),

@@ -26,17 +26,17 @@ measured utilisation, so ``autopar plan zoo:NAME --published`` can price it besi
   Its section 2.4 gives batch 1920 on 280, 350 and 420 nodes (data 8, 10, 12) at 60.1, 50.2 and
   44.4 s per iteration: 126, 121, 113 TFLOP/s. Megatron-LM ran the same shape (tensor 8 x
   pipeline 35, microbatch 1, recomputation) on 2520 A100 of the same machine at 163 TFLOP/s,
-  batch 2520 (Narayanan et al. 2021, Table 1). What the papers state that differs: 160 against
-  280 microbatches per pipeline (a bubble of 34/160 against 34/280 of the step), ZeRO-1 over 12
-  data-parallel ranks against plain data parallelism over 9 (a reduce-scatter and an all-gather
-  move what the all-reduce does), bf16 against fp16 (the same A100 peak); neither interleaves
-  and both reduce gradients after the pipeline's flush. Those are priced. At Megatron-LM's
-  speed per microbatch, 160 microbatches give 52% x (314/280) x (160/194) = 48% of peak, not
-  36.2%: the rest, 1.33x per microbatch on the same machines, shape and degrees, is the code
-  (DeepSpeed's pipeline engine against Megatron-LM's), which the paper does not break down. The
-  three sizes price at 43.1, 35.6 and 30.6 s per iteration, 1.40x, 1.41x and 1.45x faster than
-  measured: a factor nearly constant across the data-parallel degree, as a slower step per
-  microbatch would be.
+  batch 2520 (Narayanan et al. 2021, Table 1), interleaving 3 stages of one layer per rank
+  (its script for that table, NVIDIA/Megatron-LM examples/sc21/run_table_1.sh). What the papers
+  state that differs: 160 microbatches per pipeline in plain 1F1B against 280 interleaved (a
+  bubble of 34/160 against 34/(3 x 280) of the microbatches), ZeRO-1 over 12 data-parallel ranks
+  against plain data parallelism over 9, bf16 against fp16 (the same A100 peak). Those are priced.
+  At Megatron-LM's speed per microbatch, 160 microbatches give 52% x (280 + 34/3) / 280 x
+  160 / 194 = 44.6% of peak, not 36.2%: the rest, 1.23x per microbatch on the same machines,
+  shape and layers per rank, is the code (DeepSpeed's pipeline engine against Megatron-LM's),
+  which the paper does not break down. The three sizes price at 45.1, 37.2 and 32.0 s per
+  iteration, 1.33x, 1.35x and 1.39x faster than measured: a factor nearly constant across the
+  data-parallel degree, as a slower step per microbatch would be.
 * ``palm_540b`` -- Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways", Table 1
   and sections 4 and 5: 118 layers, d_model 18432, 48 heads of 256, d_ff 73728 (SwiGLU),
   multi-query attention, parallel blocks, vocabulary 256k, sequence 2048, batch 2048 sequences

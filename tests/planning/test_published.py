@@ -90,9 +90,10 @@ def _published_ratio(name: str) -> float:
 
 
 # The published trainings whose reported utilisation this cost model reaches within 15%. Not here,
-# by what is measured (benchmarks/scale.md): mt_nlg_530b (1.46x: Megatron-LM ran the same shape on
-# the same machines at 52%, Narayanan et al. 2021 Table 1, against MT-NLG's 36.2%; the bubble of
-# its fewer microbatches, priced, explains 52% -> 48%: the rest is the code, see the record).
+# by what is measured (benchmarks/scale.md): mt_nlg_530b (1.39x: Megatron-LM ran the same shape on
+# the same machines at 52%, Narayanan et al. 2021 Table 1, priced within 15% in TABLE_1 below,
+# against MT-NLG's 36.2%; the bubble of its fewer, non-interleaved microbatches, priced, explains
+# 52% -> 44.6%: the rest is the code, see the record).
 # llama3_405b (0.89x) is priced with pointwise recomputation (core/selective.py): without any it
 # would be 0.96x, but the zoo's eager Llama keeps what torch's autograd keeps for it (counted with
 # saved-tensor hooks in tests/cost_models/test_saved_tensors.py), 42.3 bytes per token and unit of
@@ -105,18 +106,67 @@ def test_a_published_training_is_priced_within_15_percent_of_its_papers_figure(n
     assert 0.85 <= _published_ratio(name) <= 1.15
 
 
-def test_megatron_lms_own_run_of_the_530b_shape_is_priced_within_15_percent():
-    """Narayanan et al. 2021, Table 1: the MT-NLG shape (105 layers, hidden 20480, 128 heads) on
-    2520 A100 of Selene, tensor 8 x pipeline 35 x data 9, batch 2520, microbatch 1, recomputation,
-    fp16: 163 TFLOP/s per GPU, 52% of peak counting the recomputation. The same plan that MT-NLG
-    reports at 36.2% with a different code on 3360 GPUs."""
-    from autopar.zoo.published import mt_nlg_530b
+# Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
+# Megatron-LM", SC21), Table 1: GPT models of sequence 2048 and vocabulary 51,200 on DGX A100
+# nodes of Selene, fp16, activation recomputation, the achieved TFLOP/s per GPU counting the
+# recomputation (their formula 96 B s l h^2 (1 + s / 6h + V / 16lh)). The microbatch sizes and the
+# interleaved schedule's layers per virtual stage are Megatron-LM's own script for that table
+# (NVIDIA/Megatron-LM, examples/sc21/run_table_1.sh), which the paper's text does not list.
+# (name, heads, hidden, layers, tensor, pipeline, GPUs, batch, microbatch, layers per virtual
+# stage or 0: plain 1F1B, TFLOP/s per GPU)
+TABLE_1 = [("1.7B", 24, 2304, 24, 1, 1, 32, 512, 16, 0, 137), ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 16, 0, 138),
+           ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 16, 0, 142), ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 8, 0, 135),
+           ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 4, 0, 138), ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 2, 5, 140),
+           ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 2, 5, 148),
+           ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 1, 3, 155),
+           ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 1, 1, 163),
+           ("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 1, 0, 163)]
 
-    cluster = Cluster.preset("315x8xdgxa100")
-    s = _search(mt_nlg_530b(batch=2520), cluster, "fp16")
-    best, _, _, _ = s.best(Pin(tensor=8, pipeline=35, data=9, zero=0, recompute=True, microbatch=1), (0,), (True,))
-    hfu = (s.totals.train_flops + s.totals.forward_flops) / (best.cost * cluster.devices * s.peak)
-    assert 0.85 <= hfu / 0.52 <= 1.15
+
+@pytest.mark.parametrize("row", TABLE_1, ids=[r[0] for r in TABLE_1])
+def test_megatron_lms_table_1_is_priced_within_15_percent_of_its_step_time(row):
+    """Each row's plan pinned as it ran (tensor in a node, pipeline across nodes, data the rest;
+    ``GPUs / (tensor x pipeline)`` replicas of ``batch / (replicas x microbatch)`` microbatches;
+    interleaved 1F1B with ``layers / pipeline / (layers per virtual stage)`` stages per rank where
+    the script sets one): the step time its FLOP formula and TFLOP/s give, over the predicted one.
+    The 529.6B row is MT-NLG's shape and degrees run by Megatron-LM (tensor 8 x pipeline 35)."""
+    from autopar.core.strategy import Degrees
+    from autopar.zoo.gpt import gpt
+
+    name, heads, h, layers, t, p, gpus, batch, mbs, per_virtual, tflops = row
+    seq, vocab = 2048, 51200
+    cluster = Cluster.preset(f"{gpus // 8}x8xdgxa100")
+    s = _search(gpt(batch=batch, seq=seq, width=h, heads=heads, layers=layers, vocab=vocab, attention="manual",
+                    device="meta", tie=True), cluster, "fp16")
+    d = gpus // (t * p)
+    v = layers // p // per_virtual if per_virtual else 1
+    c = Candidate(Degrees((t, 1), (1, p), (8 // t, d // (8 // t))), batch // (d * mbs), zero=0, recompute=True,
+                  schedule="interleaved-1f1b" if v > 1 else "1f1b", stages_per_rank=v if v > 1 else 0)
+    pr = s.price(c)
+    flops = 96 * batch * seq * layers * h * h * (1 + seq / (6 * h) + vocab / (16 * layers * h))
+    measured = flops / (gpus * tflops * 1e12)
+    assert pr.fits
+    assert 0.85 <= measured / pr.cost <= 1.15
+
+
+def test_each_microbatch_after_the_first_adds_its_gradients_into_the_held_ones():
+    """Gradient accumulation over m microbatches: autograd adds each new gradient into ``.grad``
+    in place (read both, write one: 3 passes over the gradient bytes), m - 1 times a step; here
+    data 8 in a node, 4 microbatches, bf16 gradients of every parameter (torch's count, the tied
+    embedding once), whole without ZeRO and an eighth with ZeRO-2, at the memory's bandwidth x
+    0.8 (the analytic model's memory-bound efficiency)."""
+    from autopar.core.strategy import Degrees
+
+    cluster = Cluster.preset("8xA100")
+    model, inputs = autopar.zoo.get("gpt", layers=4, width=W, heads=4, seq=S, batch=4 * B, vocab=256,
+                                    device="meta", tie=True)
+    numel = sum(p.numel() for p in model.parameters())
+    s = _search((model, inputs), cluster)
+    for zero, shard in ((0, 1), (2, 8)):
+        pr = s.price(Candidate(Degrees((1,), (1,), (8,)), 4, zero=zero))
+        hand = (4 - 1) * 3 * 2 * numel / shard / (cluster.memory_bandwidth * 0.8)
+        assert pr.terms["gradient accumulation"] == pytest.approx(hand, rel=1e-9)
+        assert s.price(Candidate(Degrees((1,), (1,), (8,)), 1, zero=zero)).terms["gradient accumulation"] == 0.0
 
 
 def test_a_torchtitan_style_recipe_is_priced_beside_autopars_plan_which_is_no_slower_and_fits():
