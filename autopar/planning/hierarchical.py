@@ -109,7 +109,7 @@ class Search:
         self.levels = cluster.levels()
         self.max_tensor = max_tensor
         self.accumulate = 0  # microbatches a step when asked for (``accumulation.steps``); 0: searched
-        self._graphs, self._windows, self._memo = {}, {}, {}  # graphs, windows, UnitStats by recomputation
+        self._graphs, self._windows, self._memo, self._ranks = {}, {}, {}, {}  # graphs, windows, UnitStats; per rank
         self._kv: dict[bool, tuple] = {}  # K/V bytes and attention's seconds per unit (context parallelism)
         self._experts: dict[tuple, ExpertStats | None] = {}
         self.experts = expert_count(graph)  # routed experts per MoE layer (0: none): the expert degree's range
@@ -169,10 +169,13 @@ class Search:
         s = self._stats(self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
         return self._context(c, s) if c.degrees.c > 1 else s
 
-    def _context(self, c: Candidate, s: UnitStats) -> UnitStats:
-        """``s`` for one rank of the candidate's context group (``planning/context.py``)."""
-        link = self._kv_link(c)  # every k-th block: per unit (every.py)
-        return per_unit(self, c.recompute, lambda rc: rank_stats(s, *link, self.cluster.call_latency, rc))
+    def _context(self, c: Candidate, s: UnitStats | None) -> UnitStats:
+        """``s`` for one rank of ``c``'s context group (``planning/context.py``); ``s`` None: ``gathers``' seconds."""
+        if (key := (c.degrees, c.microbatches, c.recompute, s is None)) not in self._ranks:
+            link, call = self._kv_link(c), self.cluster.call_latency  # every k-th block: per unit (every.py)
+            self._ranks[key] = (float(np.sum(per_unit(self, c.recompute, lambda rc: exchange_times(*link, call, rc))))
+                                if s is None else per_unit(self, c.recompute, lambda rc: rank_stats(s, *link, call, rc)))
+        return self._ranks[key]
 
     def _kv_link(self, c: Candidate) -> tuple:
         """Per unit and microbatch of ``c``: K/V bytes, one device's attention seconds; degrees; link."""
@@ -188,10 +191,7 @@ class Search:
         """Seconds per microbatch of the K/V gathers of one context rank over all units: what
         any layout of ``c`` adds to its ranks' time, whatever the tensor group's layout (0
         without context parallelism). The slowest of its p stages takes at least 1/p of it."""
-        if c.degrees.c <= 1:
-            return 0.0
-        link = self._kv_link(c)
-        return float(np.sum(per_unit(self, c.recompute, lambda rc: exchange_times(*link, self.cluster.call_latency, rc))))
+        return self._context(c, None) if c.degrees.c > 1 else 0.0
 
     def expert_stats(self, c: Candidate) -> ExpertStats | None:
         """The routed experts' part of ``stats(c)`` (None without experts or expert parallelism)."""
@@ -315,7 +315,7 @@ class Search:
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
             if level == 1:
-                valid[i] = max(valid[i], any_layout_bound(self, c, comp, rest))
+                valid[i] = max(valid[i], any_layout_bound(self, c, comp, rest, best.cost if best else math.inf))
                 if memory_floor(self, c, cands[i][2]) > self.capacity or not math.isfinite(valid[i]):
                     del valid[i]  # no layout of its group fits (docs/bound.md): not worth pricing
                     continue
