@@ -203,19 +203,20 @@ class Search:
         return self._experts[key]
 
     def reference(self, c: Candidate) -> tuple[float, int]:
-        """(T, b') for ``step_bounds.reference_bound``: of the group's solved microbatch sizes b'
-        that are multiples of the candidate's b (the whole batch always is: solved first), the
-        one giving the largest ``b/b' T(b')``."""
+        """(T, b') for ``step_bounds.reference_bound``: of the group's solved microbatch sizes b' that are
+        multiples of the candidate's b (the whole batch always is: solved first), the largest ``b/b' T(b')``."""
         tensor, b = self._tensor(c), self.batch // (c.degrees.d * c.microbatches)
         rec = False if every_of(c.recompute) else c.recompute  # every k-th takes no less than none
         self._stats(tensor, 1, rec)
+        if (key := (tensor, b, rec, len(self._memo))) in self._ranks:  # until another group is solved
+            return self._ranks[key]
         best = (0.0, self.batch)
         for (ten, mb, rc), st in self._memo.items():
             if ten == tensor and rc == rec and (self.batch // mb) % b == 0:
                 t = float(np.sum(st.time))
                 if t * b / (self.batch // mb) > best[0] * b / best[1]:
                     best = (t, self.batch // mb)
-        return best
+        return self._ranks.setdefault(key, best)
 
     def unit_names(self) -> list[str]:
         paths = {b.nodes[0]: b.path for b in self.blocks}
@@ -226,8 +227,7 @@ class Search:
         return out
 
     def price(self, c: Candidate) -> Priced:
-        if not hasattr(self, "_names"):
-            self._names = self.unit_names()
+        self._names = getattr(self, "_names", None) or self.unit_names()
         return price_fitting(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master,
                              self.itemsize, self._names, self.expert_stats(c))
 
