@@ -109,7 +109,7 @@ class Search:
         self.levels = cluster.levels()
         self.max_tensor = max_tensor
         self.accumulate = 0  # microbatches a step when asked for (``accumulation.steps``); 0: searched
-        self._graphs, self._windows, self._memo = {}, {}, {}  # graphs, windows, UnitStats by recomputation
+        self._graphs, self._windows, self._memo, self._ranks = {}, {}, {}, {}  # graphs, windows, UnitStats; per rank
         self._kv: dict[bool, tuple] = {}  # K/V bytes and attention's seconds per unit (context parallelism)
         self._experts: dict[tuple, ExpertStats | None] = {}
         self.experts = expert_count(graph)  # routed experts per MoE layer (0: none): the expert degree's range
@@ -169,10 +169,13 @@ class Search:
         s = self._stats(self._tensor(c), c.degrees.d * c.microbatches, c.recompute)
         return self._context(c, s) if c.degrees.c > 1 else s
 
-    def _context(self, c: Candidate, s: UnitStats) -> UnitStats:
-        """``s`` for one rank of the candidate's context group (``planning/context.py``)."""
-        link = self._kv_link(c)  # every k-th block: per unit (every.py)
-        return per_unit(self, c.recompute, lambda rc: rank_stats(s, *link, self.cluster.call_latency, rc))
+    def _context(self, c: Candidate, s: UnitStats | None) -> UnitStats:
+        """``s`` for one rank of ``c``'s context group (``planning/context.py``); ``s`` None: ``gathers``' seconds."""
+        if (key := (c.degrees, c.microbatches, c.recompute, s is None)) not in self._ranks:
+            link, call = self._kv_link(c), self.cluster.call_latency  # every k-th block: per unit (every.py)
+            self._ranks[key] = (float(np.sum(per_unit(self, c.recompute, lambda rc: exchange_times(*link, call, rc))))
+                                if s is None else per_unit(self, c.recompute, lambda rc: rank_stats(s, *link, call, rc)))
+        return self._ranks[key]
 
     def _kv_link(self, c: Candidate) -> tuple:
         """Per unit and microbatch of ``c``: K/V bytes, one device's attention seconds; degrees; link."""
@@ -188,10 +191,7 @@ class Search:
         """Seconds per microbatch of the K/V gathers of one context rank over all units: what
         any layout of ``c`` adds to its ranks' time, whatever the tensor group's layout (0
         without context parallelism). The slowest of its p stages takes at least 1/p of it."""
-        if c.degrees.c <= 1:
-            return 0.0
-        link = self._kv_link(c)
-        return float(np.sum(per_unit(self, c.recompute, lambda rc: exchange_times(*link, self.cluster.call_latency, rc))))
+        return self._context(c, None) if c.degrees.c > 1 else 0.0
 
     def expert_stats(self, c: Candidate) -> ExpertStats | None:
         """The routed experts' part of ``stats(c)`` (None without experts or expert parallelism)."""
@@ -203,19 +203,20 @@ class Search:
         return self._experts[key]
 
     def reference(self, c: Candidate) -> tuple[float, int]:
-        """(T, b') for ``step_bounds.reference_bound``: of the group's solved microbatch sizes b'
-        that are multiples of the candidate's b (the whole batch always is: solved first), the
-        one giving the largest ``b/b' T(b')``."""
+        """(T, b') for ``step_bounds.reference_bound``: of the group's solved microbatch sizes b' that are
+        multiples of the candidate's b (the whole batch always is: solved first), the largest ``b/b' T(b')``."""
         tensor, b = self._tensor(c), self.batch // (c.degrees.d * c.microbatches)
         rec = reference_mode(c.recompute)  # every k-th and pointwise take no less than none
         self._stats(tensor, 1, rec)
+        if (key := (tensor, b, rec, len(self._memo))) in self._ranks:  # until another group is solved
+            return self._ranks[key]
         best = (0.0, self.batch)
         for (ten, mb, rc), st in self._memo.items():
             if ten == tensor and rc == rec and (self.batch // mb) % b == 0:
                 t = float(np.sum(st.time))
                 if t * b / (self.batch // mb) > best[0] * b / best[1]:
                     best = (t, self.batch // mb)
-        return best
+        return self._ranks.setdefault(key, best)
 
     def unit_names(self) -> list[str]:
         paths = {b.nodes[0]: b.path for b in self.blocks}
@@ -226,8 +227,7 @@ class Search:
         return out
 
     def price(self, c: Candidate) -> Priced:
-        if not hasattr(self, "_names"):
-            self._names = self.unit_names()
+        self._names = getattr(self, "_names", None) or self.unit_names()
         return price_fitting(c, self.stats(c), self.cluster, self.capacity, self.optimizer, self.master,
                              self.itemsize, self._names, self.expert_stats(c))
 
@@ -315,7 +315,7 @@ class Search:
                 heapq.heappush(heap, (max(tight, lb), i, 1))
                 continue
             if level == 1:
-                valid[i] = max(valid[i], any_layout_bound(self, c, comp, rest))
+                valid[i] = max(valid[i], any_layout_bound(self, c, comp, rest, best.cost if best else math.inf))
                 if memory_floor(self, c, cands[i][2]) > self.capacity or not math.isfinite(valid[i]):
                     del valid[i]  # no layout of its group fits (docs/bound.md): not worth pricing
                     continue

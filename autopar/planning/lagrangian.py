@@ -27,6 +27,7 @@ import numpy as np
 from autopar.core.errors import InfeasibleError
 from autopar.core.tables import CostTables
 from autopar.cost_models.memory import already_saved, node_memory
+from autopar.planning.relaxed import detached
 from autopar.planning.space_bound import (accumulation_floor, group_spans, memory_floor_terms, sync_floors,
                                           transient_floor, unit_static)
 from autopar.planning.step_bounds import layout_bound
@@ -67,8 +68,7 @@ def lagrangian_bound(search, c: Candidate, comp: float, rest: float, static: flo
                 lower = math.inf  # no layout of this kind fits
                 break
             try:
-                sol = dp(CostTables(s.tables.nodes, s.tables.configs, cost, edges, memory, room),
-                         ilp_fallback=False, max_multipliers=MULTIPLIERS)
+                sol = _solve(CostTables(s.tables.nodes, s.tables.configs, cost, edges, memory, room), s.graph)
             except InfeasibleError:
                 lower = math.inf
                 break
@@ -81,6 +81,18 @@ def lagrangian_bound(search, c: Candidate, comp: float, rest: float, static: flo
         pipe = layout_bound(c, one, search.cluster, comp, rest, float(np.sum(accumulation_floor(search, c)))) - rest
         least = min(least, max(pipe + bucket, sync) + rest)
     return max(least, 0.0)
+
+
+def _solve(tables: CostTables, graph):
+    """The Lagrangian DP on ``tables``, or where they are past the DP's budget on their relaxation
+    with the values many layers read detached (``relaxed.detach``: a lower bound of a lower bound)."""
+    try:
+        return dp(tables, ilp_fallback=False, max_multipliers=MULTIPLIERS)
+    except SearchTooLargeError:
+        relaxed = detached(tables, graph)
+        if relaxed is None:
+            raise
+        return dp(relaxed, ilp_fallback=False, max_multipliers=MULTIPLIERS)
 
 
 def memory_forms(search, c: Candidate, static: float, weight: np.ndarray, middle: np.ndarray, q: int,

@@ -33,13 +33,18 @@ class MemoryFloors:
     state: list[list[np.ndarray]]  # per unit, per node: [configs, 3] parameters, gradients, optimizer state
 
 
-def any_layout_bound(search, c: Candidate, comp: float, rest: float) -> float:
+def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: float = math.inf) -> float:
     """The tightest bound on ``c``'s price under any layout this module and ``layout_bound`` give:
     the pipeline part (balanced stages, or the cuts themselves), then the data-parallel sync:
-    ``price >= max(pipeline + last bucket, slowest rank's sync) + rest`` (``sync_floors``)."""
-    added = float(np.sum(accumulation_floor(search, c)))
-    pipe = max(layout_bound(c, search.stats(c), search.cluster, comp, rest, added), cut_bound(search, c, rest)) - rest
+    ``price >= max(pipeline + last bucket, slowest rank's sync) + rest`` (``sync_floors``).
+    ``enough``: a bound at least this is as good as a tighter one to the caller (the best fitting
+    plan's cost: the search drops the candidate either way), so the cuts' bound, the dear part,
+    is left out when the others reach it."""
     bucket, sync = sync_floors(search, c)
+    added = float(np.sum(accumulation_floor(search, c)))
+    pipe = layout_bound(c, search.stats(c), search.cluster, comp, rest, added) - rest
+    if max(pipe + bucket, sync) + rest < enough:
+        pipe = max(pipe, cut_bound(search, c, rest) - rest)
     return max(pipe + bucket, sync) + rest
 
 
@@ -143,6 +148,16 @@ def cut_bound(search, c: Candidate, rest: float) -> float:
     deg, m = c.degrees, c.microbatches
     if deg.p == 1 or c.virtual > 1 or deg.ep > 1:
         return 0.0  # expert degrees change the units' state and work: no floor from them here
+    # 1F1B and zero bubble cut alike (the same in flight): one cut per candidate but its schedule
+    key = ("cut", deg, m, c.zero, c.zero_inner, c.recompute, search.capacity)
+    if key not in search.floors:
+        search.floors[key] = _slowest_cut(search, c)
+    return c.rounds * search.floors[key] + rest
+
+
+def _slowest_cut(search, c: Candidate) -> float:
+    """The slowest stage of ``cut_bound``'s best cut of the floors (``math.inf`` when none fits)."""
+    deg, m = c.degrees, c.microbatches
     s = search.stats(c)
     time, acts = unit_floors(search, c) + accumulation_floor(search, c), memory_floors(search, c).acts
     if deg.c > 1:  # a context rank: 1/k of the work and activations, its K/V gathers and the K/V it holds
@@ -152,7 +167,7 @@ def cut_bound(search, c: Candidate, rest: float) -> float:
     costs = StageCosts(search.cluster.devices // deg.p, m, time, np.zeros(len(s.spans)),
                        unit_static(search, c), acts, cut_times(s.boundary, deg, search.cluster))
     sol = best_cuts(costs, deg.p, search.capacity - transient_floor(search, c), "1f1b")
-    return math.inf if sol is None else c.rounds * max(sol.stage_time) + rest
+    return math.inf if sol is None else max(sol.stage_time)
 
 
 def group_spans(search, c: Candidate):
