@@ -9,6 +9,7 @@ apart (``NodeRow.sync``) and a stage's rows are per microbatch, on the stage's d
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -148,6 +149,8 @@ def stage_rows(option, solution, model, sub_cluster, mode: str) -> list[StageRow
         held = in_flight(solution.schedule, k, n_stages, solution.microbatches)
         memory = [float(static[j] + held * acts[j]) for j in range(len(g.nodes))]
         rows = mesh_rows(g, t, local, model, sub_cluster, mode, sync_apart=True, memory=memory)[a:b]
+        if option.accumulate is not None:  # each microbatch's gradients added into the held ones: the node's work
+            rows = [dataclasses.replace(r, compute=r.compute + float(option.accumulate[a + i])) for i, r in enumerate(rows)]
         per = solution.devices
         out.append(StageRow(
             index=k, first=a, last=b - 1, devices=(k * per, (k + 1) * per), time=solution.stage_time[k],

@@ -35,6 +35,7 @@ class PipelineOption:
     tables: CostTables  # priced on one stage's devices
     choice: list[int]
     stage_axes: int  # how many outer mesh axes the stages take
+    accumulate: np.ndarray | None = None  # per node, per microbatch: its gradients added into the held ones
 
 
 def batch_size_of(graph: Graph) -> int | None:
@@ -122,9 +123,11 @@ def price_option(graph: Graph, cluster: Cluster, stages: int, axes: int, micro: 
             seen[key] = (s, mb.params + mb.grads + mb.optimizer + mb.transient, mb.activations, mb.grads)
         sync[i], static[i], acts[i], grads[i] = seen[key]
     time -= sync  # the per-microbatch part; sync happens once per step
-    time += accumulation_time(grads, micro, cluster.memory_bandwidth)  # into the held gradients
+    added = accumulation_time(grads, micro, cluster.memory_bandwidth)  # into the held gradients
+    time += added
     cut = cut_times(g, sub, cluster, stages)
-    return PipelineOption(StageCosts(sub.devices, micro, time, sync, static, acts, cut), g, t, choice, axes)
+    return PipelineOption(StageCosts(sub.devices, micro, time, sync, static, acts, cut), g, t, choice, axes,
+                          added)
 
 
 def step_lower_bound(g: Graph, cluster: Cluster, stages: int, micro: int, mode: str, model) -> float:
