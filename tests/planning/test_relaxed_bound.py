@@ -7,41 +7,16 @@ before it (where the exact Lagrangian was skipped)."""
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
-import torch
-import torch.nn as nn
 
-import autopar
-from autopar.core.cluster import Cluster
-from autopar.core.margin import usable_memory
-from autopar.core.tables import Solution
 from autopar.planning import hierarchical as H
 from autopar.planning import lagrangian
-from autopar.planning.activations import price_fitting
 from autopar.planning.relaxed import detach
-from autopar.planning.units import unit_stats
 from autopar.search.common import SearchTooLargeError
 from autopar.search.dp import dp
-
-CLUSTER = Cluster.preset("2xA100")
-ZEROS = (0, 1, 2, 3)
-SCHEDULES = tuple(H.SCHEDULES)
-
-
-class Residual(nn.Module):
-    def __init__(self, width=16, blocks=2):
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
-        self.head = nn.Linear(width, 4)
-
-    def forward(self, x):
-        for b in self.blocks:
-            x = x + b(x)
-        return self.head(x).square().mean()
-
+from tests.helpers.layouts import CLUSTER, SCHEDULES, ZEROS, best_fitting, every_layout
 
 # detached in these tests: the residual stream between the two blocks, read by the second block's
 # linear and its add (any set of nodes gives a relaxation; the planner's is ``whole.kept_whole``)
@@ -51,22 +26,7 @@ WHOLE = {"add"}
 @pytest.fixture(scope="module")
 def layouts():
     """Per candidate (no recomputation), every layout of its tensor group, as ``(UnitStats, c)``."""
-    g = autopar.trace(Residual().to("meta"), (torch.empty(4, 16, device="meta"),))
-    search = H.Search(g, CLUSTER, "bf16", "adam", "train", usable_memory(CLUSTER.memory_capacity),
-                      lambda t, g=None: dp(t))
-    cands = search.candidates(None, ZEROS, (False,), SCHEDULES)
-    groups: dict[tuple, list] = {}
-    for _, _, _, c in cands:
-        groups.setdefault(search.group_key(c), []).append(c)
-    out = []
-    for (tensor, micro, rc), members in groups.items():
-        sizes = [len(k) for k in search._stats(tensor, micro, rc).tables.configs]
-        for choice in itertools.product(*(range(k) for k in sizes)):
-            fixed = lambda t, _g=None, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
-            s = unit_stats(search.training_graph(rc), search.spans, CLUSTER, tensor, micro, search.objective,
-                           fixed, "train", "adam")
-            out += [(s, c) for c in members]
-    return search, cands, out
+    return every_layout((False,))
 
 
 def _past_budget(monkeypatch, relax: bool = True):
@@ -91,15 +51,6 @@ def _capacity(search, every, share):
     memory = sorted(H.price(c, s, CLUSTER, search.capacity, "adam", search.master, search.itemsize).memory
                     for s, c in every)
     return memory[min(int(len(memory) * share), len(memory) - 1)]
-
-
-def _best_fitting(search, every):
-    best = {}
-    for s, c in every:
-        pr = price_fitting(c, s, CLUSTER, search.capacity, "adam", search.master, search.itemsize)
-        if pr.fits:
-            best[c] = min(best.get(c, math.inf), pr.cost)
-    return best
 
 
 def test_detached_tables_cost_no_layout_more_than_the_originals(layouts):
@@ -129,7 +80,7 @@ def test_the_relaxed_lagrangian_bound_is_below_every_fitting_layout(layouts, sha
     search, cands, every = layouts
     seen = _past_budget(monkeypatch)
     search.capacity = _capacity(search, every, share)
-    best = _best_fitting(search, every)
+    best = best_fitting(search, every)
     assert best
     for comp, rest, static, c in cands:
         if c in best:
@@ -143,7 +94,7 @@ def test_a_group_past_the_budget_gets_a_bound_tighter_than_its_floors(layouts, m
     bound it states without it (the floors alone, where the Lagrangian was skipped)."""
     search, cands, every = layouts
     search.capacity = _capacity(search, every, 0.25)
-    optimum = min(_best_fitting(search, every).values())
+    optimum = min(best_fitting(search, every).values())
     bounds = {}
     for relax in (False, True):
         with monkeypatch.context() as m:

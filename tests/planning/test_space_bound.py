@@ -23,23 +23,7 @@ from autopar.planning.lagrangian import lagrangian_bound
 from autopar.planning.space_bound import any_layout_bound, memory_floor, memory_floors, unit_floors
 from autopar.planning.units import unit_stats
 from autopar.search.dp import dp
-
-CLUSTER = Cluster.preset("2xA100")  # one level of 2: tensor x pipeline x data in {1, 2}
-ZEROS = (0, 1, 2, 3)
-SCHEDULES = tuple(H.SCHEDULES)
-
-
-class Residual(nn.Module):
-    def __init__(self, width=16, blocks=2):
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
-        self.head = nn.Linear(width, 4)
-
-    def forward(self, x):
-        for b in self.blocks:
-            x = x + b(x)
-        return self.head(x).square().mean()
-
+from tests.helpers.layouts import CLUSTER, SCHEDULES, ZEROS, Residual, best_fitting, every_layout
 
 @pytest.fixture(scope="module")
 def toy():
@@ -123,25 +107,9 @@ def test_every_candidates_first_bound_is_below_its_price(toy):
 
 @pytest.fixture(scope="module")
 def layouts():
-    """A batch of 4 (1, 2 or 4 microbatches), with and without recomputation: per candidate, every
-    layout of its tensor group as ``(UnitStats, candidate)`` (priced again for each capacity)."""
-    model = Residual().to("meta")
-    g = autopar.trace(model, (torch.empty(4, 16, device="meta"),))
-    search = H.Search(g, CLUSTER, "bf16", "adam", "train", usable_memory(CLUSTER.memory_capacity),
-                      lambda t, g=None: dp(t))
-    cands = search.candidates(None, ZEROS, (False, True), SCHEDULES)
-    groups: dict[tuple, list] = {}
-    for _, _, _, c in cands:
-        groups.setdefault(search.group_key(c), []).append(c)
-    out = []
-    for (tensor, micro, rc), members in groups.items():
-        graph = search.training_graph(rc)
-        sizes = [len(k) for k in search._stats(tensor, micro, rc).tables.configs]
-        for choice in itertools.product(*(range(k) for k in sizes)):
-            fixed = lambda t, _g=None, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
-            s = unit_stats(graph, search.spans, CLUSTER, tensor, micro, search.objective, fixed, "train", "adam")
-            out += [(s, c) for c in members]
-    return search, cands, out
+    """With and without recomputation: per candidate, every layout of its tensor group as
+    ``(UnitStats, candidate)`` (priced again for each capacity)."""
+    return every_layout((False, True))
 
 
 def _price(search, s, c):
@@ -191,17 +159,6 @@ def test_each_candidates_bound_is_below_its_best_layout_and_tight(layouts, share
 
 # -- time traded against memory: the Lagrangian bound ------------------------------------------------
 
-def _fitting(search, every):
-    """Per candidate, its best fitting price over every layout as the search prices one: its plain
-    layout or, where that does not fit, under sequence parallelism (``price_fitting``)."""
-    best = {}
-    for s, c in every:
-        pr = price_fitting(c, s, CLUSTER, search.capacity, "adam", search.master, search.itemsize)
-        if pr.fits:
-            best[c] = min(best.get(c, math.inf), pr.cost)
-    return best
-
-
 @pytest.mark.parametrize("share", [1.0, 0.5, 0.25, 0.2])
 def test_the_lagrangian_bound_is_below_every_fitting_layout(layouts, share):
     """Per candidate, at a roomy capacity and at ones a half, a quarter and a fifth of the priced
@@ -210,7 +167,7 @@ def test_the_lagrangian_bound_is_below_every_fitting_layout(layouts, share):
     search, cands, every = layouts
     memory = sorted(_price(search, s, c).memory for s, c in every)
     search.capacity = memory[min(int(len(memory) * share), len(memory) - 1)]
-    best = _fitting(search, every)
+    best = best_fitting(search, every)
     for comp, rest, static, c in cands:
         bound = lagrangian_bound(search, c, comp, rest, static)
         if c in best:
@@ -226,7 +183,7 @@ def test_the_lagrangian_bound_closes_where_the_per_term_floors_stay_loose(layout
     search, _, every = layouts
     memory = sorted(_price(search, s, c).memory for s, c in every)
     search.capacity = memory[len(memory) // 4]
-    optimum = min(_fitting(search, every).values())
+    optimum = min(best_fitting(search, every).values())
     best, _, _, closed = search.best(None, ZEROS, (False, True), schedules=SCHEDULES)
     assert closed and best.cost >= optimum * (1 - 1e-12)
     assert search.space_bound <= optimum * (1 + 1e-9)
