@@ -15,7 +15,6 @@ rule reads ``x``) is replicated and listed among the plan's unsupported nodes, n
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ import autopar
 from autopar.core.ir import METADATA_READS
 from tests.helpers.dist_utils import run_gloo, run_threaded
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 VOCAB, WIDTH, BATCH, SEQ, PAD = 48, 16, 4, 8, 1
 
@@ -93,7 +92,7 @@ def _batch():
 def _plans(model, kwargs, world):
     graph = autopar.trace(model, kwargs, frontend="export")
     best = autopar.plan(model, kwargs, autopar.Cluster.preset("cpu", devices=world), graph=graph, pipeline=False)
-    split = dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    split = split_plan(best)
     return {"autopar": best, "split": split}
 
 
@@ -135,7 +134,7 @@ def test_a_rule_that_drops_a_tensor_argument_replicates_the_node_and_lists_it():
     (name,) = [n for n in plan.unsupported if "view_as" in n]
     assert "view_as" in plan.unsupported[name] and "replicated" in plan.unsupported[name]
     assert name in plan.report()
-    split = dataclasses.replace(plan, assignment=split_everything(plan.graph, plan.mesh), baselines={})
+    split = split_plan(plan)
     ref = reference_run(model, (x,))
     for p in (plan, split):
         run_threaded(_view_as_rank, 2, model, x, p, ref)

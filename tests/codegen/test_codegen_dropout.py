@@ -5,7 +5,6 @@ different masks and replicas the same one. Real gloo processes: the threaded pro
 would share one random generator."""
 
 import copy
-import dataclasses
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ import torch.nn.functional as F
 
 import autopar
 from tests.helpers.dist_utils import run_gloo
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 SEED, STEPS = 123, 3
 
@@ -63,8 +62,7 @@ def _rank(rank, world, plan, steps):
 def test_dropout_masks_are_the_single_device_ones(which, world):
     model, inputs = _model()
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
-    plan = best.baselines["data_parallel"] if which == "data_parallel" else dataclasses.replace(
-        best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    plan = best.baselines["data_parallel"] if which == "data_parallel" else split_plan(best)
     assert any(any(s > 1 for s in plan.assignment[n.name].splits) for n in best.graph.nodes if n.op == "dropout")
     single = copy.deepcopy(model)
     want = _train(single, inputs, STEPS)

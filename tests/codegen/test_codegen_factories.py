@@ -8,8 +8,6 @@ factories are nodes autopar replicates) and must train like one device when comp
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn as nn
@@ -18,7 +16,7 @@ import torch.nn.functional as F
 import autopar
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 
 class FromSizes(nn.Module):
@@ -58,6 +56,5 @@ def test_compiled_model_with_factories_trains_like_one_device(world, which):
     torch.manual_seed(0)
     model, inputs = FromSizes(), _inputs()
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
-    plan = best.baselines["data_parallel"] if which == "data_parallel" else dataclasses.replace(
-        best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    plan = best.baselines["data_parallel"] if which == "data_parallel" else split_plan(best)
     run_threaded(_check, world, model, inputs, plan, reference_run(model, inputs))

@@ -10,8 +10,6 @@ and must match one device: loss, every gradient, every parameter.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn as nn
@@ -21,7 +19,7 @@ import autopar
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.models import ConstantIndex
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 
 class InPlace(nn.Module):
@@ -80,8 +78,7 @@ def test_compiled_module_trains_like_one_device(name, which, world):
     make, inputs = MODELS[name]
     model, inputs = make(), inputs()
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
-    plan = best.baselines["data_parallel"] if which == "data_parallel" else dataclasses.replace(
-        best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    plan = best.baselines["data_parallel"] if which == "data_parallel" else split_plan(best)
     run_threaded(_check, world, model, inputs, plan, reference_run(model, inputs))
 
 
@@ -105,6 +102,5 @@ def test_a_model_only_torch_export_traces_compiles_and_trains_like_one_device(wh
     assert autopar.trace(model, inputs).fx_graph.meta.get("autopar_frontend") == "export"
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
     plan = {"autopar": best, "data_parallel": best.baselines["data_parallel"],
-            "split_everything": dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh),
-                                                    baselines={})}[which]
+            "split_everything": split_plan(best)}[which]
     run_threaded(_check, world, model, inputs, plan, reference_run(model, inputs))

@@ -4,7 +4,6 @@ The plan is made for the whole batch; a rank's slice is cut over the mesh axes w
 reader of each input shards its batch axis (``module.data_parallel`` says which chunk it is).
 Trained from slices, the module must still equal the single-device run on the whole batch."""
 
-import dataclasses
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import torch
 import autopar
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 
 def _check(rank, world, model, inputs, plan, ref):
@@ -35,8 +34,7 @@ def test_training_on_local_slices_equals_one_device(name, which, world):
                                                                       vocab=64)}[name]
     model, inputs = autopar.zoo.get(name, **sizes)
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
-    plan = best.baselines["data_parallel"] if which == "data_parallel" else dataclasses.replace(
-        best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    plan = best.baselines["data_parallel"] if which == "data_parallel" else split_plan(best)
     slices = run_threaded(_check, world, model, inputs, plan, reference_run(model, inputs))
     if which == "data_parallel":  # every rank its own chunk of the whole batch
         assert sorted(i for _, i in slices) == list(range(world)) and {r for r, _ in slices} == {world}

@@ -11,14 +11,12 @@ rules a searched plan on this small CPU cluster rarely picks are exercised anywa
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 import autopar
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 SIZES = {
     "mlp": dict(batch=8, inputs=8, hidden=16, layers=2, classes=4),
@@ -37,7 +35,7 @@ def case():
         if (name, world) not in cache:
             model, inputs = autopar.zoo.get(name, **SIZES[name])
             best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
-            forced = dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh), baselines={})
+            forced = split_plan(best)
             plans = {"autopar": best, "data_parallel": best.baselines["data_parallel"], "split_everything": forced}
             cache[name, world] = model, inputs, plans, reference_run(model, inputs)
         return cache[name, world]

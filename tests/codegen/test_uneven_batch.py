@@ -100,15 +100,14 @@ def test_plans_that_split_more_than_the_batch_train_or_refuse_in_one_line(name):
     """On a (2, 2) mesh with hidden units, heads and the vocabulary cut beside the batch: the MLP
     trains as one device on batches of 7 and 3; the gpt's plan moves its logits merged with the
     sequence (``view(b * s, v)``) across the mesh, which DTensor cannot cut by batch rows: refused."""
-    import dataclasses
-
-    from tests.helpers.plans import split_everything
+    
+    from tests.helpers.plans import split_plan
 
     sizes = {"mlp": dict(batch=8, inputs=8, hidden=16), "gpt": GPT}[name]
     torch.manual_seed(0)
     model, inputs = autopar.zoo.get(name, **sizes)
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=4), pipeline=False)
-    plan = dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    plan = split_plan(best)
     batches = [tuple(t[:n] for t in inputs) for n in (8, 7, 3)]
     errors = run_threaded(_train_or_refuse, 4, model, inputs, plan, batches, _epoch(copy.deepcopy(model), batches))
     if name == "mlp":

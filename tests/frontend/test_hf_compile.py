@@ -12,7 +12,6 @@ tested in ``test_codegen_dropout``)."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 
 import pytest
@@ -22,7 +21,7 @@ import autopar
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.hf_models import NAMES, build
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 pytest.importorskip("transformers")  # the test extra: `pip install -e .[test]`
 pytestmark = pytest.mark.slow
@@ -41,7 +40,7 @@ def _case(name: str, world: int):
     kwargs = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
     best = autopar.plan(model, kwargs, autopar.Cluster.preset("cpu", devices=world), pipeline=False)
     plans = {"autopar": best, "data_parallel": best.baselines["data_parallel"],
-             "split": dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh), baselines={})}
+             "split": split_plan(best)}
     return model, kwargs, plans, reference_run(model, (), kwargs=kwargs)
 
 

@@ -5,8 +5,6 @@ tokens split, the shards' counts summed."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn as nn
@@ -14,7 +12,7 @@ import torch.nn as nn
 import autopar
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 
 class Balanced(nn.Module):
@@ -57,7 +55,7 @@ def test_a_load_balancing_loss_trains_like_one_device_with_the_tokens_split():
     torch.manual_seed(0)
     model, inputs = Balanced().double(), (torch.randn(4, 6, 8, dtype=torch.float64),)
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=2), pipeline=False)
-    plan = dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    plan = split_plan(best)
     (histc,) = [n for n in best.graph.nodes if n.op == "histc"]
     assert max(plan.assignment[histc.name].splits) == 2  # the tokens are split where histc counts them
     run_threaded(_check, 2, model, inputs, plan, reference_run(model, inputs))

@@ -9,8 +9,6 @@ queries of the attention.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn as nn
@@ -20,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import autopar
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 
 class SelfAttention(nn.Module):
@@ -70,7 +68,7 @@ def test_compiled_attention_trains_like_one_device(world, batch_first, which):
     if which == "data_parallel":
         plan = best.baselines["data_parallel"]
     else:
-        plan = dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh), baselines={})
+        plan = split_plan(best)
         att = plan.graph.node(next(n.name for n in plan.graph.nodes if n.op == "mha"))
         split = {d.name for d, s in zip(att.dims, plan.assignment[att.name].splits) if s > 1}
         assert split == ({"b", "l"} if world == 4 else {"b"}), split  # the queries too, on 4
@@ -117,8 +115,7 @@ def test_compiled_transformer_encoders_train_like_one_device(stack, norm_first, 
     torch.manual_seed(0)
     model, inputs = Encoder(stack, norm_first, batch_first), _inputs()
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=4), pipeline=False)
-    plan = best.baselines["data_parallel"] if which == "data_parallel" else dataclasses.replace(
-        best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    plan = best.baselines["data_parallel"] if which == "data_parallel" else split_plan(best)
     run_threaded(_check, 4, model, inputs, plan, reference_run(model, inputs))
 
 

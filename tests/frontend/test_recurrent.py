@@ -8,8 +8,6 @@ the compiled module (loss, every gradient, every parameter after 3 AdamW steps).
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn as nn
@@ -19,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import autopar
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 
 CELLS = {"gru": lambda **kw: nn.GRU(8, 8, **kw), "rnn": lambda **kw: nn.RNN(8, 8, **kw),
@@ -69,6 +67,5 @@ def test_compiled_recurrent_layers_train_like_one_device(batch_first, bidirectio
     torch.manual_seed(0)
     model, inputs = Tagger(batch_first, bidirectional, cell=cell), _inputs()
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=4), pipeline=False)
-    plan = best.baselines["data_parallel"] if which == "data_parallel" else dataclasses.replace(
-        best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    plan = best.baselines["data_parallel"] if which == "data_parallel" else split_plan(best)
     run_threaded(_check, 4, model, inputs, plan, reference_run(model, inputs))

@@ -4,8 +4,6 @@ sort, and a model that sorts along one axis trains like one device with the othe
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn as nn
@@ -13,7 +11,7 @@ import torch.nn as nn
 import autopar
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 
 class Ranked(nn.Module):
@@ -57,7 +55,7 @@ def test_a_model_that_sorts_trains_like_one_device_with_its_rows_split():
     torch.manual_seed(0)
     model, inputs = Ranked().double(), (torch.randn(4, 6, 8, dtype=torch.float64),)
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=2), pipeline=False)
-    plan = dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    plan = split_plan(best)
     sorts = [n for n in best.graph.nodes if n.op == "sort"]
     assert len(sorts) == 2 and all(max(plan.assignment[n.name].splits) == 2 for n in sorts)
     run_threaded(_check, 2, model, inputs, plan, reference_run(model, inputs))

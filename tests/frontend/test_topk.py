@@ -4,8 +4,6 @@ its tokens are split."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn as nn
@@ -13,7 +11,7 @@ import torch.nn as nn
 import autopar
 from tests.helpers.dist_utils import run_threaded
 from tests.helpers.numerics import check_module, reference_run
-from tests.helpers.plans import split_everything
+from tests.helpers.plans import split_plan
 
 
 class Router(nn.Module):
@@ -47,7 +45,7 @@ def test_a_router_with_its_tokens_split_trains_like_one_device():
     torch.manual_seed(0)
     model, inputs = Router().double(), (torch.randn(4, 6, 8, dtype=torch.float64),)
     best = autopar.plan(model, inputs, autopar.Cluster.preset("cpu", devices=2), pipeline=False)
-    plan = dataclasses.replace(best, assignment=split_everything(best.graph, best.mesh), baselines={})
+    plan = split_plan(best)
     (topk,) = [n for n in best.graph.nodes if n.op == "topk"]
     assert max(plan.assignment[topk.name].splits) == 2  # the tokens are split where topk runs
     run_threaded(_check, 2, model, inputs, plan, reference_run(model, inputs))

@@ -12,6 +12,8 @@ its dims, reduction dims first, so rules a searched plan rarely picks run anyway
 
 from __future__ import annotations
 
+import dataclasses
+
 from autopar.core.batch import batch_dims
 from autopar.core.ir import Graph, Node
 from autopar.core.space import mesh_configs
@@ -116,6 +118,12 @@ def split_everything(graph, mesh) -> dict:
         return (len(cut), sum(d.reduction for d in cut), config.devices)
 
     return {n.name: max(mesh_configs(n, mesh), key=lambda c, n=n: score(n, c)) for n in graph.nodes}
+
+
+def split_plan(plan: Plan) -> Plan:
+    """``plan`` with every node's layout replaced by ``split_everything``'s (no baselines: they
+    were priced for the searched layout)."""
+    return dataclasses.replace(plan, assignment=split_everything(plan.graph, plan.mesh), baselines={})
 
 
 def two_stage_plan(graph, microbatches: int, schedule: str, cut: int | None = None,
