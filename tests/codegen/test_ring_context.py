@@ -12,9 +12,9 @@ all-gather path's ``Balance.call``.
 The same for the hierarchical search's own layouts (``--pin`` tensor 1 x context 2 x data 2 on
 4 threaded ranks, the zoo's Llama with ``is_causal`` grouped-query attention): its pinned plan
 with the ring chosen trains like one device, every attention a ring over the context axis. And
-inside a pipeline (pipeline 2 x context 2 on 4 gloo processes, 2 microbatches of 1F1B): each
-stage's attention a ring over its own 2 ranks, the losses, the first gradients and the trained
-parameters of every stage equal one device's.
+inside a pipeline (pipeline 2 x context 2 on 4 gloo processes, 2 microbatches of the planner's
+zero bubble): each stage's attention a ring over its own 2 ranks, the losses, the first gradients
+and the trained parameters of every stage equal one device's.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def test_a_pipelined_plans_ring_trains_like_one_device():
     cluster = autopar.Cluster.preset("cpu", devices=4)
     plan = autopar.plan(model, inputs, cluster, hierarchical=True, zero=0, recompute=False,
                         pin="tensor=1,pipeline=2,context=2,data=1,microbatch=2").baselines["published"]
-    assert len(plan.stages) == 2 and plan.microbatches == 2
+    assert len(plan.stages) == 2 and plan.microbatches == 2 and plan.schedule == "zero-bubble"
     degrees = dataclasses.replace(plan.strategy.degrees, ring=True)
     plan = dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, degrees=degrees))
     ranks = run_gloo(_ring_stage, 4, plan, reference_run(model, inputs), model, inputs)
