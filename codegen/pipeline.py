@@ -79,8 +79,14 @@ class PipelinedModule(nn.Module):
         self._loss_meta = loss_meta
         # pp_group: the ranks at the same place of every stage (all of ``group`` with one device
         # per stage); the loss is broadcast over all of ``group``
-        self._stage = PipelineStage(stage_module, stage_index, num_stages, device,
-                                    group=pp_group if pp_group is not None else group)
+        # a sharded stage's program reads its parameters' local tensors: zero bubble's split
+        # backward must reach those (``split_backward.py``)
+        from .module import CompiledModule
+        from .split_backward import LeafStage
+
+        stage = LeafStage if isinstance(stage_module, CompiledModule) else PipelineStage
+        self._stage = stage(stage_module, stage_index, num_stages, device,
+                            group=pp_group if pp_group is not None else group)
         kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}[schedule]
         self._schedule = kind([self._stage] if schedule in _MULTI else self._stage, microbatches,
                               loss_fn=_output_is_loss, scale_grads=loss_reduction == "mean")

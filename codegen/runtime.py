@@ -203,6 +203,22 @@ class GradReducer:
             if isinstance(t, torch.Tensor) and t.requires_grad:
                 t.register_hook(self._begin)
 
+    def reduce_added(self, run) -> None:
+        """``run()`` sets gradients of the leaves past autograd's accumulation (zero bubble's
+        weight half: ``split_backward.py``), so no hook sees them: what it added is summed over
+        the ranks when it returns, every bucket at once, as a backward's end would."""
+        if self.defer:
+            run()
+            return
+        if not self._held:
+            self._held = True
+            self._base = {id(leaf): leaf.grad.clone() for _, leaf in self.leaves if leaf.grad is not None}
+        run()
+        for b in range(len(self.buckets)):
+            self._launch(b)
+        self._ready = [0] * len(self.buckets)
+        self._finish()
+
     def _queue(self) -> None:
         if not self._queued:
             self._queued = True

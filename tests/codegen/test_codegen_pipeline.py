@@ -8,7 +8,9 @@ On 2 gloo processes (one launch for every case, process start-up being the slow 
 1 device, GPipe, 1F1B and zero bubble with 2 and 4 microbatches, against the single-device run of
 ``tests/helpers/numerics.py``: the loss of each of 3 AdamW steps (on every rank), every parameter's
 gradient after the first backward, every parameter after the last step. On 4 gloo processes the
-same check for 2 stages x 2 devices, each stage Megatron-split (DTensor) on its own sub-mesh.
+same check for 2 stages x 2 devices, each stage Megatron-split (DTensor) on its own sub-mesh, under
+GPipe, 1F1B and zero bubble (whose weight half of the backward must reach the sharded program's
+parameters).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ CASES = [
 WIDE_CASES = [
     ("mlp-megatron-gpipe-2", "mlp", "gpipe", 2, False),
     ("gpt-expert-1f1b-2", "gpt", "1f1b", 2, True),
+    ("gpt-expert-zero-bubble-2", "gpt", "zero-bubble", 2, False),
 ]
 
 
@@ -247,7 +250,7 @@ def trained_wide():
     expert = autopar.plan(*gpt_micro, autopar.Cluster(devices=2)).baselines["expert"]
     assert any(s > 1 for c in expert.assignment.values() for s in c.splits)
     assignments = {"mlp-megatron-gpipe-2": plans(2)["megatron"],
-                   "gpt-expert-1f1b-2": expert.assignment}
+                   "gpt-expert-1f1b-2": expert.assignment, "gpt-expert-zero-bubble-2": expert.assignment}
     return _tensors(run_gloo(train_cases, 4, WIDE_CASES, 2, assignments))
 
 

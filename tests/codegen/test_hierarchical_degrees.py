@@ -7,7 +7,10 @@ per-node layouts must run what was priced. Here the plans are the ones ``--pin``
 (attention split by query rows over the context axis with the keys whole, the loss's flattened
 rows over data x context, the experts over the expert axis with their tokens over the rest of the
 data axes), and the compiled module trains like one device (float64: the loss at every step,
-every gradient and every parameter after 3 AdamW steps).
+every gradient and every parameter after 3 AdamW steps). A pipelined plan with data parallelism
+inside its stages (pipeline 2 x data 2 on 4 gloo processes, 2 microbatches of the zero-bubble
+schedule the planner picks, whose backward runs in an input and a weight half) trains every
+parameter of both stages like one device.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ import pytest
 import torch
 
 import autopar
-from tests.helpers.dist_utils import run_threaded
-from tests.helpers.numerics import check_module, reference_run
+from tests.helpers.dist_utils import run_gloo, run_threaded
+from tests.helpers.numerics import check_module, check_pipelined, reference_run
 
 
 def _pinned(model, inputs, world: int, pin: str):
@@ -88,3 +91,24 @@ def test_expert_parallelism_beside_tensor_parallelism_trains_like_one_device(lis
     experts = [n for n in plan.graph.nodes if n.op == "moe_experts"]
     assert len(experts) == 2 and all(_splits(plan, n)["experts"][0] >= 2 for n in experts)
     run_threaded(_check, 4, model, inputs, plan, reference_run(model, inputs))
+
+
+def _pipelined(rank, world, model, inputs, plan, ref):
+    return check_pipelined(rank, autopar.compile(model, inputs, plan=plan), inputs, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_data_parallel_stages_of_a_zero_bubble_pipeline_train_like_one_device():
+    """Each stage's microbatch split over its 2 ranks; the weight half of every stage's backward
+    (the last stage's too, whose program reads its parameters' local tensors) reaches every
+    parameter, summed over the stage's data-parallel ranks."""
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("gpt", batch=4, seq=8, width=16, heads=2, layers=2, vocab=32)
+    model = model.double()
+    plan = _pinned(model, inputs, 4, "tensor=1,pipeline=2,data=2,microbatch=1")
+    assert [s.devices for s in plan.stages] == [2, 2] and plan.microbatches == 2
+    assert plan.schedule == "zero-bubble" and tuple(plan.mesh.shape) == (2, 2)
+    held = run_gloo(_pipelined, 4, model, inputs, plan, reference_run(model, inputs))
+    assert held[0] == held[1] and held[2] == held[3] and not set(held[0]) & set(held[2])
+    assert held[0] + held[2] == [n for n, _ in model.named_parameters()]  # every parameter, on one stage

@@ -11,7 +11,10 @@ all-gather path's ``Balance.call``.
 
 The same for the hierarchical search's own layouts (``--pin`` tensor 1 x context 2 x data 2 on
 4 threaded ranks, the zoo's Llama with ``is_causal`` grouped-query attention): its pinned plan
-with the ring chosen trains like one device, every attention a ring over the context axis.
+with the ring chosen trains like one device, every attention a ring over the context axis. And
+inside a pipeline (pipeline 2 x context 2 on 4 gloo processes, 2 microbatches of the planner's
+zero bubble): each stage's attention a ring over its own 2 ranks, the losses, the first gradients
+and the trained parameters of every stage equal one device's.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from autopar.core.strategy import Degrees, Strategy
 from autopar.planning.plan import Plan
 from tests.codegen.test_context_parallel import SEQ, llama, sequence_plan
 from tests.helpers.dist_utils import run_gloo, run_threaded
-from tests.helpers.numerics import check_module, reference_run
+from tests.helpers.numerics import check_module, check_pipelined, reference_run
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -100,3 +103,36 @@ def test_the_hierarchical_plans_ring_trains_like_one_device():
     degrees = dataclasses.replace(plan.strategy.degrees, ring=True)
     plan = dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, degrees=degrees))
     run_threaded(_threaded, 4, plan, reference_run(model, inputs), model, inputs)
+
+
+def _ring_stage(rank, world, plan, ref, model, inputs):
+    """A pipelined rank: trained against one device; its stage's attentions and their parts."""
+    from autopar.codegen.calls import NodeCall
+
+    module = autopar.compile(model, inputs, plan=plan)
+    names = check_pipelined(rank, module, inputs, ref)
+    programs = [p[0] if isinstance(p, tuple) else p for p in module._inner.stage_module._programs.values()]
+    rings = [(type(m.call.balance).__name__, getattr(m.call.balance, "parts", None))
+             for p in programs for m in p.module.modules() if isinstance(m, NodeCall) and m.call.node.op == "sdpa"]
+    return names, rings
+
+
+@pytest.mark.dist
+def test_a_pipelined_plans_ring_trains_like_one_device():
+    import torch
+
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("llama", batch=4, seq=16, width=32, heads=2, kv_heads=1, ffn=64, layers=2,
+                                    vocab=64)
+    model = model.double()
+    cluster = autopar.Cluster.preset("cpu", devices=4)
+    plan = autopar.plan(model, inputs, cluster, hierarchical=True, zero=0, recompute=False,
+                        pin="tensor=1,pipeline=2,context=2,data=1,microbatch=2").baselines["published"]
+    assert len(plan.stages) == 2 and plan.microbatches == 2 and plan.schedule == "zero-bubble"
+    degrees = dataclasses.replace(plan.strategy.degrees, ring=True)
+    plan = dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, degrees=degrees))
+    ranks = run_gloo(_ring_stage, 4, plan, reference_run(model, inputs), model, inputs)
+    held = [names for names, _ in ranks]
+    assert held[0] == held[1] and held[2] == held[3] and not set(held[0]) & set(held[2])
+    assert held[0] + held[2] == [n for n, _ in model.named_parameters()]  # every parameter, on one stage
+    assert all(rings == [("Ring", 2)] for _, rings in ranks), ranks  # one attention a stage, a ring of 2

@@ -97,3 +97,29 @@ def check_module(rank, sharded, inputs, ref: Reference, steps: int = STEPS, feed
     for n, b in sharded.named_buffers():  # batch-norm running statistics, masks
         torch.testing.assert_close(b.full_tensor(), ref.buffers[n], rtol=RTOL, atol=PARAM_ATOL,
                                    msg=lambda m, n=n: f"rank {rank} buffer {n} after {steps}: {m}")
+
+
+def check_pipelined(rank, module, inputs, ref: Reference, steps: int = STEPS) -> list[str]:
+    """Train a pipelined rank's module (its ``train_step`` runs the whole schedule) as
+    ``reference_run`` trained one copy: the loss at every step, and the gradients after the first
+    backward and the values after the last step of the parameters this rank's stages hold.
+    Returns their names (the caller checks that the ranks hold every parameter between them)."""
+    def full(t):
+        return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+    opt = torch.optim.AdamW(module.parameters(), lr=LR, eps=EPS)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = module.train_step(*inputs)
+        torch.testing.assert_close(loss, ref.losses[step], rtol=RTOL, atol=ATOL,
+                                   msg=lambda m: f"rank {rank} step {step} loss: {m}")
+        if step == 0:
+            for n, p in module.named_parameters():
+                assert p.grad is not None, f"{n} got no gradient"
+                torch.testing.assert_close(full(p.grad), ref.grads[n], rtol=RTOL, atol=ATOL,
+                                           msg=lambda m, n=n: f"rank {rank} grad {n}: {m}")
+        opt.step()
+    for n, p in module.named_parameters():
+        torch.testing.assert_close(full(p.detach()), ref.params[n], rtol=RTOL, atol=PARAM_ATOL,
+                                   msg=lambda m, n=n: f"rank {rank} param {n} after {steps}: {m}")
+    return [n for n, _ in module.named_parameters()]

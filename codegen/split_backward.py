@@ -1,0 +1,42 @@
+"""Zero bubble's split backward on a pipeline stage sharded over several devices.
+
+Zero bubble (ZB-H1, ``ScheduleInterleavedZeroBubble``) runs each microbatch's backward in two
+halves: ``I``, the gradients of the stage's inputs (sent on at once), and ``W``, the weights' (run
+where 1F1B would idle). torch's ``PipelineStage`` takes the weights to be ``submod.parameters()``:
+``I`` records the autograd nodes between the inputs and those weights, ``W`` runs the backward from
+them into the weights' ``.grad``. A sharded stage's module (``module.CompiledModule``) has DTensor
+parameters that its program never reads: it reads their local tensors, made leaves of autograd for
+``runtime.GradReducer``. With those DTensors as the weights, ``I`` finds none of them in the graph
+and ``W`` computes nothing, so every stage but the first (whose ``W`` is a whole backward) kept no
+gradient at all. Here both halves take the program's leaves; and since torch's ``W`` sets their
+``.grad`` itself (no accumulation hook fires, so the reducer's buckets never fill), the reducer
+sums what ``W`` added over the stage's data-parallel ranks when it returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+
+class LeafStage(PipelineStage):
+    """A ``PipelineStage`` over a ``CompiledModule`` whose split backward reaches its leaves."""
+
+    def _leaves(self) -> list[torch.Tensor]:
+        return [leaf for _, leaf in self.submod.reducer.leaves]
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict,
+                                   last_backward: bool = False) -> tuple[tuple[Any, ...], Any]:
+        if backward_type == "input":
+            return stage_backward_input(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                        bwd_kwargs["input_values"], iter(self._leaves()))
+        if backward_type == "weight":
+            leaves = self._leaves()
+            grads: list[tuple] = []
+            self.submod.reducer.reduce_added(
+                lambda: grads.append(stage_backward_weight(iter(leaves), bwd_kwargs["param_groups"])))
+            return grads[0], None
+        return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
