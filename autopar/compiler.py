@@ -342,9 +342,6 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
                                                         or plan.strategy.options.mixed)):
             raise ValueError("ZeRO, mixed precision and recomputation are generated for single-stage plans only: "
                              "plan with pipeline=False to use them")
-        if graph.fx_graph.meta.get("autopar_frontend") == "export":
-            raise ValueError("pipelined plans run fx-traced models only for now: plan this model with "
-                             "pipeline=False (autopar.compile(..., pipeline=False))")
         module = pipeline.pipeline_module(model, plan, tuple(inputs), graph=graph)
     else:
         from autopar.codegen.mesh import device_mesh, model_device_type

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 
+from .exported import fx_form
 from .pipeline_step import run_step
 from .stage_split import (HoldsTensor, StageGraph, build_stage_modules, check_stages, split_stages,  # noqa: F401
                           stage_boundary, stage_ir, stage_modules)
@@ -149,7 +150,7 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     if microbatches < 1:
         raise ValueError(f"the plan has {microbatches} microbatches")
     schedule = schedule_run(schedule, microbatches, len(plan.stages))
-    graph = _checked(plan, graph, loss_reduction)
+    graph = fx_form(_checked(plan, graph, loss_reduction), model)  # an exported graph's state read by name
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if rank < 0:
         raise ValueError("this process is not in the process group the pipeline is to run on")
@@ -248,7 +249,7 @@ def _interleaved(model, plan, example_inputs: tuple, group, device, loss_reducti
     """Interleaved 1F1B's module for this rank (``interleaved.py``), after the common checks."""
     from .interleaved import interleaved_module
 
-    graph = _checked(plan, graph, loss_reduction)
+    graph = fx_form(_checked(plan, graph, loss_reduction), model)
     if any(n.op == "placeholder" and n.target.startswith("*") for n in graph.fx_graph.graph.nodes):
         raise ValueError("pipelining needs a model with named inputs (no *args)")
     device = torch.device(device if device is not None else _default_device(group))

@@ -51,6 +51,7 @@ from autopar.cost_models.reshard_table import StructureCache
 from autopar.cost_models.training import zero_collectives, zero_label, zero_sync_time
 from autopar.cost_models.weight_view_sync import lift_weight_view, weight_view_sync
 
+from autopar.core.backward import runs_backward
 from autopar.core.buckets import BUCKET_BYTES
 from autopar.core.cluster import Cluster
 from autopar.core.cost_model import TERM_KINDS, NodeCost, Term  # noqa: F401 (re-exported)
@@ -195,8 +196,9 @@ class AnalyticModel:
                                   f"max(0, {count.formula()} - lead {lead:.4g} s)" if text else "", "stats"))
         if mode == "inference":
             return out
-        out.terms.append(Term("compute backward", self.backward_factor * fwd,
-                              f"{self.backward_factor:g} * {fwd:.4g} s = {self.backward_factor * fwd:.4g} s" if text else ""))
+        bf = self.backward_factor if runs_backward(node) else 0.0  # autograd records none (core/backward.py)
+        out.terms.append(Term("compute backward", bf * fwd,
+                              f"{bf:g} * {fwd:.4g} s = {bf * fwd:.4g} s" if text else ""))
         if train.recompute and not train.kept:  # a kept output (pointwise recompute) is not re-run
             out.terms.append(Term("compute forward again (recomputed in the backward)", fwd,
                                   f"= the forward, {fwd:.4g} s" if text else ""))
@@ -276,7 +278,8 @@ class AnalyticModel:
         if mode == "train":
             again = 1.0 if node_training(node).recompute and not node_training(node).kept else 0.0
             sync = self._grad_sync(node, own, mesh, cluster) * self.sync_scale if self.sync_scale else 0.0
-            cost = (cost * (1.0 + self.backward_factor + again) + sync + bn_stats_many(node, own, mesh, cluster)
+            bf = self.backward_factor if runs_backward(node) else 0.0
+            cost = (cost * (1.0 + bf + again) + sync + bn_stats_many(node, own, mesh, cluster)
                     + optimizer_step(self.optimizer, node, own, mesh, cluster, self.memory_efficiency))
         return np.where(ok, cost + exchange + count, math.inf)
 

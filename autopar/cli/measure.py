@@ -192,7 +192,7 @@ def _build(model, plan, inputs, device: str, lr: float):
         if plan.stages:
             from autopar.cli.measure_stage import stage_run
 
-            run = stage_run(module, module.plan, module.plan.graph, inputs, device, lr)
+            run = stage_run(model, module, module.plan, module.plan.graph, inputs, device, lr)
             return module, run.optimizer, run.step
         optimizer = module.optimizer(torch.optim.AdamW, lr=lr)
 
@@ -389,10 +389,6 @@ def run(args) -> int:
         raise ValueError("the plan is for one device: measure a plan for several (--devices N)")
     if not torch.cuda.is_available():
         torch.set_num_threads(1)  # one device is one process of one core, as the cpu preset prices it
-    if plan.stages and getattr(plan.graph, "frontend", None) == "export":
-        raise ValueError(f"the plan for {plan.devices} devices is pipelined ({len(plan.stages)} stages) and this "
-                         "model is traced with torch.export, whose pipeline stages autopar does not build yet: "
-                         "measure its single-stage plan with --hierarchical off (and --pipeline off)")
     rank = fullest_rank(plan) if args.rank == "fullest" else args.rank
     result = measure(model, tuple(inputs), plan, rank=rank, steps=args.steps, kwargs=kwargs)
     if args.json:

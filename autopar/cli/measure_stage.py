@@ -131,12 +131,13 @@ def _received_shard(stage, name: str, value: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=value.dtype, device="meta")
 
 
-def stage_run(module, plan, graph, inputs: tuple, device, lr: float) -> StageRun:
-    """What this rank runs of a pipelined plan: ``module`` is its ``PipelinedModule``."""
+def stage_run(model, module, plan, graph, inputs: tuple, device, lr: float) -> StageRun:
+    """What this rank runs of a pipelined plan of ``model``: ``module`` is its ``PipelinedModule``."""
+    from autopar.codegen.exported import fx_form
     from autopar.codegen.stage_split import check_stages, split_stages
     from autopar.search.pipeline import in_flight
 
-    gm = graph.fx_graph
+    gm = fx_form(graph, model).fx_graph  # an exported graph's state read by name, as codegen cut it
     stages = check_stages(plan.stages, [n.name for n in graph.nodes], plan.devices)
     part = split_stages(gm, stages, inputs)[module.stage_index]
     micro = microbatch(tuple(inputs), module.microbatches)

@@ -19,14 +19,24 @@ def batch_dims(graph: Graph) -> dict[str, str | None]:
         if len(spec.shape) >= 1:
             batch_axes[(f"input:{name}", 0)] = {0}
     result: dict[str, str | None] = {}
+    sized = _batch_sized(graph)
     for node in graph.nodes:
         dim = _batch_dim_of(node, batch_axes)
+        if dim is None:  # an axis the exporter traced at the batch's size (built from it alone)
+            dim = next((node.outputs[j].axes[i][0] for j, i in sized.get(node.name, ())
+                        if j < len(node.outputs) and i < len(node.outputs[j].axes) and node.outputs[j].axes[i]), None)
         result[node.name] = dim
         for j, out in enumerate(node.outputs):
             axes = {i for i, a in enumerate(out.axes) if dim is not None and a[:1] == (dim,)}
             if axes:
                 batch_axes[(node.name, j)] = axes
     return result
+
+
+def _batch_sized(graph: Graph) -> dict:
+    """Node -> (output, axis) pairs torch.export traced at the batch's size (``frontend.export``)."""
+    gm = graph.fx_graph
+    return dict(getattr(gm, "meta", {}).get("autopar_batch_axes", {})) if gm is not None else {}
 
 
 def _batch_dim_of(node: Node, batch_axes: dict[tuple[str, int], set[int]]) -> str | None:

@@ -50,6 +50,13 @@ class MetaProp(fx.Interpreter):
         with _SWAP_LOCK:
             return super().run(*args, **kwargs)
 
+    def call_function(self, target, args, kwargs):
+        # a device written into the graph (torch.export's ``aten.to.device(x, cpu)``, ``arange(...,
+        # device=cpu)``) is the example's: on meta values it would copy out of a meta tensor or
+        # allocate a real one, so every torch.device argument reads as meta
+        args, kwargs = fx.node.map_aggregate((args, kwargs), _meta_device)
+        return super().call_function(target, args, kwargs)
+
     def call_module(self, target, args, kwargs):
         m = self.fetch_attr(target)
         state = {k: to_meta(v) for k, v in [*m.named_parameters(), *m.named_buffers()]}
@@ -59,3 +66,7 @@ class MetaProp(fx.Interpreter):
 def meta_like(t: torch.Tensor) -> torch.Tensor:
     """An empty meta tensor of ``t``'s global shape and dtype (a DTensor's whole shape)."""
     return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+
+
+def _meta_device(v: Any) -> Any:
+    return torch.device("meta") if isinstance(v, torch.device) else v

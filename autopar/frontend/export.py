@@ -92,6 +92,7 @@ class ExportFrontend(Builder):
         outputs, out_leaves = output_leaves(leaves)
         gm.meta["autopar_frontend"] = "export"
         gm.meta["autopar_state"] = dict(state)  # placeholder -> parameter/buffer name, for codegen
+        gm.meta["autopar_batch_axes"] = _batch_sized_axes(gm, self.nodes)  # for core.batch
         self.nodes = mark_weight_views(self.nodes, outputs)
         graph = Graph(self.nodes, self.inputs, outputs, type(self.model).__name__, gm, frontend="export",
                       program=ep)
@@ -198,6 +199,34 @@ class ExportFrontend(Builder):
         else:
             site = FUNCTIONS.get(target)
         return bind(site, args, kwargs) if site is not None else None
+
+
+def _batch_sized_axes(gm: fx.GraphModule, nodes) -> dict[str, list[tuple[int, int]]]:
+    """IR node -> its (output, axis) pairs whose traced size is the exported batch symbol.
+
+    A dynamic-batch export traces every size as a symbol, and the batch is one symbol: an axis
+    whose size is that symbol has the batch's size, wherever it came from. Batch propagation
+    through data inputs (``core.batch``) misses the axes a model builds from the batch's size
+    alone, such as a Hugging Face attention mask (``arange(batch)``, an ``expand`` to the batch),
+    which a plan then leaves whole on every data-parallel rank. Empty for a static export."""
+    batch = None
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if n.op == "placeholder" and isinstance(v, torch.Tensor) and v.dim() and isinstance(v.shape[0], torch.SymInt):
+            batch = v.shape[0].node.expr
+            break
+    if batch is None:
+        return {}
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+    out: dict[str, list[tuple[int, int]]] = {}
+    for node in nodes:
+        n = fx_nodes.get(node.name)
+        values = [v for v in pytree.tree_leaves(n.meta.get("val")) if isinstance(v, torch.Tensor)] if n is not None else []
+        for j, v in enumerate(values[:len(node.outputs)]):
+            for i, size in enumerate(v.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr == batch:
+                    out.setdefault(node.name, []).append((j, i))
+    return out
 
 
 def _is_constant(v: Any) -> bool:

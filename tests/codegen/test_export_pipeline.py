@@ -1,0 +1,58 @@
+"""A model traced with torch.export (a tiny Hugging Face Llama, from a ``LlamaConfig``: nothing
+downloaded) trained through codegen's pipeline stages on 2 gloo processes, one stage each, with
+the same losses, gradients and parameters as the model trained on one device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.dist_utils import run_gloo
+from tests.helpers.numerics import ATOL, EPS, LR, PARAM_ATOL, RTOL, STEPS, reference_run
+from tests.helpers.plans import two_stage_plan
+
+pytest.importorskip("transformers")
+
+SIZES = dict(layers=2, hidden=32, heads=2, kv_heads=1, mlp=64, vocab=64, seq=8, batch=4)
+
+
+def _llama():
+    from benchmarks.llama_small import factory
+
+    return factory(**SIZES)
+
+
+def _train(rank, world):
+    import autopar
+    from autopar.codegen.pipeline import pipeline_module
+
+    model, inputs = _llama()
+    graph = autopar.trace(model, inputs)
+    assert graph.frontend == "export"
+    mod = pipeline_module(model, two_stage_plan(graph, 2, "1f1b"), inputs, graph=graph)
+    opt = torch.optim.AdamW(mod.parameters(), lr=LR, eps=EPS)
+    losses, grads = [], {}
+    for step in range(STEPS):
+        opt.zero_grad()
+        losses.append(float(mod.train_step(*inputs)))
+        if step == 0:
+            grads = {n: p.grad.detach().numpy().copy() for n, p in mod.named_parameters()}
+        opt.step()
+    return losses, grads, {n: p.detach().numpy().copy() for n, p in mod.named_parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_an_exported_models_pipeline_trains_as_the_model_on_one_device():
+    ref = reference_run(*_llama())
+    ranks = run_gloo(_train, 2)
+    owned = [list(r[1]) for r in ranks]
+    assert owned[0] and owned[1] and sorted(owned[0] + owned[1]) == sorted(ref.params)  # each parameter in one stage
+    for rank, (losses, grads, params) in enumerate(ranks):
+        torch.testing.assert_close(torch.tensor(losses), torch.stack(ref.losses), rtol=RTOL, atol=ATOL)
+        for n, g in grads.items():
+            torch.testing.assert_close(torch.from_numpy(g), ref.grads[n], rtol=RTOL, atol=ATOL,
+                                       msg=lambda m, n=n: f"rank {rank} grad {n}: {m}")
+        for n, p in params.items():
+            torch.testing.assert_close(torch.from_numpy(p), ref.params[n], rtol=RTOL, atol=PARAM_ATOL,
+                                       msg=lambda m, n=n: f"rank {rank} param {n}: {m}")
