@@ -110,6 +110,9 @@ class FlatOptions:
     capacity: float | None
     sets: list[TrainingOptions]
     _tables: dict = field(default_factory=dict)
+    # after ``solve``: whether memory binds the plain set (its fastest plan does not fit), where
+    # the fastest fitting plan may lie outside the flat space (``planning/fallback.py``)
+    binds: bool = False
 
     def graph_for(self, opts: TrainingOptions) -> Graph:
         return self.tables_for(opts)[0]
@@ -165,6 +168,7 @@ class FlatOptions:
                 best = (opts, g, t, sol)
             else:
                 self._forget(opts)
+        self.binds = not slack.get(self.sets[0], True)
         if best is None:
             raise error
         return best
