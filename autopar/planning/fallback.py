@@ -63,6 +63,8 @@ def faster(flat: Plan, hierarchical: Plan | None, why_not: str = "") -> Plan:
             f"hierarchical search: memory binds the flat exact search, whose best fitting plan is "
             f"{summary(flat)}; the hierarchical space's (any count of microbatches, pipelines) is faster: "
             f"{summary(hierarchical)}", hierarchical.search.path]))
+        # the flat path's baselines the hierarchical one does not price (the expert plan) stay beside it
+        hierarchical.baselines = {**flat.baselines, **hierarchical.baselines}
         return hierarchical
     found = (f"its best plan, {summary(hierarchical)}, is no faster" if hierarchical is not None
              else f"it found no fitting plan ({why_not})" if why_not else "it found no fitting plan")

@@ -180,15 +180,15 @@ def plan_with(model, example_inputs, cluster, *, example_kwargs, devices, cost_m
             raise
         try:
             hier = _plan_hierarchical(graph, cluster, common, training, scope, searching, memory_capacity)
-        except InfeasibleError:  # neither space fits: the flat search's error, which names the least it reaches
-            raise e from None
+        except (InfeasibleError, ValueError):  # neither space fits (or takes the options asked for): the
+            raise e from None  # flat search's error, which names the least it reaches
         return fallback.instead_of_infeasible(e, hier)
     if not (binds and may_fall_back and training.mode == "train"):
         return flat
     # memory binds the flat search: the fastest fitting plan may lie outside its space (planning/fallback.py)
     try:
         hier, why_not = _plan_hierarchical(graph, cluster, common, training, scope, searching, memory_capacity), ""
-    except InfeasibleError as e:
+    except (InfeasibleError, ValueError) as e:  # none fits, or the options asked for are not in its space
         hier, why_not = None, str(e).split(";")[0]
     return fallback.faster(flat, hier, why_not)
 
