@@ -112,9 +112,10 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     devices or several pods, or a ``pin`` ("tensor=8,pipeline=64,data=6") is given, which adds
     the pinned plan as the "published" baseline; under "auto" it also runs where memory binds the
     flat search, whose plan it replaces when faster or when the flat space holds none that fits
-    (``planning/fallback.py``; False: the flat search alone, InfeasibleError where nothing fits). ``follow``: search a space where view-like ops
-    follow their producer's layout (``planning/follow.py``): True, False, or "auto" (only when the
-    exact DP over the full space would be too slow); the plan's search line says which space.
+    (``planning/fallback.py``; False: the flat search alone, InfeasibleError where nothing fits).
+    ``follow``: search a space where view-like ops follow their producer's layout
+    (``planning/follow.py``): True, False, or "auto" (only when the exact DP over the full space
+    would be too slow); the plan's search line says which space.
     ``accumulate``: gradient accumulation on the flat path, k microbatches a step with one
     gradient sync ("auto": 2 and 4 searched where memory binds; an int k: k, 1 for none).
     """
@@ -270,7 +271,9 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
             least) from e
     from autopar.planning.ties import prefer_data_parallel
 
-    sol = prefer_data_parallel(tables, sol, base_plans.data_parallel_choice(graph, tables))
+    near = prefer_data_parallel(tables, sol, base_plans.data_parallel_choice(graph, tables))
+    if near is not sol and flat.peak(opts, near.choice) <= max(flat.peak(opts, sol.choice), tables.memory_capacity):
+        sol = near  # (the move holds no more backward memory; its update's peak must fit too)
     info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
     info.detail = getattr(sol, "detail", "") or info.detail
     if searching.follow == "auto":  # the stages are searched in the space the single-stage plan was
@@ -278,6 +281,7 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
 
         ctx["searching"] = dataclasses.replace(searching, follow=DETAIL in info.detail)
     plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
+    plan.memory_per_device = flat.peak(opts, sol.choice)  # the backward's or the optimizer update's
     plan.strategy = strategy_of(graph, opts, plan.assignment)
     plan.rows = breakdown.mesh_rows(priced, tables, plan.assignment, model, cluster, mode)
     plan.notices = mesh_axis_notices(priced, tables, plan.assignment, cluster.mesh())
@@ -362,6 +366,7 @@ def _mesh_baselines(graph, tables, cluster, common, unsupported, flat=None) -> d
         out["data_parallel"] = _make_plan(g, t, base_plans.evaluate(t, choice), base_plans.FIXED, common,
                                           unsupported, {})
         out["data_parallel"].strategy = strategy_of(g, opts, out["data_parallel"].assignment)
+        out["data_parallel"].memory_per_device = flat.peak(opts, choice)
     if is_transformer_like(graph):
         from autopar.planning.whole import kept_whole
 
