@@ -55,7 +55,7 @@ from autopar.core.layout import (NodeLayouts, Partial, grad_of_input, node_layou
                                  shard_factors, shard_mask, tensor_layout, to_mesh)
 from autopar.core.strategy import node_training
 from autopar.core.tables import Config, Mesh
-from autopar.cost_models.training import OPTIMIZER_STATE_BYTES, param_bytes  # noqa: F401 (re-exported)
+from autopar.cost_models.training import OPTIMIZER_STATE_BYTES, param_bytes, update_working_set  # noqa: F401 (re-exported)
 
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1, "momentum": 1, "sgd_momentum": 1,
                     "plain_sgd": 0, "none": 0}
@@ -337,23 +337,8 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
     """``node_memory(...).total`` for every config at once (numpy over configs)."""
     own, ok = owner_matrix(configs, mesh)
     train = mode in ("train", "training")
-    states = optimizer_states(optimizer) if train else 0
     rec = node_training(node)
-    sizes = np.asarray(mesh.shape, dtype=float)
-    total = np.zeros(len(configs))
-    for op, grad in zip(node.params, trainable(node)):
-        if op.source in skip:
-            continue
-        k = shard_factors(node, op.spec, own, mesh)
-        if not (train and grad):
-            total += op.spec.nbytes / k
-            continue
-        if rec.zero:  # the partial (data-parallel) axes: those cutting a dim that does not index it
-            group = np.prod(np.where((own >= 0) & ~shard_mask(node, op.spec, own), sizes, 1.0), axis=1)
-        else:
-            group = 1.0
-        b = param_bytes(op.spec.numel / k, op.spec.itemsize, states, rec.master, rec.zero, group)
-        total += b.params + b.grads + b.optimizer
+    total, _ = _state_vector(node, own, mesh, train, optimizer, skip)
     if train and rec.recompute:
         for i in rec.saved_inputs:
             spec = node.inputs[i].spec
@@ -367,6 +352,45 @@ def node_memory_vector(node: Node, configs: list[Config], mesh: Mesh, mode: str 
         for op in node.inputs:
             if op.spec.dtype in FLOAT_DTYPES:
                 total += LOSS_GRADIENTS[node.op] * op.spec.nbytes / shard_factors(node, op.spec, own, mesh)
+    return np.where(ok, total, np.inf)
+
+
+def _state_vector(node: Node, own, mesh: Mesh, train: bool, optimizer: str | None,
+                  skip: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per config (``own``: ``owner_matrix``'s), the bytes of the node's parameters, gradients and
+    optimizer state on a device, and the parameter elements its optimizer steps there (its shard,
+    under ZeRO >= 1 its slice of that over the data-parallel group)."""
+    states = optimizer_states(optimizer) if train else 0
+    rec = node_training(node)
+    sizes = np.asarray(mesh.shape, dtype=float)
+    total, stepped = np.zeros(len(own)), np.zeros(len(own))
+    for op, grad in zip(node.params, trainable(node)):
+        if op.source in skip:
+            continue
+        k = shard_factors(node, op.spec, own, mesh)
+        if not (train and grad):
+            total += op.spec.nbytes / k
+            continue
+        if rec.zero:  # the partial (data-parallel) axes: those cutting a dim that does not index it
+            group = np.prod(np.where((own >= 0) & ~shard_mask(node, op.spec, own), sizes, 1.0), axis=1)
+        else:
+            group = 1.0
+        b = param_bytes(op.spec.numel / k, op.spec.itemsize, states, rec.master, rec.zero, group)
+        total += b.params + b.grads + b.optimizer
+        stepped += op.spec.numel / k / (group if rec.zero >= 1 else 1.0)
+    return total, stepped
+
+
+def update_memory_vector(node: Node, configs: list[Config], mesh: Mesh, optimizer: str | None = "adam",
+                         foreach: bool = False, skip: frozenset[str] = frozenset()) -> np.ndarray:
+    """Per config, the bytes the node holds on a device while the optimizer's update runs (the
+    activations freed): its parameters, gradients and optimizer state, and the update's working
+    set over the elements it steps (``training.update_working_set``, the hierarchical pricing's
+    too). Summed over a plan's nodes it is the update's peak, beside the backward's
+    (``node_memory_vector``'s sum); the step's peak is the larger."""
+    own, ok = owner_matrix(configs, mesh)
+    total, stepped = _state_vector(node, own, mesh, True, optimizer, skip)
+    total = total + update_working_set(stepped, optimizer_states(optimizer), foreach)
     return np.where(ok, total, np.inf)
 
 

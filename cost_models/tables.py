@@ -21,7 +21,7 @@ from autopar.core.cost_model import CostModel
 from autopar.core.ir import Graph, Node, Operand
 from autopar.core.tables import CostTables
 from autopar.cost_models.analytic import AnalyticModel, check_mode
-from autopar.cost_models.memory import already_saved, node_memory_vector
+from autopar.cost_models.memory import already_saved, node_memory_vector, update_memory_vector
 from autopar.core.space import Space, configs_for
 
 
@@ -113,3 +113,31 @@ def build_tables(graph: Graph, cluster: Cluster, model: CostModel | str = "analy
                       edge_cost=edge_cost, memory=memory,
                       memory_capacity=float(cluster.memory_capacity),
                       units=getattr(model, "units", "s"))
+
+
+def update_memory(graph: Graph, tables: CostTables, cluster: Cluster,
+                  optimizer: str | None = "adam") -> list[np.ndarray] | None:
+    """Per node and config of ``tables`` (built from ``graph`` for training), the bytes held
+    while the optimizer's update runs (``memory.update_memory_vector``: parameters, gradients,
+    optimizer state and the update's working set; a parameter read by several nodes counted at
+    the first, as ``build_tables`` counts it). The step's peak is the larger of the sums of these
+    and of ``tables.memory``. None where the update holds no working set (a fused update:
+    ``Cluster.foreach_update`` False; an optimizer without second moments): it then holds a subset
+    of what the backward holds, and ``tables.memory`` is the peak."""
+    from autopar.cost_models.memory import optimizer_states
+    from autopar.cost_models.training import update_working_set
+
+    if not update_working_set(1.0, optimizer_states(optimizer), cluster.foreach_update):
+        return None
+    mesh = cluster.mesh()
+    cache: dict[Any, np.ndarray] = {}
+    seen: set[str] = set()
+    out = []
+    for n, cfgs in zip(graph.nodes, tables.configs):
+        skip = frozenset(p.source for p in n.params if p.source in seen)
+        key = (id(cfgs), signature(n), tuple(i for i, p in enumerate(n.params) if p.source in skip))
+        if key not in cache:
+            cache[key] = update_memory_vector(n, cfgs, mesh, optimizer, cluster.foreach_update, skip)
+        out.append(cache[key])
+        seen.update(p.source for p in n.params)
+    return out

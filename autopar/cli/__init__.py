@@ -283,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "producer's layout (the plan says so); auto: only when the full space is too big")
         c.add_argument("--hierarchical", default="auto", choices=["auto", "on", "off"],
                        help="plan by tensor/pipeline/data degrees per cluster level (auto: above 64 devices, "
-                       "several pods, or with --pin)")
+                       "several pods, or with --pin, and beside the flat search where memory binds it, the "
+                       "faster plan taken; off: the flat search alone)")
         c.add_argument("--pin", default=None, metavar="K=V,...",
                        help="price a plan fixed by its degrees beside autopar's, e.g. tensor=8,pipeline=64,data=6 "
                        "(also zero=, recompute=, microbatch=, and expert= for routed experts split over that "

@@ -40,7 +40,7 @@ def steps(accumulate, batch: int, zero="auto") -> int:
     if batch % k:
         raise ValueError(f"accumulate={k}: the batch of {batch} does not split into {k} equal microbatches; "
                          "take a divisor of the batch")
-    if zero not in ("auto", 0, 1, "0", "1"):
+    if k > 1 and zero not in ("auto", 0, 1, "0", "1"):  # one microbatch a step: no accumulation
         raise ValueError(f"accumulate={k} runs with ZeRO 0 or 1 (the gradients are reduced once, after the last "
                          f"microbatch), not zero={zero}")
     return k

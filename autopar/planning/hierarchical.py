@@ -370,7 +370,7 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
         raise ValueError(f"the pin sets expert={pin.expert}, but {graph.model_name or 'the model'} has no routed "
                          "experts (no module named 'experts'): drop expert= from the pin")
     search.accumulate = steps(training.accumulate, search.batch, zero)  # ZeRO 0/1 with it, as on the flat path
-    zeros = tuple(z for z in ((0, 1, 2, 3) if zero == "auto" else (int(zero),)) if z <= 1 or not search.accumulate)
+    zeros = tuple(z for z in ((0, 1, 2, 3) if zero == "auto" else (int(zero),)) if z <= 1 or search.accumulate <= 1)
     recs = searched_recomputes(recompute, len(search.blocks), search.attention)  # k: every.py
     seeds = []  # the baselines of this space, priced first: the search starts from the best that fits
     if with_baselines:

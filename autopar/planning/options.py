@@ -14,6 +14,12 @@ The data-parallel baseline gets the same treatment: when plain data parallelism 
 it is priced with the first ZeRO stage / recomputation that makes it fit (FSDP-style data
 parallelism), so "data parallelism does not fit" is never a straw man.
 
+A plan's memory is the larger of its backward's peak (the tables' memory: activations saved) and
+its optimizer update's (the activations freed; the update's working set held: torch's foreach Adam's
+square-root buffer, ``cost_models.tables.update_memory``), as the hierarchical pricing takes it. The
+search is constrained by the backward's; a set's plan whose update does not fit is searched again
+against each node's larger of the two (``FlatOptions._fitted``), its gap measured from the first.
+
 Not in the flat model's memory, stated in the plan's notes: the transient of a recomputed block
 during its backward and of ZeRO-3's gathered parameters (the hierarchical search counts both).
 """
@@ -24,6 +30,8 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from autopar.core.batch import batch_dims
 from autopar.core.blocks import apply_training, recomputed_blocks
@@ -110,6 +118,10 @@ class FlatOptions:
     capacity: float | None
     sets: list[TrainingOptions]
     _tables: dict = field(default_factory=dict)
+    _updates: dict = field(default_factory=dict)  # per set: ``update_for``'s vectors
+    # after ``solve``: whether memory binds the plain set (its fastest plan does not fit), where
+    # the fastest fitting plan may lie outside the flat space (``planning/fallback.py``)
+    binds: bool = False
 
     def graph_for(self, opts: TrainingOptions) -> Graph:
         return self.tables_for(opts)[0]
@@ -130,6 +142,41 @@ class FlatOptions:
             t.memory_capacity = usable_memory(t.memory_capacity if self.capacity is None else self.capacity)
             self._tables[opts] = (g, t)
         return self._tables[opts]
+
+    def update_for(self, opts: TrainingOptions) -> list | None:
+        """Per node and config, what a device holds through the optimizer's update
+        (``cost_models.tables.update_memory``); None where the backward's memory is the peak."""
+        if self.mode != "train":
+            return None
+        if opts not in self._updates:
+            from autopar.cost_models.tables import update_memory
+
+            g, t = self.tables_for(opts)
+            self._updates[opts] = update_memory(g, t, self.cluster, self.optimizer)
+        return self._updates[opts]
+
+    def peak(self, opts: TrainingOptions, choice) -> float:
+        """A plan's peak bytes per device: the larger of its backward's (``tables.memory``) and its
+        optimizer update's (``update_for``), as the hierarchical pricing takes them (``step_price``)."""
+        t, update = self.tables_for(opts)[1], self.update_for(opts)
+        backward = t.total_memory(choice)
+        return backward if update is None else max(backward, sum(float(u[c]) for u, c in zip(update, choice)))
+
+    def _fitted(self, opts: TrainingOptions, sol: Solution, run) -> Solution:
+        """``sol`` (searched against the backward's memory) where its update's peak fits too: then it
+        is the optimum under both. Otherwise the set searched again against each node's larger
+        of the two (a sum no less than either peak, so what it finds fits), its gap measured from
+        the first search's bound, which holds for both."""
+        t = self.tables_for(opts)[1]
+        update = self.update_for(opts)
+        if update is None or self.peak(opts, sol.choice) <= t.memory_capacity:
+            return sol
+        both = CostTables(t.nodes, t.configs, t.node_cost, t.edge_cost,
+                          [np.maximum(b, u) for b, u in zip(t.memory, update)], t.memory_capacity, t.units)
+        out = run(both)
+        bound = sol.cost / (1 + sol.gap) if math.isfinite(sol.gap) else -math.inf
+        out.gap = max(out.gap, out.cost / bound - 1) if bound > 0 else math.inf
+        return out
 
     def solve(self, run, time_limit: float = 60.0) -> tuple[TrainingOptions, Graph, CostTables, Solution]:
         """The fastest plan that fits over the option sets, by the rule of the module docstring;
@@ -153,7 +200,7 @@ class FlatOptions:
                 slack[opts] = False
                 continue
             try:
-                sol = run(t, limit)
+                sol = self._fitted(opts, run(t, limit), lambda tables: run(tables, limit))
             except InfeasibleError as e:
                 error = error or e
                 slack[opts] = False
@@ -165,6 +212,7 @@ class FlatOptions:
                 best = (opts, g, t, sol)
             else:
                 self._forget(opts)
+        self.binds = not slack.get(self.sets[0], True)
         if best is None:
             raise error
         return best
@@ -175,6 +223,7 @@ class FlatOptions:
         searched stayed in memory to the end."""
         if opts != self.sets[0]:
             self._tables.pop(opts, None)
+            self._updates.pop(opts, None)
 
     @staticmethod
     def _binding(tables: CostTables, sol: Solution, run) -> bool:
@@ -200,7 +249,7 @@ class FlatOptions:
                 continue
             choice = choice_of(g, t)
             out = (opts, g, t, choice)
-            if t.total_memory(choice) <= t.memory_capacity:
+            if self.peak(opts, choice) <= t.memory_capacity:
                 break
         return out
 

@@ -23,7 +23,7 @@ from autopar.core.resolve import resolve_cluster  # noqa: F401  (also imported f
 from autopar.core.tables import CostTables, Solution
 from autopar.core.strategy import Strategy, TrainingOptions
 from autopar.planning import baselines as base_plans
-from autopar.planning import breakdown, registry
+from autopar.planning import breakdown, fallback, registry
 from autopar.planning.notices import mesh_axis_notices
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.settings import SearchSettings, SpaceSettings, TrainingSettings
@@ -110,9 +110,12 @@ def plan(model, example_inputs=(), cluster=None, *, example_kwargs=None, devices
     "auto"): the training options (``autopar.core.strategy``). ``hierarchical``: plan by degrees
     per cluster level (``planning/hierarchical.py``); "auto" when the cluster has more than 64
     devices or several pods, or a ``pin`` ("tensor=8,pipeline=64,data=6") is given, which adds
-    the pinned plan as the "published" baseline. ``follow``: search a space where view-like ops
-    follow their producer's layout (``planning/follow.py``): True, False, or "auto" (only when the
-    exact DP over the full space would be too slow); the plan's search line says which space.
+    the pinned plan as the "published" baseline; under "auto" it also runs where memory binds the
+    flat search, whose plan it replaces when faster or when the flat space holds none that fits
+    (``planning/fallback.py``; False: the flat search alone, InfeasibleError where nothing fits).
+    ``follow``: search a space where view-like ops follow their producer's layout
+    (``planning/follow.py``): True, False, or "auto" (only when the exact DP over the full space
+    would be too slow); the plan's search line says which space.
     ``accumulate``: gradient accumulation on the flat path, k microbatches a step with one
     gradient sync ("auto": 2 and 4 searched where memory binds; an int k: k, 1 for none).
     """
@@ -167,12 +170,28 @@ def plan_with(model, example_inputs, cluster, *, example_kwargs, devices, cost_m
         if why:
             return _plan_hierarchical(graph, cluster, common, training, scope, searching, memory_capacity, why)
     try:
-        return _plan_mesh(entry, graph, cluster, memory_capacity, common, searching, training)
+        flat, binds = _plan_mesh(entry, graph, cluster, memory_capacity, common, searching, training)
     except SearchTooLargeError as e:
         if not may_fall_back:
             raise
         return _plan_hierarchical(graph, cluster, common, training, scope, searching, memory_capacity,
                                   budget.too_large(e))
+    except InfeasibleError as e:  # the hierarchical space's many microbatches and pipelines may fit
+        if not (may_fall_back and training.mode == "train"):
+            raise
+        try:
+            hier = _plan_hierarchical(graph, cluster, common, training, scope, searching, memory_capacity)
+        except (InfeasibleError, ValueError):  # neither space fits (or takes the options asked for): the
+            raise e from None  # flat search's error, which names the least it reaches
+        return fallback.instead_of_infeasible(e, hier)
+    if not (binds and may_fall_back and training.mode == "train"):
+        return flat
+    # memory binds the flat search: the fastest fitting plan may lie outside its space (planning/fallback.py)
+    try:
+        hier, why_not = _plan_hierarchical(graph, cluster, common, training, scope, searching, memory_capacity), ""
+    except (InfeasibleError, ValueError) as e:  # none fits, or the options asked for are not in its space
+        hier, why_not = None, str(e).split(";")[0]
+    return fallback.faster(flat, hier, why_not)
 
 
 def _hierarchical_can_take(graph: Graph, entry, searching: SearchSettings) -> bool:
@@ -213,7 +232,9 @@ def _plan_hierarchical(graph, cluster, common, training: TrainingSettings, scope
 # -- mesh cost models (analytic, profiled) --------------------------------------------------------
 
 def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: SearchSettings,
-               training: TrainingSettings) -> Plan:
+               training: TrainingSettings) -> tuple[Plan, bool]:
+    """The flat exact search's plan, and whether memory binds it (the plain option set's fastest
+    plan does not fit: ``FlatOptions.binds``); InfeasibleError when no plan of its space fits."""
     from autopar.planning.options import FlatOptions, option_sets, strategy_of
 
     mode, optimizer, pipeline = training.mode, training.optimizer, searching.pipeline
@@ -241,7 +262,7 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
         if pipeline is not False and cluster.devices > 1:
             piped = _with_pipeline(ctx, tables.memory_capacity, start)
             if piped is not None:
-                return piped
+                return piped, True
         usable, device = max(tables.memory_capacity, 0.0), memory_capacity or cluster.memory_capacity
         raise InfeasibleError(
             f"no plan of {graph.model_name or 'the model'} fits {usable / 2**30:.3g} GiB per device "
@@ -250,7 +271,9 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
             least) from e
     from autopar.planning.ties import prefer_data_parallel
 
-    sol = prefer_data_parallel(tables, sol, base_plans.data_parallel_choice(graph, tables))
+    near = prefer_data_parallel(tables, sol, base_plans.data_parallel_choice(graph, tables))
+    if near is not sol and flat.peak(opts, near.choice) <= max(flat.peak(opts, sol.choice), tables.memory_capacity):
+        sol = near  # (the move holds no more backward memory; its update's peak must fit too)
     info = SearchInfo.exact(sol.search, time.perf_counter() - start, sol.gap)
     info.detail = getattr(sol, "detail", "") or info.detail
     if searching.follow == "auto":  # the stages are searched in the space the single-stage plan was
@@ -258,6 +281,7 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
 
         ctx["searching"] = dataclasses.replace(searching, follow=DETAIL in info.detail)
     plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
+    plan.memory_per_device = flat.peak(opts, sol.choice)  # the backward's or the optimizer update's
     plan.strategy = strategy_of(graph, opts, plan.assignment)
     plan.rows = breakdown.mesh_rows(priced, tables, plan.assignment, model, cluster, mode)
     plan.notices = mesh_axis_notices(priced, tables, plan.assignment, cluster.mesh())
@@ -269,11 +293,11 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
         # options that cannot beat the single-stage plan are never solved (stages.best_pipeline)
         piped = _with_pipeline(ctx, tables.memory_capacity, start, bound=plan.cost)
         if piped is not None and piped.cost < plan.cost:
-            return piped
+            return piped, flat.binds
         if plan.search.proven_optimal:  # what is proven is proven over single-stage plans only
             plan.search.detail = "; ".join(filter(None, [
                 "among single-stage plans; pipeline options priced heuristically", plan.search.detail]))
-    return plan
+    return plan, flat.binds
 
 
 def _with_pipeline(ctx: dict, capacity: float, start: float, bound: float = math.inf) -> Plan | None:
@@ -342,6 +366,7 @@ def _mesh_baselines(graph, tables, cluster, common, unsupported, flat=None) -> d
         out["data_parallel"] = _make_plan(g, t, base_plans.evaluate(t, choice), base_plans.FIXED, common,
                                           unsupported, {})
         out["data_parallel"].strategy = strategy_of(g, opts, out["data_parallel"].assignment)
+        out["data_parallel"].memory_per_device = flat.peak(opts, choice)
     if is_transformer_like(graph):
         from autopar.planning.whole import kept_whole
 

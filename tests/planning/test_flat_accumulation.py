@@ -64,7 +64,7 @@ def test_accumulation_is_searched_where_memory_binds_and_the_choice_is_exact(lon
     planned on its own (ZeRO x recomputation, and 2 or 4 microbatches a step), and on this
     activation-heavy GPT it is accumulation; without memory pressure no accumulation."""
     model, inputs, g = long_gpt
-    kw = dict(graph=g, pipeline=False, baselines=False)
+    kw = dict(graph=g, pipeline=False, baselines=False, hierarchical=False)  # the flat search's own choice
     free = autopar.plan(model, inputs, "8xA100", **kw)
     assert free.strategy.options.accumulate == 1
     device = device_memory_for(0.7 * free.memory_per_device)

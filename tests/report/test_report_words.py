@@ -76,7 +76,9 @@ def test_memory_shown_is_the_one_planned_for_and_baselines_over_it_do_not_fit(ru
     cap = gib * 2**30
     usable = 0.9 * cap - 2**29
     out = tmp_path / "p.json"
-    r = run("plan", "zoo:gpt:layers=1", "--devices", "4", "--memory", str(gib), "--json", str(out))
+    # the flat search's report (memory binds it: "auto" would run the hierarchical search beside it)
+    r = run("plan", "zoo:gpt:layers=1", "--devices", "4", "--memory", str(gib), "--json", str(out),
+            "--hierarchical", "off")
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert doc["cluster"]["memory_capacity"] == cap
@@ -88,7 +90,7 @@ def test_memory_shown_is_the_one_planned_for_and_baselines_over_it_do_not_fit(ru
         line = next(x for x in r.stdout.splitlines() if x.startswith(f"  vs {name.replace('_', ' ')}:"))
         assert line.endswith(f"does not fit ({fmt_bytes(b.memory_per_device)} > {fmt_bytes(usable)} usable of {fmt_bytes(cap)})")
         assert "faster" not in line and "slower" not in line
-    r = run("compare", "zoo:gpt:layers=1", "--devices", "4", "--memory", str(gib))
+    r = run("compare", "zoo:gpt:layers=1", "--devices", "4", "--memory", str(gib), "--hierarchical", "off")
     assert r.returncode == 0, r.stderr
     expert = next(x for x in r.stdout.splitlines() if x.startswith("expert "))
     assert expert.endswith(f"does not fit ({fmt_bytes(over['expert'].memory_per_device)} > {fmt_bytes(usable)} usable of "
