@@ -28,6 +28,7 @@ import numpy as np
 from autopar.core.ir import Graph
 from autopar.core.sequence import sequence_dims
 from autopar.core.strategy import node_training
+from autopar.cost_models.causal_exchange import least_work_factor
 from autopar.planning.step_price import Candidate, Priced, price
 from autopar.planning.units import UnitStats
 
@@ -84,5 +85,6 @@ def attention_recompute(graph: Graph) -> Graph:
 
 
 def attention_flops(graph: Graph) -> float:
-    """FLOPs of one step's attention cores' forward: what attention-only recomputation re-runs."""
-    return float(sum(graph.nodes[i].flops for i in attention_core(graph)))
+    """FLOPs of one step's attention cores' forward: what attention-only recomputation re-runs, at
+    the least share of them any split runs (``causal_exchange.least_work_factor``): a lower bound's."""
+    return float(sum(graph.nodes[i].flops * least_work_factor(graph.nodes[i]) for i in attention_core(graph)))
