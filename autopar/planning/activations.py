@@ -84,7 +84,8 @@ def attention_recompute(graph: Graph) -> Graph:
     return Graph(nodes, dict(graph.inputs), list(graph.outputs), graph.model_name, graph.fx_graph)
 
 
-def attention_flops(graph: Graph) -> float:
-    """FLOPs of one step's attention cores' forward: what attention-only recomputation re-runs, at
-    the least share of them any split runs (``causal_exchange.least_work_factor``): a lower bound's."""
-    return float(sum(graph.nodes[i].flops * least_work_factor(graph.nodes[i]) for i in attention_core(graph)))
+def attention_flops(graph: Graph, least: bool = False) -> float:
+    """FLOPs of one step's attention cores' forward: what attention-only recomputation re-runs;
+    ``least``: at the least share of them any split runs (``causal_exchange.least_work_factor``)."""
+    return float(sum(graph.nodes[i].flops * (least_work_factor(graph.nodes[i]) if least else 1.0)
+                     for i in attention_core(graph)))
