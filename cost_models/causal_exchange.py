@@ -31,6 +31,14 @@ def work_factor(node: Node, splits) -> float:
     return (2 * c + 1) / (4 * c) if balanced_causal(node, c) else 1.0
 
 
+def least_work_factor(node: Node) -> float:
+    """A share of its FLOPs no split's ``work_factor`` goes below: ``1 / 2`` for a causal
+    attention (run balanced over ``c`` ranks it is ``(2c + 1) / (4c)``, falling to it as ``c``
+    grows), else 1. Lower bounds on compute count each node's FLOPs times this."""
+    causal = node.op == "sdpa" and bool(node.attrs.get("is_causal") or node.attrs.get("mask"))
+    return 0.5 if causal else 1.0
+
+
 def balance_axes(node: Node, config: Config) -> tuple[int, ...]:
     """The mesh axes of the context group of a balanced causal attention; () where none runs."""
     if node.op != "sdpa" or not config.mesh_axes:

@@ -28,6 +28,7 @@ import numpy as np
 from autopar.core.ir import Graph
 from autopar.core.sequence import sequence_dims
 from autopar.core.strategy import node_training
+from autopar.cost_models.causal_exchange import least_work_factor
 from autopar.planning.step_price import Candidate, Priced, price
 from autopar.planning.units import UnitStats
 
@@ -83,6 +84,8 @@ def attention_recompute(graph: Graph) -> Graph:
     return Graph(nodes, dict(graph.inputs), list(graph.outputs), graph.model_name, graph.fx_graph)
 
 
-def attention_flops(graph: Graph) -> float:
-    """FLOPs of one step's attention cores' forward: what attention-only recomputation re-runs."""
-    return float(sum(graph.nodes[i].flops for i in attention_core(graph)))
+def attention_flops(graph: Graph, least: bool = False) -> float:
+    """FLOPs of one step's attention cores' forward: what attention-only recomputation re-runs;
+    ``least``: at the least share of them any split runs (``causal_exchange.least_work_factor``)."""
+    return float(sum(graph.nodes[i].flops * (least_work_factor(graph.nodes[i]) if least else 1.0)
+                     for i in attention_core(graph)))

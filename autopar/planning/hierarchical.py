@@ -53,7 +53,7 @@ from autopar.planning.routed import ExpertStats, expert_count, expert_stats
 from autopar.planning.lagrangian import tighten
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.space_bound import any_layout_bound, memory_floor
-from autopar.planning.step_bounds import lower_bound, reference_bound, stats_bound, totals
+from autopar.planning.step_bounds import least_totals, lower_bound, reference_bound, stats_bound, totals
 from autopar.planning.step_price import SCHEDULES, Candidate, Priced, data_groups, price, schedule_options
 from autopar.planning.units import UnitStats, unit_stats
 from autopar.planning.hierarchical_plan import assignment_of, mesh_of, to_plan  # noqa: F401  (also imported from here)
@@ -127,6 +127,7 @@ class Search:
         self.totals = totals(self.training_graph(False), self.model.backward_factor)
         self.attention = bool(attention_core(self.graph))  # attention-only recompute has a core to re-run
         self.totals = dataclasses.replace(self.totals, attention_flops=attention_flops(self.training_graph(False)))
+        self.least = least_totals(self.training_graph(False), self.model.backward_factor)  # what the bounds count
 
     def training_graph(self, recompute: bool | str) -> Graph:
         if recompute == RECOMPUTE_ATTENTION and recompute not in self._graphs:
@@ -273,7 +274,7 @@ class Search:
                                     continue  # the bubbles of SCHEDULES are those of whole rounds of p
                                 if sched == "1f1b" and deg.p > 1 and "zero-bubble" in schedules and m % deg.p == 0:
                                     continue  # zero bubble: the same cuts and memory, a third of its bubble
-                                comp, rest, mem = lower_bound(c, self.totals, self.cluster, self.peak, self.eff,
+                                comp, rest, mem = lower_bound(c, self.least, self.cluster, self.peak, self.eff,
                                                               self.optimizer, self.master, self.itemsize)
                                 # context: its gathers on top of the compute at peak (each stage's
                                 # time is its compute plus them)

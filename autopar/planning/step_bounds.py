@@ -14,11 +14,13 @@ import numpy as np
 
 from autopar.core.blocks import repeated_blocks
 from autopar.core.cluster import Cluster
-from autopar.core.ir import Graph
+from autopar.core.ir import Graph, trainable
 from autopar.core.selective import rerun_flops as pointwise_rerun
 from autopar.core.strategy import RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE
+from autopar.cost_models.causal_exchange import least_work_factor
 from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import accumulation_time, optimizer_step_time
+from autopar.planning.activations import attention_flops
 from autopar.planning.routed import ExpertStats, expert_totals
 from autopar.planning.every import every_of
 from autopar.planning.step_price import (Candidate, accumulated, all_to_all_time, data_groups, expert_degrees,
@@ -152,18 +154,27 @@ def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float
     return max(compute_lb, c.rounds * total / p) + rest_lb
 
 
-def totals(g: Graph, backward_factor: float) -> Totals:
-    """The whole model's ``Totals`` (the graph at the global batch, under its training options)."""
-    seen: dict[str, tuple[int, int]] = {}
-    for n in g.nodes:
-        for p in n.params:
-            if p.spec.dtype in ("float32", "bfloat16", "float16", "float64"):
+def totals(g: Graph, backward_factor: float, least: bool = False) -> Totals:
+    """The whole model's ``Totals`` (the graph at the global batch, under its training options);
+    ``least``: each node's FLOPs at the least share any split runs (a causal attention's balanced
+    rows: ``causal_exchange.least_work_factor``), the figures a lower bound takes."""
+    seen: dict[str, tuple[int, int]] = {}  # the parameters that take a gradient and optimizer state
+    for n in g.nodes:  # (not a buffer such as a rotary table: ``units.unit_stats`` gives it neither)
+        for p, grad in zip(n.params, trainable(n)):
+            if grad:
                 seen[p.source] = (p.spec.numel, p.spec.nbytes)
-    fwd = float(g.flops)
+    flops = [float(n.flops) * (least_work_factor(n) if least else 1.0) for n in g.nodes]
+    fwd = float(sum(flops))
     # what recomputation re-runs: the repeated blocks' forward (not the embedding's or the head's)
     inside = {i for b in repeated_blocks(g) for i in b.nodes}
-    rerun = float(sum(n.flops for i, n in enumerate(g.nodes) if i in inside))
+    rerun = float(sum(flops[i] for i in inside))
     out = Totals((1 + backward_factor) * fwd, rerun, float(sum(b for _, b in seen.values())),
                  float(sum(k for k, _ in seen.values())), *expert_totals(g))
-    blocks = tuple(float(sum(g.nodes[i].flops for i in b.nodes)) for b in repeated_blocks(g))
+    blocks = tuple(float(sum(flops[i] for i in b.nodes)) for b in repeated_blocks(g))
     return dataclasses.replace(out, block_flops=blocks, pointwise_flops=pointwise_rerun(g, inside))
+
+
+def least_totals(g: Graph, backward_factor: float) -> Totals:
+    """``totals`` as the compute bound counts them: every node's FLOPs at the least share any
+    split runs, attention-only recomputation's included (``activations.attention_flops``)."""
+    return dataclasses.replace(totals(g, backward_factor, least=True), attention_flops=attention_flops(g, least=True))

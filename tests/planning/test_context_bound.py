@@ -1,0 +1,65 @@
+"""The hierarchical search's floors hold for the plans it prices on a long-context causal
+language model: a small Llama over 65,536 tokens on 2 x 8 H100, where attention is most of the
+work, its tensor groups run it balanced over the query rows (half the FLOPs of the unmasked
+count) and context degrees are carved out of the data degrees. A floor claims to hold for every
+layout of a candidate, so it must hold for the one the search prices (``step_price.price``, a
+separate computation from the floors): the compute bound, the bound under any layout, the memory
+floor and its static part (parameters, gradients, optimizer state) are never above it."""
+
+from __future__ import annotations
+
+import pytest
+
+import autopar
+from autopar.core.cluster import Cluster
+from autopar.core.margin import usable_memory
+from autopar.planning import hierarchical as H
+from autopar.planning.space_bound import any_layout_bound, memory_floor
+from autopar.search.dp import dp
+
+ZEROS, RECS = (0, 1, 2, 3), (False, True)
+STATE = ("parameters", "gradients", "optimizer state + master weights")
+
+
+@pytest.fixture(scope="module")
+def priced():
+    """The search, and per candidate of its space (compute bound, rest, static floor, candidate, price)."""
+    model, inputs = autopar.zoo.get("llama", batch=4, seq=65536, width=256, heads=2, kv_heads=1, device="meta")
+    cluster = Cluster.preset("2x8xH100")
+    s = H.Search(autopar.trace(model, inputs), cluster, "bf16", "adam", "train",
+                 usable_memory(cluster.memory_capacity), lambda t, g=None: dp(t))
+    cands = s.candidates(None, ZEROS, RECS, tuple(H.SCHEDULES))
+    return s, [(comp, rest, static, c, s.price(c)) for comp, rest, static, c in cands]
+
+
+def _balanced(search) -> bool:
+    """Whether some solved tensor group splits an attention's query rows (run balanced)."""
+    for st in search._memo.values():
+        for i, n in enumerate(st.graph.nodes):
+            if n.op == "sdpa" and st.tables.configs[i][st.choice[i]].splits[[d.name for d in n.dims].index("l")] > 1:
+                return True
+    return False
+
+
+def test_the_compute_bounds_are_below_every_priced_plan_with_causal_attention_balanced(priced):
+    """The compute bound counts a causal attention's FLOPs at the least share any split of its rows
+    runs (a half): the groups here run it balanced, and no candidate is priced below its bounds."""
+    search, rows = priced
+    assert _balanced(search) and search.contexts
+    for comp, rest, _, c, pr in rows:
+        assert comp + rest <= pr.cost * (1 + 1e-9), c.describe()
+        assert any_layout_bound(search, c, comp, rest) <= pr.cost * (1 + 1e-9), c.describe()
+
+
+def test_the_memory_floors_are_below_every_priced_plan_context_candidates_included(priced):
+    """The static floor counts gradients and optimizer state for the parameters that take them (the
+    rotary tables are buffers: they take neither), so it is at most the priced plan's state (on
+    one stage: with several, the priced terms are the fullest stage's, not the average), and
+    the memory floor (with context ranks: the unsplit graph's activations over t x c) at most
+    the priced plan's peak."""
+    search, rows = priced
+    assert any(c.degrees.c > 1 for _, _, _, c, _ in rows)
+    for _, _, static, c, pr in rows:
+        if c.degrees.p == 1:
+            assert static <= sum(pr.memory_terms[k] for k in STATE) * (1 + 1e-9) + 1e-6, c.describe()
+        assert memory_floor(search, c, static) <= pr.memory * (1 + 1e-9) + 1e-6, c.describe()
