@@ -135,13 +135,18 @@ class GradReducer:
     DTensor view of its (reduced) local gradient, so optimizers and state dicts see DTensors."""
 
     def __init__(self, mesh: DeviceMesh, leaves: list[tuple[nn.Parameter, torch.Tensor, tuple[int, ...]]],
-                 bucket_bytes: int = BUCKET_BYTES, zero: int = 0, zero_axes: tuple[int, ...] | None = None):
+                 bucket_bytes: int = BUCKET_BYTES, zero: int = 0, zero_axes: tuple[int, ...] | None = None,
+                 units: list[str] | None = None):
         self.mesh = mesh
         self.leaves = [(p, leaf) for p, leaf, _ in leaves]
         ids = {id(leaf): leaf for _, leaf, _ in leaves}
+        units = units if int(zero) == 3 else None  # ZeRO-3: a bucket per unit (``zero_units.py``)
         plan = make_buckets([(str(id(leaf)), axes, leaf.numel() * leaf.element_size())
-                             for _, leaf, axes in leaves], bucket_bytes)
+                             for _, leaf, axes in leaves], bucket_bytes, units)
         self.buckets = [[ids[int(k)] for k in b.names] for b in plan]
+        unit_of = dict(zip((id(leaf) for _, leaf, _ in leaves), units or ()))
+        self.bucket_unit = [unit_of.get(id(b[0])) for b in self.buckets]
+        self.gated = False  # ZeRO-3 per unit: a bucket's parameters are freed once its gradients are in
         self.bucket_axes = [b.axes for b in plan]
         self.bucket_of = {id(leaf): i for i, ls in enumerate(self.buckets) for leaf in ls}
         self.groups = {axes: _group(mesh, axes) for axes in set(self.bucket_axes)}
@@ -275,6 +280,10 @@ class GradReducer:
         if self.zero >= 2 and z is not None:
             z.incoming = torch.empty(z.slice, dtype=buf.dtype, device=buf.device)
             self._work.append((dist.reduce_scatter_single(z.incoming, buf, group=z.group, async_op=True), b))
+            if self.gated:  # the backward is done with this bucket's parameters
+                from .zero import release
+
+                release(z)
             return
         self._work.append((dist.all_reduce(buf, group=self.groups[self.bucket_axes[b]], async_op=True), b))
 

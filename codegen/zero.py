@@ -49,6 +49,7 @@ class ZeroBucket:
     master: torch.Tensor  # this rank's slice of the bucket's parameters, what the optimizer steps
     incoming: torch.Tensor | None = None  # stage 2: the reduce-scatter's output, until the backward ends
     flat: torch.Tensor | None = None  # stage 3: the whole bucket, the parameters its views (storage freed between uses)
+    pending: object = None  # stage 3: the all-gather of a prefetch under way (its work handle)
 
     @property
     def slice(self) -> int:
@@ -96,18 +97,34 @@ def gathered(z: ZeroBucket) -> bool:
     return z.flat is None or z.flat.untyped_storage().nbytes() > 0
 
 
-def gather(z: ZeroBucket) -> None:
-    """ZeRO-3: the bucket's whole parameters back from every rank's master slice (if freed)."""
+def gather(z: ZeroBucket, wait: bool = True) -> None:
+    """ZeRO-3: the bucket's whole parameters back from every rank's master slice (if freed);
+    ``wait=False``: started (a prefetch), waited for by the next ``gather`` or ``release``."""
     if gathered(z):
+        if wait:
+            settle(z)
         return
     with torch.no_grad():
         z.flat.untyped_storage().resize_(z.numel * z.flat.element_size())
-        dist.all_gather_single(z.flat, z.master.detach(), group=z.group)
+        # into a fresh tensor on the storage: the parameters (views of it) keep their versions,
+        # so the backward still reads what the forward saved of them
+        out = torch.empty(0, dtype=z.flat.dtype, device=z.flat.device).set_(z.flat.untyped_storage(), 0, (z.numel,))
+        z.pending = dist.all_gather_single(out, z.master.detach(), group=z.group, async_op=True)
+    if wait:
+        settle(z)
+
+
+def settle(z: ZeroBucket) -> None:
+    """Wait for the bucket's prefetch, if one is under way."""
+    if z.pending is not None:
+        z.pending.wait()
+        z.pending = None
 
 
 def release(z: ZeroBucket) -> None:
     """ZeRO-3: free the bucket's whole parameters (the master slice keeps this rank's part)."""
     if z.flat is not None:
+        settle(z)
         z.flat.untyped_storage().resize_(0)
 
 

@@ -4,7 +4,8 @@ and 4 gloo processes against one device.
 Per plan (data parallelism; on 4 devices also data x Megatron tensor parallelism, ZeRO over the
 data axis only): 3 AdamW steps equal one device's; between steps the parameters' local tensors
 hold no storage but the few parameters no ZeRO axis reduces, and the master slices 1/g of the
-rest, while during the forward they are whole. A model-only checkpoint of the module loads into
+rest; after the forward only the root's (embeddings, head) are whole, each block having been
+gathered for its forward and freed after it, as ``fully_shard`` per block does. A model-only checkpoint of the module loads into
 a fresh ZeRO-3 module (whose next step, from the loaded master slices, equals one device's) and
 into the plain model in this process; the sliced optimizer state is refused in one line.
 """
@@ -63,6 +64,10 @@ def worker(rank, world, docs, made, folder):
             res["held"].append(_held(module))  # after the backward
             opt.step()
             res["held"].append(_held(module))  # after the step
+        # the units gathered for the whole step (the root: embeddings, head), padding included
+        res["root"] = sum(shards[b].numel * shards[b].master.element_size()
+                          for u in module._units.whole for b in module._units.buckets[u])
+        res["blocks"] = len(module._units.order)
         with torch.no_grad():
             res["eval"] = float(module(*inputs))
         res["held"].append(_held(module))
@@ -127,8 +132,10 @@ def test_zero3_adamw_matches_one_device_and_stores_parameters_sliced(run):
             assert z["held"][:-1] == [whole] * (2 * STEPS + 2), (kind, z["held"], whole)
             assert z["master"] <= z["sliced"] / parts + 8 * parts * 8, (kind, z["master"], z["sliced"])
             assert (whole + z["master"]) / z["local"] < 1 / parts + 0.05, kind
-            # during the forward (and the backward) the sliced buckets are whole, padding included
-            assert all(f >= z["local"] for f in z["forward"]), (kind, z["forward"])
+            # after the forward only the root's buckets are whole: each block was freed after its
+            # forward (and is gathered again for its backward)
+            assert z["blocks"] >= 2 and 0 < z["root"] < z["sliced"], (kind, z["blocks"], z["root"])
+            assert z["forward"] == [whole + z["root"]] * STEPS, (kind, z["forward"], whole, z["root"])
 
 
 @pytest.mark.dist
