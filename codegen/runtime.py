@@ -265,6 +265,8 @@ class GradReducer:
         return self._buffers[b][1]
 
     def _launch(self, b: int) -> None:
+        if self.gated:  # ZeRO-3 per unit: one reduce-scatter's buffer in flight at a time
+            self._drain()
         views = self._views(b)
         for leaf, view in zip(self.buckets[b], views):
             if leaf.grad is None:
@@ -280,12 +282,32 @@ class GradReducer:
         if self.zero >= 2 and z is not None:
             z.incoming = torch.empty(z.slice, dtype=buf.dtype, device=buf.device)
             self._work.append((dist.reduce_scatter_single(z.incoming, buf, group=z.group, async_op=True), b))
-            if self.gated:  # the backward is done with this bucket's parameters
-                from .zero import release
-
-                release(z)
+            if self.gated:
+                self._unit_done(b, z)
             return
         self._work.append((dist.all_reduce(buf, group=self.groups[self.bucket_axes[b]], async_op=True), b))
+
+    def _unit_done(self, b: int, z) -> None:
+        """ZeRO-3 per unit, once bucket ``b``'s reduce-scatter is started: the backward is done
+        with its parameters (freed) and its gradients (in the bucket's buffer now)."""
+        from .zero import release
+
+        release(z)
+        for leaf in self.buckets[b]:
+            leaf.grad = None
+
+    def _drain(self) -> None:
+        """Wait for the sliced buckets' reduce-scatters under way and free their buffers, before
+        the next bucket's buffer is made: a rank holds two units' whole gradients at most (the
+        one the backward makes, copied into its buffer; ``zero3_gathered`` prices it so)."""
+        keep = []
+        for work, earlier in self._work:
+            if earlier not in self.shards:
+                keep.append((work, earlier))
+                continue
+            work.wait()
+            self._shard_grad(earlier, self.shards[earlier])
+        self._work[:] = keep
 
     def _finish(self) -> None:
         for b, count in enumerate(self._ready):
