@@ -18,7 +18,6 @@ from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
 from autopar.planning.step_bounds import layout_bound
-from autopar.core.blocks import block_path
 from autopar.cost_models.training import zero3_gathered
 from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
 from autopar.search.pipeline import StageCosts, best_cuts
@@ -72,7 +71,7 @@ def sync_floors(search, c: Candidate) -> tuple[float, float]:
 def transient_floor(search, c: Candidate) -> float:
     """Bytes every layout of ``c`` holds on top of its fullest stage at least: the recomputed
     unit's activations (the largest floor of them), and ZeRO-3's whole parameters and gradients
-    (``step_price.zero3_held`` of the units' least whole bytes: the function grows with each)."""
+    (``step_price.zero3_held``: at least the two largest of the units' least whole bytes)."""
     rerun = float(np.max(memory_floors(search, c).rerun)) if c.recompute and c.degrees.c == 1 else 0.0
     if c.zero < 3 or c.degrees.c > 1 or c.degrees.ep > 1:
         return rerun
@@ -83,9 +82,9 @@ def transient_floor(search, c: Candidate) -> float:
         for unit in units:
             if id(unit) not in memo:
                 memo[id(unit)] = sum(float(np.min(k @ whole)) for k in unit)
-        names = search.unit_names() if hasattr(search, "unit_names") else []
-        roots = [block_path(n) is None for n in names] if len(names) == len(units) else [False] * len(units)
-        search.floors[key] = zero3_gathered([memo[id(u)] for u in units], roots)
+        # every unit taken as a block: the two largest of all, at most what the price counts
+        # whichever units it takes as the root (the root's plus the two largest blocks')
+        search.floors[key] = zero3_gathered([memo[id(u)] for u in units], [False] * len(units))
     return rerun + search.floors[key]
 
 
