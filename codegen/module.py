@@ -34,7 +34,7 @@ from .placements import LayoutError
 from .program import Program, build
 from .runtime import GradReducer, finish_loss
 from .training import PLAIN, ProgramTraining
-from .zero_units import ZeroUnits, instrument, unit_of
+from .zero_units import ZeroUnits, instrument, recast_hooks, unit_of
 
 
 class CompiledModule(nn.Module):
@@ -130,7 +130,10 @@ class CompiledModule(nn.Module):
         if self._units is not None:  # ZeRO-3: each block gathered around its forward and its backward
             instrument(program.module, program.state, self._units)
             self._units.begin()
-        out = program.module(*state, *inputs)
+            with recast_hooks():
+                out = program.module(*state, *inputs)
+        else:
+            out = program.module(*state, *inputs)
         if not torch.is_grad_enabled():
             self.reducer.release_params()  # no backward will: free them now
         if self._export and self._call is not None:  # flat graph outputs: nest them as the model does

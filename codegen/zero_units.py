@@ -130,6 +130,40 @@ class UnitGate(nn.Module):
         return tuple(pytree.tree_unflatten(leaves, spec))
 
 
+RECAST = "_autopar_recast"  # on a cast parameter: (the parameter, the dtype) it was cast from and to
+
+
+def cast(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A ZeRO-3 parameter in the compute dtype (mixed precision), marked so that what the backward
+    keeps of it is made again from the regathered parameter (``recast_hooks``), as ``fully_shard``
+    with a ``MixedPrecisionPolicy`` gathers the low-precision parameter again for the backward."""
+    out = param.to(dtype)
+    setattr(out, RECAST, (param, dtype))
+    return out
+
+
+def _pack(t: torch.Tensor):
+    mark = getattr(t, RECAST, None) or (getattr(t._base, RECAST, None) if t._base is not None else None)
+    if mark is None:
+        return t
+    return (RECAST, mark[0], mark[1], t.size(), t.stride(), t.storage_offset())
+
+
+def _unpack(saved):
+    if not (isinstance(saved, tuple) and saved and saved[0] == RECAST):
+        return saved
+    _, param, dtype, size, stride, offset = saved
+    with torch.no_grad():
+        return param.detach().to(dtype).as_strided(size, stride, offset)
+
+
+def recast_hooks():
+    """Saved-tensor hooks under which a cast ZeRO-3 parameter (or a view of it) the backward needs
+    is kept as a note and cast again from the parameter when read: its unit is whole again by then
+    (``_Regather``), and otherwise each block's low-precision copy would live to the backward."""
+    return torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
+
+
 def attach(gm: fx.GraphModule, units: ZeroUnits) -> None:
     gate = getattr(gm, GATE, None)
     if isinstance(gate, UnitGate):
