@@ -13,8 +13,8 @@ when the backward ends. DDP itself cannot be used: its parameters are DTensors, 
 parameters reduce over different groups of mesh axes (a tensor-parallel weight only over the
 data axes, a replicated one over all of them). Sums, not averages: the program computes the
 global loss, so each rank's gradient is a partial sum of the true one. Under ZeRO-1/2 the buckets
-are sliced over the data-parallel axes, stages 2 and 3 reduce-scatter them, and stage 3 frees the
-sliced parameters when the backward ends (``zero.py``).
+are sliced over the data-parallel axes, stages 2 and 3 reduce-scatter them, and stage 3 holds one
+unit's parameters per bucket, freed when its reduce-scatter starts (``zero.py``, ``zero_units.py``).
 """
 
 from __future__ import annotations

@@ -18,14 +18,12 @@ reduce-scatter is one collective per bucket where the all-reduce was.
 
 ZeRO-3 (parameters stored sharded between uses): each sliced bucket's parameters become views
 into one flat, padded tensor (``ZeroBucket.flat``, FSDP1's flat parameter) whose storage is
-resized to 0 between steps, so a rank holds only its master slice. The module's forward
-all-gathers the slices into the flat storage first (``gather``); the parameters then stay whole
-through the backward (autograd saved them, and recomputed blocks re-read them) and are freed
-(``release``) when the backward's reduce-scatters are done, and again after the optimizer step
-(which therefore gathers nothing: the next forward does). So one all-gather per step, not the
-two the cost model prices (before the forward and again before the backward): more memory
-during the backward, less traffic. ``fully_shard`` does not fit: it hooks a module's forward,
-which the generated program does not call (it reads the parameters' local tensors itself).
+resized to 0 between uses, so a rank holds only its master slice. A bucket holds one unit's
+parameters (a block, or the root), gathered (``gather``, a prefetch left under way) and freed
+(``release``) per unit around the unit's forward and its backward by ``zero_units.py``, as
+``fully_shard`` on each block does: two all-gathers of a block per step, as the cost model
+prices them. ``fully_shard`` itself does not fit: it hooks a module's forward, which the
+generated program does not call (it reads the parameters' local tensors itself).
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ one after the last such node frees the unit and passes the unit's values that la
 through an autograd identity whose backward, which runs before any of the unit's own backward,
 gathers the unit again and starts the previous one's gather. ``GradReducer`` frees a bucket
 when its reduce-scatter starts (its gradients are in: no node of the backward reads it after).
-The root's gates are left out where its first and last reader bracket the whole program (an
-embedding and a head): it stays gathered from the forward to the backward's end, as
-``fully_shard`` leaves the root module unsharded after its forward.
+The root has no gates: it is gathered when the program starts and stays whole to the backward's
+end, as ``fully_shard`` leaves the root module unsharded after its forward (its readers, an
+embedding and a head, bracket the program anyway); so does a block read by the program's output.
 
 So a rank holds its slices, the root, and at most two blocks' parameters whole at once: what the
 cost models price (``cost_models.training.zero3_gathered``).
