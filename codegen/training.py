@@ -119,13 +119,15 @@ def tag_new_nodes(graph: fx.Graph, mark: fx.Node, block: str | None) -> None:
         node = node.prev
 
 
-def cast_placeholders(graph: fx.Graph, placeholders: list[fx.Node], dtype: torch.dtype,
-                      near: list[fx.Node] = ()) -> None:
-    """Each of ``placeholders`` read through ``.to(dtype)`` (inserted after the last placeholder);
-    those in ``near`` (ZeRO-3's parameters) cast just before their first reader, in its block, by
-    ``zero_units.cast`` (the copy made again for the backward, not kept: ``zero_units.py``)."""
+def cast_placeholders(graph: fx.Graph, params: list[fx.Node], inputs: list[fx.Node],
+                      training: ProgramTraining) -> None:
+    """Each of the parameters and inputs read through ``.to(training.dtype)`` (inserted after the
+    last placeholder); under ZeRO-3 the parameters cast just before their first reader, in its
+    block, by ``zero_units.cast`` (the copy made again for the backward, not kept)."""
     from .zero_units import cast
 
+    dtype, near = training.dtype, params if training.zero == 3 else []
+    placeholders = params + inputs
     order = {n: i for i, n in enumerate(graph.nodes)}
     for ph in near:
         users = list(ph.users)
