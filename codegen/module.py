@@ -34,6 +34,7 @@ from .placements import LayoutError
 from .program import Program, build
 from .runtime import GradReducer, finish_loss
 from .training import PLAIN, ProgramTraining
+from .zero_units import ZeroUnits, instrument, recast_hooks, unit_of
 
 
 class CompiledModule(nn.Module):
@@ -82,7 +83,11 @@ class CompiledModule(nn.Module):
         self._rebuild = None  # batch size -> Program, set by compile_module
         self.training = training
         self.loss_reduction = "mean"  # with gradient accumulation: "mean" or "sum" over the batch
-        self.reducer = GradReducer(mesh, leaves, zero=training.zero, zero_axes=training.zero_axes)
+        names = {id(local): name for name, local in self._locals.items()}
+        self.reducer = GradReducer(mesh, leaves, zero=training.zero, zero_axes=training.zero_axes,
+                                   units=[unit_of(names[id(local)]) for _, local, _ in leaves])
+        self._units = ZeroUnits(self.reducer, names) if training.zero == 3 else None  # per block (``zero_units.py``)
+        self.reducer.gated = self._units is not None
         if training.zero or self._expert_weights.held:  # state dicts read and write whole parameters
             self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module.unshard())
             self.register_load_state_dict_pre_hook(lambda module, *args: module.unshard())
@@ -122,8 +127,13 @@ class CompiledModule(nn.Module):
         program, state = self._program_for(inputs)
         self._expert_weights.release(self)  # other ranks' experts, gathered to be read: freed again
         self.reducer.sync_zeroed()
-        self.reducer.gather_params()  # ZeRO-3: the sliced parameters whole until the backward ends
-        out = program.module(*state, *inputs)
+        if self._units is not None:  # ZeRO-3: each block gathered around its forward and its backward
+            instrument(program.module, program.state, self._units)
+            self._units.begin()
+            with recast_hooks():
+                out = program.module(*state, *inputs)
+        else:
+            out = program.module(*state, *inputs)
         if not torch.is_grad_enabled():
             self.reducer.release_params()  # no backward will: free them now
         if self._export and self._call is not None:  # flat graph outputs: nest them as the model does

@@ -171,7 +171,7 @@ class _Builder:
             if n.op != "placeholder":
                 tag_new_nodes(self.new, mark, block)
         if self.training.dtype is not None:
-            cast_placeholders(self.new, self._floating_parameters() + self.float_inputs, self.training.dtype)
+            cast_placeholders(self.new, self._floating_parameters(), self.float_inputs, self.training)
         module = fx.GraphModule(self.root, self.new, class_name="RankProgram")
         hoist_counts(module.graph)
         module.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or n.meta.get(IN_PLACE, False))

@@ -13,8 +13,8 @@ when the backward ends. DDP itself cannot be used: its parameters are DTensors, 
 parameters reduce over different groups of mesh axes (a tensor-parallel weight only over the
 data axes, a replicated one over all of them). Sums, not averages: the program computes the
 global loss, so each rank's gradient is a partial sum of the true one. Under ZeRO-1/2 the buckets
-are sliced over the data-parallel axes, stages 2 and 3 reduce-scatter them, and stage 3 frees the
-sliced parameters when the backward ends (``zero.py``).
+are sliced over the data-parallel axes, stages 2 and 3 reduce-scatter them, and stage 3 holds one
+unit's parameters per bucket, freed when its reduce-scatter starts (``zero.py``, ``zero_units.py``).
 """
 
 from __future__ import annotations
@@ -135,13 +135,18 @@ class GradReducer:
     DTensor view of its (reduced) local gradient, so optimizers and state dicts see DTensors."""
 
     def __init__(self, mesh: DeviceMesh, leaves: list[tuple[nn.Parameter, torch.Tensor, tuple[int, ...]]],
-                 bucket_bytes: int = BUCKET_BYTES, zero: int = 0, zero_axes: tuple[int, ...] | None = None):
+                 bucket_bytes: int = BUCKET_BYTES, zero: int = 0, zero_axes: tuple[int, ...] | None = None,
+                 units: list[str] | None = None):
         self.mesh = mesh
         self.leaves = [(p, leaf) for p, leaf, _ in leaves]
         ids = {id(leaf): leaf for _, leaf, _ in leaves}
+        units = units if int(zero) == 3 else None  # ZeRO-3: a bucket per unit (``zero_units.py``)
         plan = make_buckets([(str(id(leaf)), axes, leaf.numel() * leaf.element_size())
-                             for _, leaf, axes in leaves], bucket_bytes)
+                             for _, leaf, axes in leaves], bucket_bytes, units)
         self.buckets = [[ids[int(k)] for k in b.names] for b in plan]
+        unit_of = dict(zip((id(leaf) for _, leaf, _ in leaves), units or ()))
+        self.bucket_unit = [unit_of.get(id(b[0])) for b in self.buckets]
+        self.gated = False  # ZeRO-3 per unit: a bucket's parameters are freed once its gradients are in
         self.bucket_axes = [b.axes for b in plan]
         self.bucket_of = {id(leaf): i for i, ls in enumerate(self.buckets) for leaf in ls}
         self.groups = {axes: _group(mesh, axes) for axes in set(self.bucket_axes)}
@@ -276,6 +281,8 @@ class GradReducer:
         return self._buffers[b][1]
 
     def _launch(self, b: int) -> None:
+        if self.gated:  # ZeRO-3 per unit: one reduce-scatter's buffer in flight at a time
+            self._drain()
         views = self._views(b)
         for leaf, view in zip(self.buckets[b], views):
             if leaf.grad is None:
@@ -291,8 +298,32 @@ class GradReducer:
         if self.zero >= 2 and z is not None:
             z.incoming = torch.empty(z.slice, dtype=buf.dtype, device=buf.device)
             self._work.append((dist.reduce_scatter_single(z.incoming, buf, group=z.group, async_op=True), b))
+            if self.gated:
+                self._unit_done(b, z)
             return
         self._work.append((dist.all_reduce(buf, group=self.groups[self.bucket_axes[b]], async_op=True), b))
+
+    def _unit_done(self, b: int, z) -> None:
+        """ZeRO-3 per unit, once bucket ``b``'s reduce-scatter is started: the backward is done
+        with its parameters (freed) and its gradients (in the bucket's buffer now)."""
+        from .zero import release
+
+        release(z)
+        for leaf in self.buckets[b]:
+            leaf.grad = None
+
+    def _drain(self) -> None:
+        """Wait for the sliced buckets' reduce-scatters under way and free their buffers, before
+        the next bucket's buffer is made: a rank holds two units' whole gradients at most (the
+        one the backward makes, copied into its buffer; ``zero3_gathered`` prices it so)."""
+        keep = []
+        for work, earlier in self._work:
+            if earlier not in self.shards:
+                keep.append((work, earlier))
+                continue
+            work.wait()
+            self._shard_grad(earlier, self.shards[earlier])
+        self._work[:] = keep
 
     def _finish(self) -> None:
         for b, count in enumerate(self._ready):

@@ -119,8 +119,30 @@ def tag_new_nodes(graph: fx.Graph, mark: fx.Node, block: str | None) -> None:
         node = node.prev
 
 
-def cast_placeholders(graph: fx.Graph, placeholders: list[fx.Node], dtype: torch.dtype) -> None:
-    """Each of ``placeholders`` read through ``.to(dtype)`` (inserted after the last placeholder)."""
+def cast_placeholders(graph: fx.Graph, params: list[fx.Node], inputs: list[fx.Node],
+                      training: ProgramTraining) -> None:
+    """Each of the parameters and inputs read through ``.to(training.dtype)`` (inserted after the
+    last placeholder); under ZeRO-3 the parameters cast just before their first reader, in its
+    block, by ``zero_units.cast`` (the copy made again for the backward, not kept)."""
+    from .zero_units import cast
+
+    dtype, near = training.dtype, params if training.zero == 3 else []
+    placeholders = params + inputs
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for ph in near:
+        users = list(ph.users)
+        if not users:
+            continue
+        first = min(users, key=lambda u: order[u])
+        with graph.inserting_before(first):
+            made = graph.call_function(cast, (ph, dtype))
+        if BLOCK in first.meta:
+            made.meta[BLOCK] = first.meta[BLOCK]
+        for u in users:
+            u.replace_input_with(ph, made)
+    placeholders = [ph for ph in placeholders if ph not in set(near)]
+    if not placeholders:
+        return
     last = [n for n in graph.nodes if n.op == "placeholder"][-1]
     at = last
     for ph in placeholders:

@@ -18,14 +18,12 @@ reduce-scatter is one collective per bucket where the all-reduce was.
 
 ZeRO-3 (parameters stored sharded between uses): each sliced bucket's parameters become views
 into one flat, padded tensor (``ZeroBucket.flat``, FSDP1's flat parameter) whose storage is
-resized to 0 between steps, so a rank holds only its master slice. The module's forward
-all-gathers the slices into the flat storage first (``gather``); the parameters then stay whole
-through the backward (autograd saved them, and recomputed blocks re-read them) and are freed
-(``release``) when the backward's reduce-scatters are done, and again after the optimizer step
-(which therefore gathers nothing: the next forward does). So one all-gather per step, not the
-two the cost model prices (before the forward and again before the backward): more memory
-during the backward, less traffic. ``fully_shard`` does not fit: it hooks a module's forward,
-which the generated program does not call (it reads the parameters' local tensors itself).
+resized to 0 between uses, so a rank holds only its master slice. A bucket holds one unit's
+parameters (a block, or the root), gathered (``gather``, a prefetch left under way) and freed
+(``release``) per unit around the unit's forward and its backward by ``zero_units.py``, as
+``fully_shard`` on each block does: two all-gathers of a block per step, as the cost model
+prices them. ``fully_shard`` itself does not fit: it hooks a module's forward, which the
+generated program does not call (it reads the parameters' local tensors itself).
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ class ZeroBucket:
     master: torch.Tensor  # this rank's slice of the bucket's parameters, what the optimizer steps
     incoming: torch.Tensor | None = None  # stage 2: the reduce-scatter's output, until the backward ends
     flat: torch.Tensor | None = None  # stage 3: the whole bucket, the parameters its views (storage freed between uses)
+    pending: object = None  # stage 3: the all-gather of a prefetch under way (its work handle)
 
     @property
     def slice(self) -> int:
@@ -96,18 +95,34 @@ def gathered(z: ZeroBucket) -> bool:
     return z.flat is None or z.flat.untyped_storage().nbytes() > 0
 
 
-def gather(z: ZeroBucket) -> None:
-    """ZeRO-3: the bucket's whole parameters back from every rank's master slice (if freed)."""
+def gather(z: ZeroBucket, wait: bool = True) -> None:
+    """ZeRO-3: the bucket's whole parameters back from every rank's master slice (if freed);
+    ``wait=False``: started (a prefetch), waited for by the next ``gather`` or ``release``."""
     if gathered(z):
+        if wait:
+            settle(z)
         return
     with torch.no_grad():
         z.flat.untyped_storage().resize_(z.numel * z.flat.element_size())
-        dist.all_gather_single(z.flat, z.master.detach(), group=z.group)
+        # into a fresh tensor on the storage: the parameters (views of it) keep their versions,
+        # so the backward still reads what the forward saved of them
+        out = torch.empty(0, dtype=z.flat.dtype, device=z.flat.device).set_(z.flat.untyped_storage(), 0, (z.numel,))
+        z.pending = dist.all_gather_single(out, z.master.detach(), group=z.group, async_op=True)
+    if wait:
+        settle(z)
+
+
+def settle(z: ZeroBucket) -> None:
+    """Wait for the bucket's prefetch, if one is under way."""
+    if z.pending is not None:
+        z.pending.wait()
+        z.pending = None
 
 
 def release(z: ZeroBucket) -> None:
     """ZeRO-3: free the bucket's whole parameters (the master slice keeps this rank's part)."""
     if z.flat is not None:
+        settle(z)
         z.flat.untyped_storage().resize_(0)
 
 

@@ -167,3 +167,14 @@ def accumulation_time(grad_bytes, microbatches: int, memory_bandwidth: float, ef
     if microbatches <= 1:
         return 0.0 * grad_bytes
     return (microbatches - 1) / microbatches * ACCUMULATE_PASSES * grad_bytes / (memory_bandwidth * efficiency)
+
+
+def zero3_gathered(units: list[float], roots: list[bool]) -> float:
+    """Bytes a ZeRO-3 rank holds whole on top of its shards, from each unit's whole parameter and
+    gradient bytes (over its ZeRO group, after any tensor split): every root unit's (not a block:
+    embeddings, final norm, head), whole for the whole step as ``fully_shard`` leaves the root
+    module, and the two largest blocks' (in the backward: the block running, its gradients being
+    made, and the one gathered beside it, or whose gradients' reduce-scatter is under way; the
+    forward holds less). What ``codegen/zero_units.py`` holds; both planning paths price it so."""
+    blocks = sorted((b for b, r in zip(units, roots) if not r), reverse=True)
+    return float(sum(b for b, r in zip(units, roots) if r) + sum(blocks[:2]))

@@ -22,19 +22,25 @@ class Bucket:
     nbytes: float = 0.0  # per device
 
 
-def make_buckets(params: list[tuple[str, tuple[int, ...], float]], cap: float = BUCKET_BYTES) -> list[Bucket]:
+def make_buckets(params: list[tuple[str, tuple[int, ...], float]], cap: float = BUCKET_BYTES,
+                 units: list[str] | None = None) -> list[Bucket]:
     """``params``: (name, reduction axes, bytes per device) in the order the forward first reads
-    them; those with no axes need no reduction and are left out."""
+    them; those with no axes need no reduction and are left out. ``units`` (one per parameter):
+    a bucket holds one unit's parameters only (ZeRO-3 gathers and frees a block's buckets
+    together, as ``fully_shard`` on each block does)."""
     buckets: list[Bucket] = []
     open_: dict[tuple[int, ...], Bucket] = {}
-    for name, axes, nbytes in reversed(params):
+    unit_of: dict[int, str] = {}
+    for i, (name, axes, nbytes) in reversed(list(enumerate(params))):
         if not axes:
             continue
         b = open_.get(axes)
-        if b is None or (b.names and b.nbytes + nbytes > cap):
+        unit = units[i] if units is not None else None
+        if b is None or (b.names and b.nbytes + nbytes > cap) or unit_of.get(id(b)) != unit:
             b = Bucket(tuple(axes))
             buckets.append(b)
             open_[axes] = b
+            unit_of[id(b)] = unit
         b.names.append(name)
         b.nbytes += nbytes
     return buckets

@@ -21,7 +21,9 @@ search is constrained by the backward's; a set's plan whose update does not fit 
 against each node's larger of the two (``FlatOptions._fitted``), its gap measured from the first.
 
 Not in the flat model's memory, stated in the plan's notes: the transient of a recomputed block
-during its backward and of ZeRO-3's gathered parameters (the hierarchical search counts both).
+during its backward (the hierarchical search counts it). ZeRO-3's gathered parameters (the
+root's and two blocks', ``cost_models/zero3.py``) are added to a plan's total, as the
+hierarchical search adds them.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from autopar.core.strategy import (RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE, Str
 from autopar.core.tables import CostTables, Solution
 from autopar.planning.accumulation import STEPS, accumulated_tables, microbatch_graph
 
-NOTE = "memory leaves out the transients of recomputed blocks and ZeRO-3 gathers (flat path)"
+NOTE = "memory leaves out the transients of recomputed blocks (flat path)"
 
 
 def option_sets(precision: str | None, zero, recompute, cluster=None, mode: str = "train",
@@ -140,6 +142,10 @@ class FlatOptions:
             # plans are searched against what a plan may use: the device's memory (an explicit
             # ``capacity`` or the cluster's) less the margin of core/margin.py that compile enforces
             t.memory_capacity = usable_memory(t.memory_capacity if self.capacity is None else self.capacity)
+            if opts.zero >= 3:  # what ZeRO-3 holds whole beside the tables' sum, at its least (``zero3.py``)
+                from autopar.cost_models.zero3 import least_gathered
+
+                t.memory_capacity -= least_gathered(g, t, self.cluster.mesh())
             self._tables[opts] = (g, t)
         return self._tables[opts]
 
@@ -201,6 +207,7 @@ class FlatOptions:
                 continue
             try:
                 sol = self._fitted(opts, run(t, limit), lambda tables: run(tables, limit))
+                self._gathered_fit(opts, g, t, sol)
             except InfeasibleError as e:
                 error = error or e
                 slack[opts] = False
@@ -216,6 +223,17 @@ class FlatOptions:
         if best is None:
             raise error
         return best
+
+    def _gathered_fit(self, opts: TrainingOptions, g: Graph, t: CostTables, sol: Solution) -> None:
+        """ZeRO-3: the plan's gathered parameters above their least (taken off the capacity) fit too."""
+        if opts.zero < 3 or not math.isfinite(t.memory_capacity):
+            return
+        from autopar.cost_models.zero3 import gathered, least_gathered
+
+        mesh = self.cluster.mesh()
+        over = t.total_memory(sol.choice) + gathered(g, t, sol.choice, mesh) - least_gathered(g, t, mesh)
+        if over > t.memory_capacity:
+            raise InfeasibleError(f"the ZeRO-3 plan's gathered parameters do not fit ({over:.4g} bytes)", over)
 
     def _forget(self, opts: TrainingOptions) -> None:
         """Drop a beaten set's tables (the plain set's stay: the pipeline search and the report
@@ -264,7 +282,7 @@ def strategy_of(graph: Graph, opts: TrainingOptions, assignment: dict) -> Strate
         cfg = assignment.get(node.name)
         if b is not None and cfg is not None and cfg.mesh_axes:
             axes.update(cfg.mesh_axes[[d.name for d in node.dims].index(b)])
-    notes = [NOTE] if (opts.zero == 3 or opts.recompute) else []
+    notes = [NOTE] if opts.recompute else []
     return Strategy(options=opts, zero_axes=tuple(sorted(axes)) if opts.zero else (),
                     recompute=recomputed_blocks(graph, opts),
                     notes=notes)

@@ -280,8 +280,9 @@ def _plan_mesh(entry, graph, cluster, memory_capacity, common, searching: Search
         from autopar.planning.follow import DETAIL
 
         ctx["searching"] = dataclasses.replace(searching, follow=DETAIL in info.detail)
-    plan = _make_plan(graph, tables, sol, info, common, unsupported, base)
-    plan.memory_per_device = flat.peak(opts, sol.choice)  # the backward's or the optimizer update's
+    plan = _make_plan(graph, tables, sol, info, common, unsupported, base, priced, cluster.mesh())
+    # the backward's (with ZeRO-3's gathered parameters) or the optimizer update's
+    plan.memory_per_device = max(plan.memory_per_device, flat.peak(opts, sol.choice))
     plan.strategy = strategy_of(graph, opts, plan.assignment)
     plan.rows = breakdown.mesh_rows(priced, tables, plan.assignment, model, cluster, mode)
     plan.notices = mesh_axis_notices(priced, tables, plan.assignment, cluster.mesh())
@@ -346,10 +347,18 @@ def _pipeline_detail(follow) -> str:
     return f"{PIPELINE_HEURISTIC}; stages searched over {space}{when}"
 
 
-def _make_plan(graph, tables, sol: Solution, info: SearchInfo, common, unsupported, baselines) -> Plan:
+def _make_plan(graph, tables, sol: Solution, info: SearchInfo, common, unsupported, baselines,
+               trained=None, mesh=None) -> Plan:
+    """``trained`` (the graph the tables price) and ``mesh``: ZeRO-3's gathered parameters added
+    to the memory (``cost_models/zero3.py``)."""
     assignment = {name: tables.configs[i][c] for i, (name, c) in enumerate(zip(tables.nodes, sol.choice))}
+    extra = 0.0
+    if trained is not None and mesh is not None:
+        from autopar.cost_models.zero3 import gathered
+
+        extra = gathered(trained, tables, sol.choice, mesh)
     return Plan(**common, assignment=assignment, cost=float(sol.cost), units=tables.units,
-                memory_per_device=float(tables.total_memory(sol.choice)), search=info,
+                memory_per_device=float(tables.total_memory(sol.choice)) + extra, search=info,
                 unsupported=unsupported, baselines=baselines, graph=graph, tables=tables)
 
 
@@ -364,9 +373,9 @@ def _mesh_baselines(graph, tables, cluster, common, unsupported, flat=None) -> d
 
         opts, g, t, choice = flat.fitting_data_parallel(base_plans.data_parallel_choice)
         out["data_parallel"] = _make_plan(g, t, base_plans.evaluate(t, choice), base_plans.FIXED, common,
-                                          unsupported, {})
+                                          unsupported, {}, g, flat.cluster.mesh())
         out["data_parallel"].strategy = strategy_of(g, opts, out["data_parallel"].assignment)
-        out["data_parallel"].memory_per_device = flat.peak(opts, choice)
+        out["data_parallel"].memory_per_device = max(out["data_parallel"].memory_per_device, flat.peak(opts, choice))
     if is_transformer_like(graph):
         from autopar.planning.whole import kept_whole
 

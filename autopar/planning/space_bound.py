@@ -18,6 +18,7 @@ from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
 from autopar.planning.step_bounds import layout_bound
+from autopar.cost_models.training import zero3_gathered
 from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
 from autopar.search.pipeline import StageCosts, best_cuts
 
@@ -69,9 +70,22 @@ def sync_floors(search, c: Candidate) -> tuple[float, float]:
 
 def transient_floor(search, c: Candidate) -> float:
     """Bytes every layout of ``c`` holds on top of its fullest stage at least: the recomputed
-    unit's activations (the largest floor of them). ZeRO-3's gathered parameters are no transient:
-    the program holds a stage's whole (``step_price.price``), and the static floor counts them so."""
-    return float(np.max(memory_floors(search, c).rerun)) if c.recompute and c.degrees.c == 1 else 0.0
+    unit's activations (the largest floor of them), and ZeRO-3's whole parameters and gradients
+    (``step_price.zero3_held``: at least the two largest of the units' least whole bytes)."""
+    rerun = float(np.max(memory_floors(search, c).rerun)) if c.recompute and c.degrees.c == 1 else 0.0
+    if c.zero < 3 or c.degrees.c > 1 or c.degrees.ep > 1:
+        return rerun
+    key = ("zero3",) + search.group_key(c)
+    if key not in search.floors:
+        whole, memo = np.asarray([1.0, 1.0, 0.0]), {}
+        units = memory_floors(search, c).state
+        for unit in units:
+            if id(unit) not in memo:
+                memo[id(unit)] = sum(float(np.min(k @ whole)) for k in unit)
+        # every unit taken as a block: the two largest of all, at most what the price counts
+        # whichever units it takes as the root (the root's plus the two largest blocks')
+        search.floors[key] = zero3_gathered([memo[id(u)] for u in units], [False] * len(units))
+    return rerun + search.floors[key]
 
 
 def memory_floor(search, c: Candidate, static: float) -> float:
@@ -117,13 +131,11 @@ def memory_floor_terms(search, c: Candidate, static: float) -> tuple[float, floa
 
 def unit_static(search, c: Candidate) -> np.ndarray:
     """Per unit, the parameters, gradients and optimizer state every layout's unit holds at least,
-    ZeRO applied (ZeRO-3's parameters whole, as the program holds them from a stage's forward to
-    its backward's end): per node the least over the configs of its space, summed
+    ZeRO applied (ZeRO-3's parameters as their shards: the whole ones it holds at once are
+    ``transient_floor``'s): per node the least over the configs of its space, summed
     (``memory_floors``)."""
     g, _, _, _ = data_groups(c.degrees, c.zero_inner)
     factors = zero_factors(c.zero, g)
-    if c.zero >= 3:  # the program holds a stage's gathered parameters whole (``step_price.price``)
-        factors = (1, *factors[1:])
     key = ("static", factors) + search.group_key(c)
     if key not in search.floors:
         scale, memo = 1.0 / np.asarray(factors), {}

@@ -71,7 +71,6 @@ def lower_bound(c: Candidate, tot: Totals, cluster: Cluster, peak: float, eff: f
     ge, _, _, _ = data_groups(expert_degrees(deg), c.zero_inner)
     efp, efg, efo = (ep * f for f in zero_factors(c.zero, ge))
     compute = c.rounds * flops / m / (cluster.devices * peak * eff) + accumulation_lb(c, tot, cluster)
-    fp, efp = (1.0, float(ep)) if c.zero >= 3 else (fp, efp)  # ZeRO-3's held whole, as ``price`` counts them
     states = optimizer_states(optimizer)
     rest += optimizer_step_time((tot.numel - xn) / per / fo, itemsize, states, master, cluster.memory_bandwidth,
                                 foreach=cluster.foreach_update)

@@ -17,7 +17,9 @@ levels, the pods replicating: hybrid sharding) and per-block recomputation. Its 
 * the optimizer step of the largest stage (memory-bound, on the ZeRO shard).
 
 Transient memory on top of a stage's peak: one recomputed unit's full activations while its
-backward runs, and with ZeRO-3 two units' gathered parameters (one in use, one prefetched).
+backward runs, and with ZeRO-3 (per block, as ``fully_shard`` on each block) the root's and two
+blocks' parameters and gradients whole (``zero3_held``, ``training.zero3_gathered``: the flat
+path prices them with the same function).
 Links: a group spanning several levels runs at the slowest level it spans; a data-parallel ring
 with k ranks inside each unit below that level gets k devices' links there (``inner_ranks``). A
 pipeline cut costs the 1/t slice sent plus the receivers' all-gather (``cut_times``). Context
@@ -41,11 +43,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autopar.core.blocks import block_path
 from autopar.core.cluster import Cluster
 from autopar.core.strategy import RECOMPUTE_NAMES, RECOMPUTE_POINTWISE, ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
-from autopar.cost_models.training import accumulation_time, optimizer_step_time, update_working_set, zero_sync_time
+from autopar.cost_models.training import (accumulation_time, optimizer_step_time, update_working_set,
+                                         zero3_gathered, zero_sync_time)
 from autopar.planning.every import every_of
 from autopar.planning.overlap import exposed, window
 from autopar.planning.routed import ExpertStats
@@ -271,8 +275,6 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     g, _, _, _ = data_groups(deg, c.zero_inner)
     fp, fg, fo = zero_factors(c.zero, g)
     s, ex, (efp, efg, efo) = expert_split(c, s, experts)
-    if c.zero >= 3:  # codegen/zero.py holds a stage's gathered parameters whole from its forward to its backward's end
-        fp, efp = 1.0, (float(deg.ep) if ex is not None else 1.0)
     static = s.params / fp + s.grads / fg + s.optimizer / fo
     if s.transient is not None:  # the loss's backward working set, once per step
         static = static + s.transient
@@ -284,6 +286,8 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         static[-1] -= s.shared * float(np.sum(static)) / raw if raw else 0.0
     kept = static - s.transient if s.transient is not None else static  # what the update runs beside
     transient = float(np.max(s.full_acts - s.acts)) if c.recompute else 0.0
+    if c.zero >= 3:  # per block, as fully_shard on each block (codegen/zero_units.py)
+        transient += zero3_held(s, ex, deg, names)
     cut = np.zeros(max(len(s.spans) - 1, 0))
     if p > 1:
         cut = cut_times(s.boundary, deg, cluster)
@@ -371,6 +375,16 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
                   f"{fmt(max(shown))} of it not under compute")
     return Priced(c, cost, peak, fits and peak <= capacity,
                   sol, terms, memory_terms, bottleneck)
+
+
+def zero3_held(s: UnitStats, ex: ExpertStats | None, deg: Degrees, names: list[str] | None) -> float:
+    """ZeRO-3's whole parameters and gradients beside the shards (``training.zero3_gathered``):
+    the root units' (the prologue and the epilogue) and the two largest blocks', the routed
+    experts' over ``ep`` (``s`` the dense part, ``ex`` the experts', as ``expert_split`` cuts
+    them). Over the whole model, whichever stage holds them (a bound for the others)."""
+    whole = s.params + s.grads + ((ex.params + ex.grads) / deg.ep if ex is not None else 0.0)
+    roots = [block_path(n) is None for n in names] if names else [False] * len(whole)
+    return zero3_gathered([float(b) for b in whole], roots)
 
 
 def in_flight(c: Candidate, rank: int) -> float:

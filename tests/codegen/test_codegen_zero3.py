@@ -4,7 +4,8 @@ and 4 gloo processes against one device.
 Per plan (data parallelism; on 4 devices also data x Megatron tensor parallelism, ZeRO over the
 data axis only): 3 AdamW steps equal one device's; between steps the parameters' local tensors
 hold no storage but the few parameters no ZeRO axis reduces, and the master slices 1/g of the
-rest, while during the forward they are whole. A model-only checkpoint of the module loads into
+rest; after the forward only the root's (embeddings, head) are whole, each block having been
+gathered for its forward and freed after it, as ``fully_shard`` per block does. A model-only checkpoint of the module loads into
 a fresh ZeRO-3 module (whose next step, from the loaded master slices, equals one device's) and
 into the plain model in this process; the sliced optimizer state is refused in one line.
 """
@@ -63,6 +64,10 @@ def worker(rank, world, docs, made, folder):
             res["held"].append(_held(module))  # after the backward
             opt.step()
             res["held"].append(_held(module))  # after the step
+        # the units gathered for the whole step (the root: embeddings, head), padding included
+        res["root"] = sum(shards[b].numel * shards[b].master.element_size()
+                          for u in module._units.whole for b in module._units.buckets[u])
+        res["blocks"] = len(module._units.order)
         with torch.no_grad():
             res["eval"] = float(module(*inputs))
         res["held"].append(_held(module))
@@ -127,8 +132,10 @@ def test_zero3_adamw_matches_one_device_and_stores_parameters_sliced(run):
             assert z["held"][:-1] == [whole] * (2 * STEPS + 2), (kind, z["held"], whole)
             assert z["master"] <= z["sliced"] / parts + 8 * parts * 8, (kind, z["master"], z["sliced"])
             assert (whole + z["master"]) / z["local"] < 1 / parts + 0.05, kind
-            # during the forward (and the backward) the sliced buckets are whole, padding included
-            assert all(f >= z["local"] for f in z["forward"]), (kind, z["forward"])
+            # after the forward only the root's buckets are whole: each block was freed after its
+            # forward (and is gathered again for its backward)
+            assert z["blocks"] >= 2 and 0 < z["root"] < z["sliced"], (kind, z["blocks"], z["root"])
+            assert z["forward"] == [whole + z["root"]] * STEPS, (kind, z["forward"], whole, z["root"])
 
 
 @pytest.mark.dist
@@ -170,3 +177,32 @@ def test_autopar_runs_training_loop_steps_zero_modules():
     for stage in (2, 3):
         for losses in run_threaded(_run_steps, 2, make_plans(2)["dp"], made, stage):
             assert losses == pytest.approx(want, rel=1e-6), stage
+
+
+def _bf16_steps(rank, world, doc, made, stage, recompute):
+    model, inputs = copy.deepcopy(made[0]), made[1]
+    module = autopar.compile(model, inputs, plan=Plan.from_json(doc), zero=stage, precision="bf16",
+                             recompute=recompute)
+    opt = module.optimizer(torch.optim.AdamW, lr=LR)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        losses.append(float(module.train_step(*inputs)))
+        opt.step()
+    return losses, _params(module)
+
+
+@pytest.mark.dist
+def test_zero3_in_bf16_steps_as_plain_data_parallelism_does():
+    """Mixed precision under ZeRO-3: each parameter cast to bf16 just before its block reads it and
+    cast again from the regathered parameter where the backward needs it (not kept from the
+    forward): the same losses and parameters as the plan without ZeRO, recomputed blocks or not.
+    2 ranks as threads."""
+    from tests.helpers.dist_utils import run_threaded
+
+    made, doc = gpt(torch.float32), make_plans(2)["dp"]
+    for recompute in (False, True):
+        want = run_threaded(_bf16_steps, 2, doc, made, 0, recompute)[0]
+        for losses, params in run_threaded(_bf16_steps, 2, doc, made, 3, recompute):
+            assert losses == want[0], recompute
+            _close(params, {n: torch.as_tensor(v) for n, v in want[1].items()}, f"bf16 ZeRO-3, recompute {recompute}")

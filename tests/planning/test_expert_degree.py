@@ -187,24 +187,33 @@ def test_the_dispatch_scales_with_the_microbatch():
     assert not differ
 
 
-def test_zero3_parameters_are_priced_whole_as_the_generated_program_holds_them(moe64):
-    """The program gathers a stage's ZeRO-3 parameter slices before its forward and frees them
-    after its backward (codegen/zero.py): a rank holds them whole through the step, so ZeRO-3's
-    parameters cost what no ZeRO's do (the experts' divided by the expert degree only), and its
-    memory is never below ZeRO-2's, whose gradients it shards alike."""
+def test_zero3_parameters_are_priced_as_slices_and_two_blocks_whole(moe64):
+    """The program gathers ZeRO-3 parameters one block at a time (codegen/zero_units.py, as
+    ``fully_shard`` on each block): a rank stores the 1/d slices (the experts' 1/(ep x d/ep)) and
+    holds whole only the root's (prologue, epilogue) and the two largest blocks' parameters and
+    gradients, the experts' divided by the expert degree; counted here per unit from the units'
+    statistics and the units' names."""
     cluster = Cluster.preset("8x8xH100")
     s = _search(moe64, cluster)
+    names = s.unit_names()
+    roots = [n in ("prologue", "epilogue") for n in names]
+    assert sum(roots) == 2 and len(names) >= 4
     for expert in ((), (8, 1)):
         deg = Degrees((1, 1), (1, 1), (8, 8), expert=expert)
-        whole, z2, z3 = (s.price(Candidate(deg, 1, zero=z)) for z in (0, 2, 3))
-        if expert:  # the experts' weights split over the expert group, the rest whole
-            stats, ex = s.stats(Candidate(deg, 1)), s.expert_stats(Candidate(deg, 1))
-            expect = float(np.sum(stats.params - ex.params)) + float(np.sum(ex.params)) / 8
+        z3 = s.price(Candidate(deg, 1, zero=3))
+        stats = s.stats(Candidate(deg, 1))
+        if expert:
+            ex = s.expert_stats(Candidate(deg, 1))
+            dense = stats.params - ex.params
+            slices = float(np.sum(dense)) / 64 + float(np.sum(ex.params)) / 64
+            whole = dense + (stats.grads - ex.grads) + (ex.params + ex.grads) / 8
         else:
-            expect = float(np.sum(s.stats(Candidate(deg, 1)).params))
-        assert z3.memory_terms["parameters"] == pytest.approx(expect, rel=1e-9)
-        assert z3.memory_terms["parameters"] == pytest.approx(whole.memory_terms["parameters"], rel=1e-9)
-        assert z3.memory >= z2.memory
+            slices = float(np.sum(stats.params)) / 64
+            whole = stats.params + stats.grads
+        blocks = sorted((float(w) for w, r in zip(whole, roots) if not r), reverse=True)
+        held = sum(float(w) for w, r in zip(whole, roots) if r) + blocks[0] + blocks[1]
+        assert z3.memory_terms["parameters"] == pytest.approx(slices, rel=1e-9)
+        assert z3.memory_terms["transient (recomputed block, gathered ZeRO-3 parameters)"] == pytest.approx(held, rel=1e-9)
 
 
 def test_an_expert_list_is_priced_as_its_stacked_form():
