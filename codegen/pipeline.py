@@ -171,15 +171,13 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     k = rank // per_stage
     loss = _loss_meta(gm, example_inputs)
     input_names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
-    if per_stage == 1 and not training.plain:
-        raise ValueError("mixed precision and recomputation are generated for stages of several devices only: "
-                         "plan with precision='fp32' and recompute=False")
-    if per_stage == 1:
+    if per_stage == 1 and not (training.dtype or training.recompute or training.cores):
         mine, pp_group = modules[k].to(device), group
         loss_rank = get_global_rank(group or dist.group.WORLD, count - 1)
-    else:
+    else:  # one device a stage under mixed precision or recomputation: a program on a 1-device mesh
         if group is not None:
-            raise ValueError("stages of several devices need the default (world) process group")
+            raise ValueError("stages of several devices, or trained with mixed precision or recomputation, "
+                             "need the default (world) process group")
         mine, pp_group = _sharded_stage(modules[k].to(device), graph, plan, parts[k], stages[k],
                                         count, per_stage, device, training)
         loss_rank = (count - 1) * per_stage
@@ -199,6 +197,8 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
 def stage_mesh_shape(mesh_shape: Sequence[int], devices: int) -> tuple[int, ...]:
     """The inner axes of the plan's mesh that make one stage's sub-mesh (stages take the outer)."""
     shape = tuple(mesh_shape)
+    if devices == 1:
+        return (1,)
     for j in range(len(shape) + 1):
         if math.prod(shape[j:]) == devices:
             return shape[j:]
@@ -208,7 +208,9 @@ def stage_mesh_shape(mesh_shape: Sequence[int], devices: int) -> tuple[int, ...]
 def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names: list[str],
                    count: int, per_stage: int, device: torch.device, training):
     """This rank's stage as a DTensor ``ShardedModule`` on the stage's sub-mesh, and the pipeline
-    group (the ranks at the same place of every stage's sub-mesh)."""
+    group (the ranks at the same place of every stage's sub-mesh). A one-device stage comes here
+    under mixed precision or recomputation: its program (on a mesh of one device, nothing split)
+    casts and checkpoints as a single-stage plan's does."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from autopar.core.batch import scale_batch
@@ -223,6 +225,7 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     # wrote the configs on the full mesh (stage axes first): shift them back onto the sub-mesh
     outer = len(plan.mesh.shape) - len(shape)
     assignment = {name: Config(c.splits, tuple(tuple(a - outer for a in axes) for axes in c.mesh_axes))
+                  if per_stage > 1 else Config(tuple(1 for _ in c.splits), tuple(() for _ in c.splits))
                   for name, c in plan.assignment.items()}
     micro = scale_batch(graph, plan.microbatches)
     # what crosses a cut is this rank's shard in the plan's layout (``stage_boundary``)

@@ -22,7 +22,7 @@ from tests.helpers.dist_utils import run_gloo
 from tests.helpers.numerics import EPS, LR, check_pipelined, reference_run
 
 # stages of 2 devices (a DTensor program each), and of one device
-LAYOUTS = {"sharded": (4, "tensor=1,pipeline=2,data=2,microbatch=1")}
+LAYOUTS = {"sharded": (4, "tensor=1,pipeline=2,data=2,microbatch=1"), "one-device": (2, "tensor=1,pipeline=2,data=1")}
 MODES = (True, "attention", "pointwise")
 
 
