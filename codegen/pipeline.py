@@ -106,6 +106,13 @@ class PipelinedModule(nn.Module):
     def is_last(self) -> bool:
         return self.stage_index == self.num_stages - 1
 
+    def optimizer(self, cls=torch.optim.AdamW, **kwargs):
+        """``cls`` over this stage's parameters; under ZeRO the stage's sharded optimizer
+        (``zero.ShardedOptimizer``: this rank's slices only, the parameters gathered after a step)."""
+        if hasattr(self.stage_module, "optimizer"):
+            return self.stage_module.optimizer(cls, **kwargs)
+        return cls(self.parameters(), **kwargs)
+
     def train_step(self, *inputs) -> torch.Tensor:
         """One full-batch forward and backward through the schedule; the loss, on every rank.
 
@@ -227,6 +234,8 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     assignment = {name: Config(c.splits, tuple(tuple(a - outer for a in axes) for axes in c.mesh_axes))
                   if per_stage > 1 else Config(tuple(1 for _ in c.splits), tuple(() for _ in c.splits))
                   for name, c in plan.assignment.items()}
+    if training.zero_axes is not None:  # ZeRO's axes too, from the full mesh onto the sub-mesh
+        training = dataclasses.replace(training, zero_axes=tuple(a - outer for a in training.zero_axes if a >= outer))
     micro = scale_batch(graph, plan.microbatches)
     # what crosses a cut is this rank's shard in the plan's layout (``stage_boundary``)
     boundary = stage_boundary(micro, assignment, shape, part, graph.fx_graph, last=not part.carried_out)
@@ -249,9 +258,9 @@ def stage_training(graph, plan, training=None):
     from .training import program_training
 
     training = program_training(graph, plan.strategy) if training is None else training
-    if training.zero:
-        raise ValueError(f"ZeRO-{training.zero} is generated for single-stage plans only: plan with "
-                         "zero=0 or pipeline=False to use it")
+    if training.zero == 3 or (training.zero and min(int(s.devices) for s in plan.stages) < 2):
+        raise ValueError(f"ZeRO-{training.zero} is generated in pipelines for stages of several devices and "
+                         "stages 1-2 only: plan with zero=0, 1 or 2, or pipeline=False")
     return dataclasses.replace(training, accumulate=1)
 
 

@@ -33,6 +33,17 @@ class LeafStage(PipelineStage):
     def _leaves(self) -> list[torch.Tensor]:
         return [leaf for _, leaf in self.submod.reducer.leaves]
 
+    def scale_grads(self, grad_scale_factor: int) -> None:
+        """The mean over the microbatches: under ZeRO-2 the sliced parameters keep no ``.grad``,
+        their gradient is this rank's master slice's (ZeRO-1's master slices view the gradients
+        scaled here already)."""
+        super().scale_grads(grad_scale_factor)
+        reducer = self.submod.reducer
+        if grad_scale_factor != 1 and reducer.zero == 2:
+            for z in reducer.shards.values():
+                if z.master.grad is not None:
+                    z.master.grad.div_(grad_scale_factor)
+
     def _selective(self) -> bool:
         """Does the stage's program run blocks under selective checkpointing?"""
         return any(getattr(m, "pointwise", False) for m in self.submod.program.module.modules())

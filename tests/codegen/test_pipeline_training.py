@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.utils._pytree import tree_leaves
 
 import autopar
 from tests.helpers.dist_utils import run_gloo
-from tests.helpers.numerics import EPS, LR, check_pipelined, reference_run
+from tests.helpers.numerics import ATOL, EPS, LR, PARAM_ATOL, RTOL, check_pipelined, reference_run
 
 # stages of 2 devices (a DTensor program each), and of one device
 LAYOUTS = {"sharded": (4, "tensor=1,pipeline=2,data=2,microbatch=1"), "one-device": (2, "tensor=1,pipeline=2,data=1")}
@@ -29,7 +30,7 @@ MODES = (True, "attention", "pointwise")
 def _pinned(model, inputs, layout: str, **options):
     world, pin = LAYOUTS[layout]
     cluster = autopar.Cluster.preset("cpu", devices=world)
-    plan = autopar.plan(model, inputs, cluster, hierarchical=True, pin=pin, zero=0, **options)
+    plan = autopar.plan(model, inputs, cluster, hierarchical=True, pin=pin, **{"zero": 0, **options})
     plan = plan.baselines["published"]
     assert [s.devices for s in plan.stages] == [world // 2] * 2
     assert plan.schedule == "zero-bubble" or (layout == "one-device" and plan.schedule == "1f1b"), plan.schedule
@@ -138,3 +139,95 @@ def test_bf16_inside_stages_trains_like_the_single_stage_bf16_plan(layout):
             torch.testing.assert_close(g, want[1][n], rtol=0.02, atol=1e-3, msg=lambda m, n=n: f"rank {rank} grad {n}: {m}")
         for n, p in got[2].items():
             torch.testing.assert_close(p, want[2][n], rtol=0, atol=2e-3, msg=lambda m, n=n: f"rank {rank} param {n}: {m}")
+
+
+def _unsharded_grads(stage) -> dict:
+    """Every parameter's gradient of a stage (data-parallel only: local = whole) under ZeRO: a
+    sliced bucket's from the ranks' master slices (ZeRO-2 keeps no ``.grad``), gathered."""
+    reducer = stage.reducer
+    name = {id(p): n for n, p in stage.named_parameters()}
+    of_leaf = {id(leaf): name[id(p)] for p, leaf in reducer.leaves}
+    out = {n: p.grad.full_tensor().clone() for n, p in stage.named_parameters() if p.grad is not None}
+    for b, z in reducer.shards.items():
+        whole = torch.empty(z.numel, dtype=z.master.dtype)
+        dist.all_gather_single(whole, z.master.grad.contiguous(), group=z.group)
+        offset = 0
+        for leaf in reducer.buckets[b]:
+            got = whole[offset:offset + leaf.numel()].view_as(leaf)
+            offset += leaf.numel()
+            if of_leaf[id(leaf)] in out:  # ZeRO-1: the parameter's own gradient as well
+                torch.testing.assert_close(out[of_leaf[id(leaf)]], got)
+            out[of_leaf[id(leaf)]] = got
+    return out
+
+
+def _zero(rank, world, model, inputs, plans, ref):
+    out = {}
+    for stage, plan in zip((1, 2), plans):
+        module = autopar.compile(model, inputs, plan=plan)
+        opt = module.optimizer(torch.optim.AdamW, lr=LR, eps=EPS)
+        kept = []
+        for step in range(3):
+            opt.zero_grad()
+            loss = module.train_step(*inputs)
+            torch.testing.assert_close(loss, ref.losses[step], rtol=RTOL, atol=ATOL,
+                                       msg=lambda m, step=step: f"rank {rank} ZeRO-{stage} loss {step}: {m}")
+            if step == 0:
+                grads = _unsharded_grads(module.stage_module)
+                assert set(grads) == {n for n, _ in module.named_parameters()}
+                for n, g in grads.items():
+                    torch.testing.assert_close(g, ref.grads[n], rtol=RTOL, atol=ATOL,
+                                               msg=lambda m, n=n: f"rank {rank} ZeRO-{stage} grad {n}: {m}")
+                kept = [n for n, p in module.named_parameters() if p.grad is not None]
+            opt.step()
+        for n, p in module.named_parameters():
+            torch.testing.assert_close(p.detach().full_tensor(), ref.params[n], rtol=RTOL, atol=PARAM_ATOL,
+                                       msg=lambda m, n=n: f"rank {rank} ZeRO-{stage} param {n}: {m}")
+        out[stage] = (opt.state_numel(), sum(p.numel() for p in module.parameters()), kept)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_zero_1_and_2_inside_sharded_stages_train_like_one_device():
+    """ZeRO-1/2 over each stage's 2 data-parallel ranks: 2 microbatches' backwards a step (zero
+    bubble's weight halves summed through ``reduce_added``), the mean over them taken on the master
+    slices (ZeRO-2 keeps no parameter gradient), the optimizer state halved."""
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("gpt", batch=4, seq=8, width=16, heads=2, layers=2, vocab=32)
+    model = model.double()
+    plans = [_pinned(model, inputs, "sharded", recompute=False, zero=stage) for stage in (1, 2)]
+    assert [p.strategy.options.zero for p in plans] == [1, 2]
+    for rank, got in enumerate(run_gloo(_zero, 4, model, inputs, plans, reference_run(model, inputs))):
+        for stage, (state, params, kept) in got.items():
+            assert state <= params + 2, (rank, stage, state, params)  # AdamW's 2 states, over 2 ranks
+            assert bool(kept) == (stage == 1), (rank, stage, kept)
+
+
+def _refusals(rank, world, model, inputs, plain, interleaved) -> list[str]:
+    out = []
+    for plan, options in ((plain, dict(zero=1)), (plain, dict(zero=3)), (interleaved, {})):
+        with pytest.raises(ValueError) as e:
+            autopar.compile(model, inputs, plan=plan, **options)
+        out.append(str(e.value))
+    return out
+
+
+@pytest.mark.dist
+def test_what_stages_do_not_generate_is_refused_in_one_line():
+    """ZeRO on stages of one device (no data-parallel ranks to slice over) or ZeRO-3, and
+    interleaved 1F1B with recomputation: a one-line ValueError saying what to plan instead."""
+    from tests.helpers.dist_utils import run_threaded
+
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("gpt", batch=4, seq=8, width=16, heads=2, layers=2, vocab=32)
+    plain = _pinned(model, inputs, "one-device", recompute=False)
+    cluster = autopar.Cluster.preset("cpu", devices=2)
+    interleaved = autopar.plan(model, inputs, cluster, hierarchical=True, zero=0, recompute=True,
+                               pin="tensor=1,pipeline=2,data=1,schedule=interleaved-1f1b").baselines["published"]
+    assert interleaved.schedule == "interleaved-1f1b" and interleaved.strategy.options.recompute
+    for messages in run_threaded(_refusals, 2, model, inputs, plain, interleaved):
+        assert all("\n" not in m for m in messages), messages
+        assert "ZeRO-1 is generated in pipelines for stages of several devices" in messages[0]
+        assert "ZeRO-3 is generated in pipelines for stages of several devices and stages 1-2 only" in messages[1]
+        assert messages[2].startswith("interleaved 1F1B runs without mixed precision and recomputation")
