@@ -338,11 +338,10 @@ def _build(model: nn.Module, graph, plan: Plan, inputs, outputs: str, local: str
     if plan.stages:
         from autopar.codegen import pipeline
 
-        if overrides or (plan.strategy is not None and (plan.strategy.options.zero or plan.strategy.options.recompute
-                                                        or plan.strategy.options.mixed)):
-            raise ValueError("ZeRO, mixed precision and recomputation are generated for single-stage plans only: "
-                             "plan with pipeline=False to use them")
-        module = pipeline.pipeline_module(model, plan, tuple(inputs), graph=graph)
+        from autopar.codegen.training import program_training
+
+        training = program_training(graph, plan.strategy, **(overrides or {}), accumulate=1)
+        module = pipeline.pipeline_module(model, plan, tuple(inputs), graph=graph, training=training)
     else:
         from autopar.codegen.mesh import device_mesh, model_device_type
         from autopar.codegen.module import compile_module

@@ -151,7 +151,7 @@ class ParallelModule(nn.Module):
 
     def optimizer(self, cls=torch.optim.AdamW, **kwargs) -> torch.optim.Optimizer:
         """The optimizer this module's plan trains with (``codegen/module.py``'s ``optimizer``);
-        with one device, or on a pipeline stage, ``cls(module.parameters(), **kwargs)``."""
+        with one device, or on a pipeline stage without ZeRO, ``cls(module.parameters(), **kwargs)``."""
         if self._devices == 1:
             return cls(self.parameters(), **kwargs)
         if self._inner is not None:

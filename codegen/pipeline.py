@@ -5,6 +5,7 @@ The design notes (why it is built this way, what was checked) are in docs/codege
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 from typing import Any, Sequence
@@ -106,6 +107,13 @@ class PipelinedModule(nn.Module):
     def is_last(self) -> bool:
         return self.stage_index == self.num_stages - 1
 
+    def optimizer(self, cls=torch.optim.AdamW, **kwargs):
+        """``cls`` over this stage's parameters; under ZeRO the stage's sharded optimizer
+        (``zero.ShardedOptimizer``: this rank's slices only, the parameters gathered after a step)."""
+        if hasattr(self.stage_module, "optimizer"):
+            return self.stage_module.optimizer(cls, **kwargs)
+        return cls(self.parameters(), **kwargs)
+
     def train_step(self, *inputs) -> torch.Tensor:
         """One full-batch forward and backward through the schedule; the loss, on every rank.
 
@@ -126,7 +134,7 @@ class PipelinedModule(nn.Module):
 def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
                     group: dist.ProcessGroup | None = None, schedule: str | None = None,
                     device: torch.device | str | None = None, loss_reduction: str = "mean",
-                    graph=None) -> PipelinedModule:
+                    graph=None, training=None) -> PipelinedModule:
     """This rank's stage of a pipelined plan, ready to ``train_step``.
 
     ``plan``: an ``autopar.Plan`` with ``stages`` (d devices each), ``microbatches`` and
@@ -135,7 +143,10 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     given for a plan loaded from JSON, which carries no graph. Needs an initialized process group (``group``: default the world)
     whose size is the plan's total device count; rank r runs stage r // d (several devices per
     stage need the default group and shard with ``plan.assignment``). ``model`` is not modified:
-    the stage runs on a copy. Raises a one-line ``ValueError`` when the plan does not fit.
+    the stage runs on a copy. ``training``: the ``ProgramTraining`` each stage runs (mixed
+    precision, recomputation; default the plan's strategy's, ``codegen/training.py``), its
+    accumulation 1: the schedule's microbatches are the accumulation. Raises a one-line
+    ``ValueError`` when the plan does not fit.
     """
     from torch.distributed.distributed_c10d import get_global_rank
 
@@ -143,7 +154,7 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
         else (example_inputs,)
     schedule = (schedule if schedule is not None else plan.schedule) or "gpipe"
     if schedule == "interleaved-1f1b":  # several stages per rank: interleaved.py
-        return _interleaved(model, plan, example_inputs, group, device, loss_reduction, graph)
+        return _interleaved(model, plan, example_inputs, group, device, loss_reduction, graph, training)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     microbatches = int(plan.microbatches)
@@ -151,6 +162,7 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
         raise ValueError(f"the plan has {microbatches} microbatches")
     schedule = schedule_run(schedule, microbatches, len(plan.stages))
     graph = fx_form(_checked(plan, graph, loss_reduction), model)  # an exported graph's state read by name
+    training = stage_training(graph, plan, training)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if rank < 0:
         raise ValueError("this process is not in the process group the pipeline is to run on")
@@ -167,14 +179,15 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
     k = rank // per_stage
     loss = _loss_meta(gm, example_inputs)
     input_names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
-    if per_stage == 1:
+    if per_stage == 1 and not (training.dtype or training.recompute or training.cores):
         mine, pp_group = modules[k].to(device), group
         loss_rank = get_global_rank(group or dist.group.WORLD, count - 1)
-    else:
+    else:  # one device a stage under mixed precision or recomputation: a program on a 1-device mesh
         if group is not None:
-            raise ValueError("stages of several devices need the default (world) process group")
+            raise ValueError("stages of several devices, or trained with mixed precision or recomputation, "
+                             "need the default (world) process group")
         mine, pp_group = _sharded_stage(modules[k].to(device), graph, plan, parts[k], stages[k],
-                                        count, per_stage, device)
+                                        count, per_stage, device, training)
         loss_rank = (count - 1) * per_stage
     out = PipelinedModule(mine, k, count, input_names, microbatches, schedule, loss_rank, loss,
                           group, device, loss_reduction, pp_group)
@@ -192,6 +205,8 @@ def pipeline_module(model: nn.Module, plan, example_inputs: Sequence[Any], *,
 def stage_mesh_shape(mesh_shape: Sequence[int], devices: int) -> tuple[int, ...]:
     """The inner axes of the plan's mesh that make one stage's sub-mesh (stages take the outer)."""
     shape = tuple(mesh_shape)
+    if devices == 1:
+        return (1,)
     for j in range(len(shape) + 1):
         if math.prod(shape[j:]) == devices:
             return shape[j:]
@@ -199,16 +214,17 @@ def stage_mesh_shape(mesh_shape: Sequence[int], devices: int) -> tuple[int, ...]
 
 
 def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names: list[str],
-                   count: int, per_stage: int, device: torch.device):
+                   count: int, per_stage: int, device: torch.device, training):
     """This rank's stage as a DTensor ``ShardedModule`` on the stage's sub-mesh, and the pipeline
-    group (the ranks at the same place of every stage's sub-mesh)."""
+    group (the ranks at the same place of every stage's sub-mesh). A one-device stage comes here
+    under mixed precision or recomputation: its program (on a mesh of one device, nothing split)
+    casts and checkpoints as a single-stage plan's does."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from autopar.core.batch import scale_batch
     from autopar.core.tables import Config
 
     from .module import shard_module
-    from .training import ProgramTraining
 
     shape = stage_mesh_shape(plan.mesh.shape, per_stage)
     inner = tuple(f"mesh{a}" for a in range(len(shape)))
@@ -217,18 +233,48 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     # wrote the configs on the full mesh (stage axes first): shift them back onto the sub-mesh
     outer = len(plan.mesh.shape) - len(shape)
     assignment = {name: Config(c.splits, tuple(tuple(a - outer for a in axes) for axes in c.mesh_axes))
+                  if per_stage > 1 else Config(tuple(1 for _ in c.splits), tuple(() for _ in c.splits))
                   for name, c in plan.assignment.items()}
+    if training.zero_axes is not None:  # ZeRO's axes too, from the full mesh onto the sub-mesh
+        training = dataclasses.replace(training, zero_axes=tuple(a - outer for a in training.zero_axes if a >= outer))
     micro = scale_batch(graph, plan.microbatches)
     # what crosses a cut is this rank's shard in the plan's layout (``stage_boundary``)
     boundary = stage_boundary(micro, assignment, shape, part, graph.fx_graph, last=not part.carried_out)
     ir = stage_ir(micro, names, part, graph.fx_graph, module)
-    ring = ProgramTraining(ring=bool(plan.strategy and plan.strategy.degrees and plan.strategy.degrees.ring))
+    if training.dtype is not None:  # mixed precision: what earlier stages send is in the compute dtype
+        ir.inputs.update({v: dataclasses.replace(s, dtype=str(training.dtype).removeprefix("torch."))
+                          for v, s in ir.inputs.items() if v in part.carried_in and s.dtype.startswith("float")})
     sharded = shard_module(module, ir, {n: assignment[n] for n in names if n in assignment}, shape,
-                           device_mesh=mesh[inner], boundary=boundary, training=ring)  # context attention as priced
+                           device_mesh=mesh[inner], boundary=boundary,
+                           training=own_training(training, graph, names))  # context attention as priced
     # the program's calls keep the traced fx nodes, and through them ``module``: its unsharded
     # weights (built from a copy of the whole model) go, the sharded module has its own
     module.to("meta")
     return sharded, mesh.get_group("pp")
+
+
+def stage_training(graph, plan, training=None):
+    """What every stage runs beyond its splits: ``training`` (default the plan's strategy's),
+    with one microbatch a step (the schedule's microbatches accumulate the gradients)."""
+    from .training import program_training
+
+    training = program_training(graph, plan.strategy) if training is None else training
+    if training.zero == 3 or (training.zero and min(int(s.devices) for s in plan.stages) < 2):
+        raise ValueError(f"ZeRO-{training.zero} is generated in pipelines for stages of several devices and "
+                         "stages 1-2 only: plan with zero=0, 1 or 2, or pipeline=False")
+    return dataclasses.replace(training, accumulate=1)
+
+
+def own_training(training, graph, names: list[str]):
+    """``training`` for the stage of IR nodes ``names``: only its own recomputed blocks and
+    attention cores (the others run on other stages)."""
+    from autopar.core.blocks import block_path
+
+    mine = set(names)
+    blocks = {block_path(graph.node(n).module) for n in names}
+    return dataclasses.replace(training, recompute=tuple(b for b in training.recompute if b in blocks),
+                               cores=tuple(c for c in training.cores if c[0] in mine))
+
 
 def _checked(plan, graph, loss_reduction: str):
     """The traced graph the stages are cut from (``graph``, else the plan's), after what every
@@ -245,11 +291,14 @@ def _checked(plan, graph, loss_reduction: str):
     return graph
 
 
-def _interleaved(model, plan, example_inputs: tuple, group, device, loss_reduction: str, graph):
+def _interleaved(model, plan, example_inputs: tuple, group, device, loss_reduction: str, graph, training):
     """Interleaved 1F1B's module for this rank (``interleaved.py``), after the common checks."""
     from .interleaved import interleaved_module
 
     graph = fx_form(_checked(plan, graph, loss_reduction), model)
+    if not stage_training(graph, plan, training).plain:
+        raise ValueError("interleaved 1F1B runs without mixed precision and recomputation: plan with "
+                         "precision='fp32' and recompute=False, or pin another schedule (pin='...,schedule=1f1b')")
     if any(n.op == "placeholder" and n.target.startswith("*") for n in graph.fx_graph.graph.nodes):
         raise ValueError("pipelining needs a model with named inputs (no *args)")
     device = torch.device(device if device is not None else _default_device(group))

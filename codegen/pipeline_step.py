@@ -34,6 +34,7 @@ def run_step(module, run, inputs: tuple, positional: bool) -> torch.Tensor:
     if module.is_last:
         loss = torch.stack([x.detach() for x in losses])
         loss = loss.mean() if module.loss_reduction == "mean" else loss.sum()
+        loss = loss.to(module._loss_meta.dtype)  # mixed precision: the model's own dtype, as broadcast
     else:
         loss = torch.empty(module._loss_meta.shape, dtype=module._loss_meta.dtype, device=device)
     dist.broadcast(loss, src=module._loss_rank, group=module._group)

@@ -11,6 +11,11 @@ and ``W`` computes nothing, so every stage but the first (whose ``W`` is a whole
 gradient at all. Here both halves take the program's leaves; and since torch's ``W`` sets their
 ``.grad`` itself (no accumulation hook fires, so the reducer's buckets never fill), the reducer
 sums what ``W`` added over the stage's data-parallel ranks when it returns.
+
+A stage under pointwise recomputation (``selective.py``) runs its whole backward in ``I`` and
+nothing in ``W``: torch's selective checkpoint hands each kept matmul output to one backward only,
+and ``W`` would be a second one through the same blocks ("Trying to backward an extra time").
+The schedule's order, and so its gradients, stay the same; the stage's ``W`` slots idle.
 """
 
 from __future__ import annotations
@@ -28,8 +33,31 @@ class LeafStage(PipelineStage):
     def _leaves(self) -> list[torch.Tensor]:
         return [leaf for _, leaf in self.submod.reducer.leaves]
 
+    def scale_grads(self, grad_scale_factor: int) -> None:
+        """The mean over the microbatches: under ZeRO-2 the sliced parameters keep no ``.grad``,
+        their gradient is this rank's master slice's (ZeRO-1's master slices view the gradients
+        scaled here already)."""
+        super().scale_grads(grad_scale_factor)
+        reducer = self.submod.reducer
+        if grad_scale_factor != 1 and reducer.zero == 2:
+            for z in reducer.shards.values():
+                if z.master.grad is not None:
+                    z.master.grad.div_(grad_scale_factor)
+
+    def _selective(self) -> bool:
+        """Does the stage's program run blocks under selective checkpointing?"""
+        return any(getattr(m, "pointwise", False) for m in self.submod.program.module.modules())
+
     def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict,
                                    last_backward: bool = False) -> tuple[tuple[Any, ...], Any]:
+        if backward_type in ("input", "weight") and self._selective():  # one backward: ``I``
+            if backward_type == "weight":
+                return (), None
+            if bwd_kwargs["output_grads"] is None and isinstance(bwd_kwargs["stage_output"], tuple):
+                # the last stage's loss, made a tuple for ``I``: torch's full backward skips a
+                # tuple without gradients, so each output gets its own (None: a scalar loss's 1)
+                bwd_kwargs = {**bwd_kwargs, "output_grads": (None,) * len(bwd_kwargs["stage_output"])}
+            return super().backward_maybe_with_nosync("full", bwd_kwargs, last_backward)
         if backward_type == "input":
             return stage_backward_input(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
                                         bwd_kwargs["input_values"], iter(self._leaves()))
