@@ -57,8 +57,8 @@ def test_a_rank_outside_the_plan_is_one_line():
 @pytest.fixture(scope="module")
 def stage_measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("measure_stage") / "m.json"
-    # 512 devices: a pipelined (hierarchical) plan; the rank of its fullest stage (ZeRO off: codegen
-    # runs it on single-stage plans only)
+    # 512 devices: a pipelined (hierarchical) plan; the rank of its fullest stage (ZeRO off: the
+    # measured stage runs its plain data parallelism)
     r = subprocess.run([sys.executable, "-m", "autopar", "measure", "zoo:gpt:layers=2,width=64,heads=4,seq=32,batch=64,"
                         "vocab=1024", "--devices", "512", "--rank", "fullest", "--zero", "0", "--steps", "2",
                         "--json", str(out)],
