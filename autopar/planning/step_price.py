@@ -49,7 +49,7 @@ from autopar.cost_models.training import accumulation_time, optimizer_step_time,
 from autopar.planning.every import every_of
 from autopar.planning.overlap import exposed, window
 from autopar.planning.routed import ExpertStats
-from autopar.planning.units import UnitStats
+from autopar.planning.units import UnitStats, zero_divided
 from autopar.core.schedules import SCHEDULES, rounds
 from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
 
@@ -273,7 +273,8 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     s, ex, (efp, efg, efo) = expert_split(c, s, experts)
     if c.zero >= 3:  # codegen/zero.py holds a stage's gathered parameters whole from its forward to its backward's end
         fp, efp = 1.0, (float(deg.ep) if ex is not None else 1.0)
-    static = s.params / fp + s.grads / fg + s.optimizer / fo
+    held_p, held_g, held_o, stepped_n = zero_divided(s, fp, fg, fo)  # state without a batch dim kept whole
+    static = held_p + held_g + held_o
     if s.transient is not None:  # the loss's backward working set, once per step
         static = static + s.transient
     if ex is not None:
@@ -304,13 +305,15 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     dp, opt, update = [], [], []
     ranks = [sol.stages[r::p] for r in range(p)] if c.virtual > 1 else [[st] for st in sol.stages]
     for held_spans in ranks:
+        synced = [s.grads - (s.whole_grads if s.whole_grads is not None else 0.0),
+                  s.params - (s.whole_params if s.whole_params is not None else 0.0)]  # whole: no sync
         grads, params, numel = (sum(float(np.sum(arr[a:b])) for a, b in held_spans)
-                                for arr in (s.grads, s.params, s.numel))
-        stepped = numel / fo + (sum(float(np.sum(ex.numel[a:b])) for a, b in held_spans) / efo if ex is not None else 0)
+                                for arr in (*synced, stepped_n))
+        stepped = numel + (sum(float(np.sum(ex.numel[a:b])) for a, b in held_spans) / efo if ex is not None else 0)
         update.append(sum(float(np.sum(kept[a:b])) for a, b in held_spans)
                       + update_working_set(stepped, states, cluster.foreach_update))
         dp.append(float(dp_sync(c.zero, grads, params, m, cluster, deg, c.zero_inner)))
-        opt.append(optimizer_step_time(numel / fo, itemsize, states, master, cluster.memory_bandwidth,
+        opt.append(optimizer_step_time(numel, itemsize, states, master, cluster.memory_bandwidth,
                                        foreach=cluster.foreach_update))
         if ex is not None:  # the experts' shards: their own data group, after the dense sync
             xg, xp, xn = (sum(float(np.sum(arr[a:b])) for a, b in held_spans)
@@ -356,9 +359,9 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     xp, xg, xo = ((held_sum(ex.params) / efp, held_sum(ex.grads) / efg, held_sum(ex.optimizer) / efo)
                   if ex is not None else (0.0, 0.0, 0.0))
     memory_terms = {
-        "parameters": held_sum(s.params / fp) + xp,
-        "gradients": held_sum(s.grads / fg) + xg,
-        "optimizer state + master weights": held_sum(s.optimizer / fo) + xo,
+        "parameters": held_sum(held_p) + xp,
+        "gradients": held_sum(held_g) + xg,
+        "optimizer state + master weights": held_sum(held_o) + xo,
         "activations in flight": held * held_sum(s.acts),
         "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
     }
