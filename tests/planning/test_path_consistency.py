@@ -7,11 +7,15 @@ layers: 536064 parameter elements, 8192 of them the position table's, which a no
 batch dim slices; its gradient is whole on every data-parallel rank, so ``codegen/zero.py``
 neither syncs nor slices it), not read from either path.
 
-Deliberate differences, asserted as such:
+Deliberate differences, asserted as such: the recomputed block's activations rebuilt during its
+backward, which the hierarchical price holds on top of the step's peak and the flat tables (a sum
+over nodes) do not (the flat plan says so in its notes, ``planning/options.NOTE``).
 
-* the recomputed block's activations rebuilt during its backward: the hierarchical price holds
-  them on top of the step's peak, the flat tables (a sum over nodes) do not, and the flat plan
-  says so in its notes (``planning/options.NOTE``);
+Not yet shared, so not asserted here (``docs/architecture.md``): the data-parallel sync (the flat
+tables charge each node its share of a bucket's latency, none hidden; the hierarchical price one
+latency per collective, the part ``planning/overlap.py`` leaves exposed), the loss's all-reduces
+over the data-parallel ranks (charged by the flat tables only) and an embedding's roofline bytes
+on a batch shard.
 """
 
 from __future__ import annotations
