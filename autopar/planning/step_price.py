@@ -302,11 +302,11 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         if c.schedule != "1f1b":  # the same cuts and memory, a smaller bubble
             sol.cost += (c.rounds - (m + p - 1)) * max(sol.stage_time)
     states = optimizer_states(optimizer)
+    synced = [s.grads - (s.whole_grads if s.whole_grads is not None else 0.0),  # kept whole: never synced
+              s.params - (s.whole_params if s.whole_params is not None else 0.0)]
     dp, opt, update = [], [], []
     ranks = [sol.stages[r::p] for r in range(p)] if c.virtual > 1 else [[st] for st in sol.stages]
     for held_spans in ranks:
-        synced = [s.grads - (s.whole_grads if s.whole_grads is not None else 0.0),
-                  s.params - (s.whole_params if s.whole_params is not None else 0.0)]  # whole: no sync
         grads, params, numel = (sum(float(np.sum(arr[a:b])) for a, b in held_spans)
                                 for arr in (*synced, stepped_n))
         stepped = numel + (sum(float(np.sum(ex.numel[a:b])) for a, b in held_spans) / efo if ex is not None else 0)
@@ -326,7 +326,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     shown = []  # per rank: the sync the step waits for, the rest under its compute (overlap.py)
     for r, held_spans in enumerate(ranks):
         u = held_spans[0][0]  # the rank's first unit: its gradients come last in the backward
-        bucket = float(dp_sync(c.zero, float(s.grads[u]), float(s.params[u]), 1, cluster, deg, c.zero_inner))
+        bucket = float(dp_sync(c.zero, float(synced[0][u]), float(synced[1][u]), 1, cluster, deg, c.zero_inner))
         under = window(c.zero, m, sol.stage_time[r], r, c.virtual, bubble, rerun_share(c))
         shown.append(exposed(dp[r], bucket, under))
     k = int(np.argmax(sol.stage_time))
