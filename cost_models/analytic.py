@@ -46,7 +46,7 @@ from autopar.cost_models.causal_exchange import balance_many, balance_seconds, w
 from autopar.cost_models.experts import exchange_many, exchange_seconds
 from autopar.cost_models.loss_count import exposed, lead_seconds, loss_count, loss_count_many
 from autopar.cost_models.comm import collective, collective_time, reshard_matrix_codes, reshard_steps
-from autopar.cost_models.optimizer_step import OPTIMIZER_PASSES, local_elements, optimizer_step
+from autopar.cost_models.optimizer_step import local_elements, optimizer_step
 from autopar.cost_models.reshard_table import StructureCache
 from autopar.cost_models.training import zero_collectives, zero_label, zero_sync_time
 from autopar.cost_models.weight_view_sync import lift_weight_view, weight_view_sync
@@ -241,7 +241,8 @@ class AnalyticModel:
             f = ""
             if text:
                 elems = float(local_elements(node, own, mesh)[0])
-                f = (f"{OPTIMIZER_PASSES[self.optimizer.lower()]} passes x 4 B x {elems:.6g} local elements / "
+                how = "torch's foreach passes" if cluster.foreach_update else "one fused kernel"
+                f = (f"{elems:.6g} local elements x the bytes {how} moves (training.optimizer_step_time) / "
                      f"({cluster.memory_bandwidth:.4g} * {self.memory_efficiency:g}) = {step:.4g} s")
             out.terms.append(Term(f"{self.optimizer} update of the local parameters", step, f, "optimizer"))
         return out

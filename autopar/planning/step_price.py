@@ -53,7 +53,7 @@ from autopar.cost_models.training import (accumulation_time, optimizer_step_time
 from autopar.planning.every import every_of
 from autopar.planning.overlap import exposed, window
 from autopar.planning.routed import ExpertStats
-from autopar.planning.units import UnitStats
+from autopar.planning.units import UnitStats, zero_divided
 from autopar.core.schedules import SCHEDULES, rounds
 from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
 
@@ -275,7 +275,8 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     g, _, _, _ = data_groups(deg, c.zero_inner)
     fp, fg, fo = zero_factors(c.zero, g)
     s, ex, (efp, efg, efo) = expert_split(c, s, experts)
-    static = s.params / fp + s.grads / fg + s.optimizer / fo
+    held_p, held_g, held_o, stepped_n = zero_divided(s, fp, fg, fo)  # state without a batch dim kept whole
+    static = held_p + held_g + held_o
     if s.transient is not None:  # the loss's backward working set, once per step
         static = static + s.transient
     if ex is not None:
@@ -305,16 +306,18 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         if c.schedule != "1f1b":  # the same cuts and memory, a smaller bubble
             sol.cost += (c.rounds - (m + p - 1)) * max(sol.stage_time)
     states = optimizer_states(optimizer)
+    synced = [s.grads - (s.whole_grads if s.whole_grads is not None else 0.0),  # kept whole: never synced
+              s.params - (s.whole_params if s.whole_params is not None else 0.0)]
     dp, opt, update = [], [], []
     ranks = [sol.stages[r::p] for r in range(p)] if c.virtual > 1 else [[st] for st in sol.stages]
     for held_spans in ranks:
         grads, params, numel = (sum(float(np.sum(arr[a:b])) for a, b in held_spans)
-                                for arr in (s.grads, s.params, s.numel))
-        stepped = numel / fo + (sum(float(np.sum(ex.numel[a:b])) for a, b in held_spans) / efo if ex is not None else 0)
+                                for arr in (*synced, stepped_n))
+        stepped = numel + (sum(float(np.sum(ex.numel[a:b])) for a, b in held_spans) / efo if ex is not None else 0)
         update.append(sum(float(np.sum(kept[a:b])) for a, b in held_spans)
                       + update_working_set(stepped, states, cluster.foreach_update))
         dp.append(float(dp_sync(c.zero, grads, params, m, cluster, deg, c.zero_inner)))
-        opt.append(optimizer_step_time(numel / fo, itemsize, states, master, cluster.memory_bandwidth,
+        opt.append(optimizer_step_time(numel, itemsize, states, master, cluster.memory_bandwidth,
                                        foreach=cluster.foreach_update))
         if ex is not None:  # the experts' shards: their own data group, after the dense sync
             xg, xp, xn = (sum(float(np.sum(arr[a:b])) for a, b in held_spans)
@@ -327,7 +330,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     shown = []  # per rank: the sync the step waits for, the rest under its compute (overlap.py)
     for r, held_spans in enumerate(ranks):
         u = held_spans[0][0]  # the rank's first unit: its gradients come last in the backward
-        bucket = float(dp_sync(c.zero, float(s.grads[u]), float(s.params[u]), 1, cluster, deg, c.zero_inner))
+        bucket = float(dp_sync(c.zero, float(synced[0][u]), float(synced[1][u]), 1, cluster, deg, c.zero_inner))
         under = window(c.zero, m, sol.stage_time[r], r, c.virtual, bubble, rerun_share(c))
         shown.append(exposed(dp[r], bucket, under))
     k = int(np.argmax(sol.stage_time))
@@ -360,9 +363,9 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     xp, xg, xo = ((held_sum(ex.params) / efp, held_sum(ex.grads) / efg, held_sum(ex.optimizer) / efo)
                   if ex is not None else (0.0, 0.0, 0.0))
     memory_terms = {
-        "parameters": held_sum(s.params / fp) + xp,
-        "gradients": held_sum(s.grads / fg) + xg,
-        "optimizer state + master weights": held_sum(s.optimizer / fo) + xo,
+        "parameters": held_sum(held_p) + xp,
+        "gradients": held_sum(held_g) + xg,
+        "optimizer state + master weights": held_sum(held_o) + xo,
         "activations in flight": held * held_sum(s.acts),
         "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
     }

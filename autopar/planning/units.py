@@ -75,6 +75,14 @@ class UnitStats:
     # [U] bools: the units recomputed when only some are (every k-th block, ``planning/every.py``);
     # None: all or none as the candidate's recomputation says
     recomputed: np.ndarray | None = None
+    # [U] the part of params / grads / optimizer (bytes) and numel held by nodes without a batch dim
+    # (a position table's slice): replicated over the data group with whole gradients, so never
+    # synced nor cut by ZeRO (``codegen/zero.py`` slices only the buckets whose gradients are summed
+    # over the data axes; ``cost_models.memory`` prices them so on the flat path): ``zero_divided``
+    whole_params: np.ndarray | None = None
+    whole_grads: np.ndarray | None = None
+    whole_optimizer: np.ndarray | None = None
+    whole_numel: np.ndarray | None = None
 
     @property
     def time(self) -> np.ndarray:
@@ -112,7 +120,8 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
             s, spans=spans, compute=s.compute[take], comm=s.comm[take], sync=s.sync[take], params=s.params[take],
             grads=s.grads[take], optimizer=s.optimizer[take], acts=s.acts[take], full_acts=s.full_acts[take],
             numel=s.numel[take], boundary=cuts, node_map=list(window.node_map), sp_acts=s.sp_acts[take],
-            sp_comm=s.sp_comm[take], transient=s.transient[take] if s.transient is not None else None)
+            sp_comm=s.sp_comm[take], transient=s.transient[take] if s.transient is not None else None,
+            **{f: getattr(s, f)[take] for f in WHOLE if getattr(s, f) is not None})
     sub = group_cluster(cluster, tensor)
     g = scale_batch(graph, microbatches)
     if tables is None:
@@ -132,7 +141,8 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         unit_of[a:b] = k
     U = len(spans)
     out = {k: np.zeros(U) for k in ("compute", "comm", "sync", "params", "grads", "optimizer", "acts",
-                                    "full_acts", "numel", "sp_acts", "sp_comm", "transient")}
+                                    "full_acts", "numel", "sp_acts", "sp_comm", "transient", *WHOLE)}
+    no_batch = {name for name, dim in batch_dims(g).items() if dim is None}
     link = sub.link(len(tensor) > 1 and tensor[1] > 1)
     price = AnalyticModel(compute_efficiency=model.compute_efficiency, memory_efficiency=model.memory_efficiency,
                           backward_factor=model.backward_factor)  # the terms at face value
@@ -181,6 +191,9 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
         out["sp_comm"][u] += sp[1]
         out["transient"][u] += mb.transient
         out["numel"][u] += numel
+        if node.name in no_batch:
+            for f, v in zip(WHOLE, (mb.params, mb.grads, mb.optimizer, numel)):
+                out[f][u] += v
         for op in node.params:
             seen_in_unit[u].add(op.source)
             param_units.setdefault(op.source, set()).add(u)
@@ -193,7 +206,19 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
                      out["optimizer"], out["acts"], out["full_acts"], out["numel"],
                      crossing_bytes(g, spans) / sub.devices, shared, g, tables, choice, sub,
                      sp_acts=out["sp_acts"], sp_comm=out["sp_comm"],
-                     transient=out["transient"])
+                     transient=out["transient"], **{f: out[f] for f in WHOLE})
+
+
+WHOLE = ("whole_params", "whole_grads", "whole_optimizer", "whole_numel")
+
+
+def zero_divided(s: UnitStats, fp: float, fg: float, fo: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """[U] parameters, gradients, optimizer state (bytes) and stepped elements per device under
+    ZeRO's divisors (``fp``, ``fg``, ``fo``: by what it divides each), the state of nodes without
+    a batch dim kept whole (``UnitStats.whole_*``), as the flat path and codegen hold them."""
+    w = [getattr(s, f) if getattr(s, f) is not None else 0.0 for f in WHOLE]
+    return ((s.params - w[0]) / fp + w[0], (s.grads - w[1]) / fg + w[1], (s.optimizer - w[2]) / fo + w[2],
+            (s.numel - w[3]) / fo + w[3])
 
 
 def sequence_parallel_saved(node, cfg, group: Cluster, mesh, link: tuple[float, float], mode: str,
