@@ -17,6 +17,7 @@ from autopar.cost_models.training import accumulation_time
 from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
+from autopar.planning.held_units import held_floor
 from autopar.planning.step_bounds import layout_bound
 from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
 from autopar.search.pipeline import StageCosts, best_cuts
@@ -44,6 +45,8 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: flo
     added = float(np.sum(accumulation_floor(search, c)))
     pipe = layout_bound(c, search.stats(c), search.cluster, comp, rest, added) - rest
     if max(pipe + bucket, sync) + rest < enough:
+        pipe = max(pipe, held_bound(search, c))
+    if max(pipe + bucket, sync) + rest < enough:
         pipe = max(pipe, cut_bound(search, c, rest) - rest)
     return max(pipe + bucket, sync) + rest
 
@@ -55,9 +58,10 @@ def sync_floors(search, c: Candidate) -> tuple[float, float]:
     any rank's whole sync (its overlap window is at most its share of the pipeline: overlap.py), at
     least the average rank's, as the sync is affine in the bytes. Each unit's gradients and
     parameters per device are at least its unsplit ones over t (every weight matrix is sharded
-    over the group, ``units.model_parallel_space``). (0, 0) with context or expert degrees."""
+    over the group, ``units.model_parallel_space``; context ranks hold the group's, whole, and
+    reduce over context x data: ``step_price.data_groups``). (0, 0) with expert degrees."""
     deg, m = c.degrees, c.microbatches
-    if deg.c > 1 or deg.ep > 1:
+    if deg.ep > 1:
         return 0.0, 0.0
     whole = search.whole_stats(c.recompute)
     g, p = whole.grads / deg.t, whole.params / deg.t
@@ -159,15 +163,37 @@ def _slowest_cut(search, c: Candidate) -> float:
     """The slowest stage of ``cut_bound``'s best cut of the floors (``math.inf`` when none fits)."""
     deg, m = c.degrees, c.microbatches
     s = search.stats(c)
-    time, acts = unit_floors(search, c) + accumulation_floor(search, c), memory_floors(search, c).acts
-    if deg.c > 1:  # a context rank: 1/k of the work and activations, its K/V gathers and the K/V it holds
-        link, call = search._kv_link(c), search.cluster.call_latency  # the exchange as the search prices it
-        time = time / deg.c + per_unit(search, c.recompute, lambda rc: exchange_times(*link, call, rc))
+    time, acts = rank_time_floors(search, c), memory_floors(search, c).acts
+    if deg.c > 1:  # a context rank: 1/k of the activations and the K/V it holds
+        link = search._kv_link(c)
         acts = acts / deg.c + (0.0 if c.recompute or deg.ring else link[0] / deg.t * (deg.c - 1) / deg.c)
     costs = StageCosts(search.cluster.devices // deg.p, m, time, np.zeros(len(s.spans)),
                        unit_static(search, c), acts, cut_times(s.boundary, deg, search.cluster))
     sol = best_cuts(costs, deg.p, search.capacity - transient_floor(search, c), "1f1b")
     return math.inf if sol is None else max(sol.stage_time)
+
+
+def rank_time_floors(search, c: Candidate) -> np.ndarray:
+    """Per unit, the least per-microbatch time a rank running it takes under any layout: its
+    nodes, the edges into them and its gradients' accumulation (``unit_floors``,
+    ``accumulation_floor``); with k context ranks 1/k of that plus the unit's K/V exchange, as
+    the search prices it (``context.context_stats``)."""
+    time = unit_floors(search, c) + accumulation_floor(search, c)
+    if c.degrees.c > 1:
+        link, call = search._kv_link(c), search.cluster.call_latency
+        time = time / c.degrees.c + per_unit(search, c.recompute, lambda rc: exchange_times(*link, call, rc))
+    return time
+
+
+def held_bound(search, c: Candidate) -> float:
+    """Seconds of ``c``'s pipeline (``rounds`` x its slowest rank) no layout beats from the whole
+    units some rank holds (``held_units.held_floor`` over ``rank_time_floors``); 0 with expert
+    degrees (their units' work is not floored here)."""
+    if c.degrees.ep > 1:
+        return 0.0
+    cut = cut_times(search.stats(c).boundary, c.degrees, search.cluster)
+    v = c.virtual if c.degrees.p > 1 else 1
+    return c.rounds * held_floor(rank_time_floors(search, c), cut, c.degrees.p, v)
 
 
 def group_spans(search, c: Candidate):

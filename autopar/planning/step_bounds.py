@@ -21,8 +21,9 @@ from autopar.cost_models.memory import optimizer_states
 from autopar.cost_models.training import accumulation_time, optimizer_step_time
 from autopar.planning.routed import ExpertStats, expert_totals
 from autopar.planning.every import every_of
-from autopar.planning.step_price import (Candidate, accumulated, all_to_all_time, data_groups, expert_degrees,
-                                         expert_split, level_link, pipeline_level, rerun_units, zero_factors)
+from autopar.planning.step_price import (Candidate, accumulated, all_to_all_time, data_groups, dp_sync,
+                                         expert_degrees, expert_split, level_link, pipeline_level, rerun_units,
+                                         zero_factors)
 from autopar.planning.units import UnitStats
 
 
@@ -96,6 +97,20 @@ def accumulation_lb(c: Candidate, tot: Totals, cluster: Cluster) -> float:
     efg = ep * zero_factors(c.zero, ge)[1]
     grads = ((tot.param_bytes - xb) / fg + (xb / efg if ep > 1 else 0.0)) / (deg.t * deg.p)
     return c.rounds * float(accumulation_time(grads, c.microbatches, cluster.memory_bandwidth))
+
+
+def sync_lb(c: Candidate, tot: Totals, cluster: Cluster) -> float:
+    """Seconds of the data-parallel sync some rank of every plan of ``c`` runs: the sync is affine
+    in the bytes with non-negative coefficients (``dp_sync``), so the slowest rank's is at least
+    that of the average rank's gradients and parameters (each once, sharded over the tensor and
+    pipeline ranks; context ranks hold the group's whole), and a step is at least any rank's
+    whole sync plus its optimizer step (``space_bound.sync_floors``). 0 with expert degrees (their
+    own groups); ``max(compute, sync_lb) + rest`` bounds the step before any group is solved."""
+    deg = c.degrees
+    if deg.ep > 1 or deg.d * deg.c == 1:
+        return 0.0
+    per = tot.param_bytes / (deg.t * deg.p)
+    return float(dp_sync(c.zero, per, per, c.microbatches, cluster, deg, c.zero_inner))
 
 
 def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute_lb: float, rest_lb: float
