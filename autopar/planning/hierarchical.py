@@ -294,7 +294,7 @@ class Search:
         the space already priced (a baseline), the best until one beats it: a search stopped at
         its deadline is never worse than it."""
         cands = self.candidates(pin, zeros, recomputes, schedules)
-        heap = [(max(comp, sync_lb(c, self.totals, self.cluster)) + rest, i, 0)
+        heap = [(max(comp, sync_lb(c, self.totals, self.cluster, comp)) + rest, i, 0)
                 for i, (comp, rest, mem, c) in enumerate(cands) if mem <= self.capacity]
         heapq.heapify(heap)
         # per candidate whose memory floor fits, the tightest bound valid under any tensor-group

@@ -18,7 +18,7 @@ from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
 from autopar.planning.held_units import held_floor
-from autopar.planning.step_bounds import layout_bound
+from autopar.planning.step_bounds import layout_bound, step_floor
 from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
 from autopar.search.pipeline import StageCosts, best_cuts
 
@@ -44,11 +44,11 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: flo
     bucket, sync = sync_floors(search, c)
     added = float(np.sum(accumulation_floor(search, c)))
     pipe = layout_bound(c, search.stats(c), search.cluster, comp, rest, added) - rest
-    if max(pipe + bucket, sync) + rest < enough:
+    if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, held_bound(search, c))
-    if max(pipe + bucket, sync) + rest < enough:
+    if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, cut_bound(search, c, rest) - rest)
-    return max(pipe + bucket, sync) + rest
+    return step_floor(c, pipe, bucket, sync, rest)
 
 
 def sync_floors(search, c: Candidate) -> tuple[float, float]:
