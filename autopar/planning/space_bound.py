@@ -17,7 +17,7 @@ from autopar.cost_models.training import accumulation_time
 from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
-from autopar.planning.held_units import held_floor
+from autopar.planning.held_units import held_floor, most_held
 from autopar.planning.step_bounds import layout_bound, step_floor
 from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
 from autopar.search.pipeline import StageCosts, best_cuts
@@ -55,20 +55,34 @@ def sync_floors(search, c: Candidate) -> tuple[float, float]:
     """(last bucket, slowest rank's sync): seconds of the data-parallel sync every layout and every
     cut of ``c`` waits for. A rank's exposed sync is at least its last bucket, the gradients of its
     first unit (the first rank's is the prologue, unit 0, whatever the cut), and the step is at least
-    any rank's whole sync (its overlap window is at most its share of the pipeline: overlap.py), at
-    least the average rank's, as the sync is affine in the bytes. Each unit's gradients and
-    parameters per device are at least its unsplit ones over t (every weight matrix is sharded
-    over the group, ``units.model_parallel_space``; context ranks hold the group's, whole, and
-    reduce over context x data: ``step_price.data_groups``). (0, 0) with expert degrees."""
+    any rank's whole sync (its overlap window is at most its share of the pipeline: overlap.py).
+    Each unit's gradients and parameters per device are at least its unsplit ones over t (every
+    weight matrix is sharded over the group, ``units.model_parallel_space``; context ranks hold the
+    group's, whole, and reduce over context x data: ``step_price.data_groups``). The sync is
+    affine in the bytes with non-negative coefficients, so a rank's is the sync of nothing plus a
+    weight per unit it holds: the slowest rank's is at least that of the heaviest rank of the cut
+    into p stages that minimises it (exact, ``best_cuts``; with v stages per rank the units some
+    rank must hold, ``held_units.most_held``), and at least the average's. (0, 0) with expert
+    degrees."""
     deg, m = c.degrees, c.microbatches
     if deg.ep > 1:
         return 0.0, 0.0
-    whole = search.whole_stats(c.recompute)
-    g, p = whole.grads / deg.t, whole.params / deg.t
-    bucket = float(dp_sync(c.zero, float(g[0]), float(p[0]), 1, search.cluster, deg, c.zero_inner))
-    sync = float(dp_sync(c.zero, float(np.sum(g)) / deg.p, float(np.sum(p)) / deg.p, m, search.cluster, deg,
-                         c.zero_inner))
-    return bucket, sync
+    key = ("sync", deg, m, c.zero, c.zero_inner, c.recompute, c.virtual)
+    if key not in search.floors:
+        whole = search.whole_stats(c.recompute)
+        g, p = whole.grads / deg.t, whole.params / deg.t
+        bucket = float(dp_sync(c.zero, float(g[0]), float(p[0]), 1, search.cluster, deg, c.zero_inner))
+        base = float(dp_sync(c.zero, 0.0, 0.0, m, search.cluster, deg, c.zero_inner))
+        weight = np.maximum(np.asarray(dp_sync(c.zero, g, p, m, search.cluster, deg, c.zero_inner)) - base, 0.0)
+        heaviest = float(np.sum(weight)) / deg.p
+        if deg.p > 1 and c.virtual > 1:
+            heaviest = max(heaviest, most_held(weight, deg.p))
+        elif deg.p > 1 and deg.p <= len(weight):
+            n = len(weight)
+            costs = StageCosts(1, 1, weight, np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n - 1))
+            heaviest = max(heaviest, max(best_cuts(costs, deg.p, math.inf, "1f1b").stage_time))
+        search.floors[key] = (bucket, base + heaviest)
+    return search.floors[key]
 
 
 def transient_floor(search, c: Candidate) -> float:
