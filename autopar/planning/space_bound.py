@@ -19,7 +19,10 @@ from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
 from autopar.planning.held_units import held_floor, most_held
 from autopar.planning.step_bounds import layout_bound, step_floor
-from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
+from autopar.planning.overlap import window
+from autopar.planning.step_price import (Candidate, cut_times, data_groups, dp_sync, in_flight, rerun_share,
+                                         zero_factors)
+from autopar.planning.sync_cut import offset_cut
 from autopar.search.pipeline import StageCosts, best_cuts
 
 
@@ -48,7 +51,7 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: flo
         pipe = max(pipe, held_bound(search, c))
     if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, cut_bound(search, c, rest) - rest)
-    return step_floor(c, pipe, bucket, sync, rest)
+    return sync_step(search, c, pipe, bucket, sync, rest, enough)
 
 
 def sync_floors(search, c: Candidate) -> tuple[float, float]:
@@ -73,7 +76,8 @@ def sync_floors(search, c: Candidate) -> tuple[float, float]:
         g, p = whole.grads / deg.t, whole.params / deg.t
         bucket = float(dp_sync(c.zero, float(g[0]), float(p[0]), 1, search.cluster, deg, c.zero_inner))
         base = float(dp_sync(c.zero, 0.0, 0.0, m, search.cluster, deg, c.zero_inner))
-        weight = np.maximum(np.asarray(dp_sync(c.zero, g, p, m, search.cluster, deg, c.zero_inner)) - base, 0.0)
+        each = np.asarray(dp_sync(c.zero, g, p, m, search.cluster, deg, c.zero_inner))
+        weight = np.maximum(each - base, 0.0)
         heaviest = float(np.sum(weight)) / deg.p
         if deg.p > 1 and c.virtual > 1:
             heaviest = max(heaviest, most_held(weight, deg.p))
@@ -81,8 +85,25 @@ def sync_floors(search, c: Candidate) -> tuple[float, float]:
             n = len(weight)
             costs = StageCosts(1, 1, weight, np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n - 1))
             heaviest = max(heaviest, max(best_cuts(costs, deg.p, math.inf, "1f1b").stage_time))
-        search.floors[key] = (bucket, base + heaviest)
-    return search.floors[key]
+        search.floors[key] = (bucket, base + heaviest, base, weight)
+    return search.floors[key][:2]
+
+
+def sync_step(search, c: Candidate, pipe: float, bucket: float, sync: float, rest: float,
+              enough: float = math.inf) -> float:
+    """``step_floor`` and, for 1F1B and zero bubble over p > 1 ranks, the least over the cuts of
+    the largest rank's sync plus the part of ``pipe`` its own window cannot hide
+    (``sync_cut.offset_cut``: the later ranks hide more). ``enough``: as ``any_layout_bound``'s."""
+    out = step_floor(c, pipe, bucket, sync, rest)
+    deg = c.degrees
+    if deg.p == 1 or c.virtual > 1 or deg.ep > 1 or out >= enough or not math.isfinite(pipe):
+        return out
+    sync_floors(search, c)
+    key = ("sync", deg, c.microbatches, c.zero, c.zero_inner, c.recompute, c.virtual)
+    _, _, base, weight = search.floors[key]
+    bubble, share = c.rounds - c.microbatches, rerun_share(c)
+    hidden = np.asarray([window(c.zero, c.microbatches, 1.0, r, 1, bubble, share) for r in range(deg.p)])
+    return max(out, base + offset_cut(weight, (1.0 - np.minimum(hidden / c.rounds, 1.0)) * pipe) + rest)
 
 
 def transient_floor(search, c: Candidate) -> float:

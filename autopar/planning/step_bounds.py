@@ -23,8 +23,8 @@ from autopar.planning.routed import ExpertStats, expert_totals
 from autopar.planning.every import every_of
 from autopar.planning.overlap import window
 from autopar.planning.step_price import (Candidate, accumulated, all_to_all_time, data_groups, dp_sync,
-                                         expert_degrees, expert_split, level_link, pipeline_level, rerun_share, rerun_units,
-                                         zero_factors)
+                                         expert_degrees, expert_split, level_link, pipeline_level, rerun_share,
+                                         rerun_units, zero_factors)
 from autopar.planning.units import UnitStats
 
 
@@ -106,7 +106,8 @@ def hidden_share(c: Candidate) -> float:
     share: rank r waits for ``sync_r - window_r`` at least, so a step takes at least
     ``sync_r + (1 - hidden_share) x pipeline`` (the window is linear in the rank's time)."""
     bubble = c.rounds - c.microbatches
-    most = max(window(c.zero, c.microbatches, 1.0, r, c.virtual, bubble, rerun_share(c)) for r in range(c.degrees.p))
+    share = rerun_share(c)
+    most = max(window(c.zero, c.microbatches, 1.0, r, c.virtual, bubble, share) for r in range(c.degrees.p))
     return min(most / c.rounds, 1.0)
 
 
@@ -131,7 +132,8 @@ def sync_lb(c: Candidate, tot: Totals, cluster: Cluster, comp: float = 0.0) -> f
     if deg.ep > 1 or deg.d * deg.c == 1:
         return 0.0
     per = tot.param_bytes / (deg.t * deg.p)
-    return float(dp_sync(c.zero, per, per, c.microbatches, cluster, deg, c.zero_inner)) + (1 - hidden_share(c)) * comp
+    sync = float(dp_sync(c.zero, per, per, c.microbatches, cluster, deg, c.zero_inner))
+    return sync + (1 - hidden_share(c)) * comp
 
 
 def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute_lb: float, rest_lb: float

@@ -1,5 +1,7 @@
 """The floor from whole units (planning/held_units.py) against every cut of a few units into the
-stages of every schedule: the slowest rank of the best cut is never faster than the floor."""
+stages of every schedule: the slowest rank of the best cut is never faster than the floor; and
+the least over the cuts of the largest stage plus its own offset (planning/sync_cut.py, what the
+ranks' syncs bound) against every cut."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 
 from autopar.planning.held_units import held_floor, most_held
+from autopar.planning.sync_cut import offset_cut
 
 
 def _slowest_of_best_cut(time: np.ndarray, cut: np.ndarray, ranks: int, per_rank: int) -> float:
@@ -46,3 +49,17 @@ def test_whole_units_put_more_on_one_rank_than_the_average():
     assert float(np.sum(time)) / 2 < most_held(time, 2)
     # a light prologue and epilogue beside three blocks: two blocks on one of two ranks
     assert most_held(np.array([0.1, 1.0, 1.0, 1.0, 0.1]), 2) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_the_offset_cut_is_the_least_over_every_cut(stages):
+    """Exact: equal to the least over every cut, not only at most it (the ranks' sync floor is
+    this value, so a larger one would not bound the step)."""
+    rng = np.random.default_rng(stages)
+    for _ in range(20):
+        n = int(rng.integers(stages, 8))
+        weight = rng.uniform(0.0, 2.0, size=n)
+        offsets = np.sort(rng.uniform(0.0, 1.5, size=stages))[::-1]
+        exact = min(max(float(np.sum(weight[a:b])) + offsets[k] for k, (a, b) in enumerate(zip((0, *inner), (*inner, n))))
+                    for inner in itertools.combinations(range(1, n), stages - 1))
+        assert offset_cut(weight, offsets) == pytest.approx(exact, rel=1e-12)
