@@ -106,8 +106,8 @@ def hidden_share(c: Candidate) -> float:
     share: rank r waits for ``sync_r - window_r`` at least, so a step takes at least
     ``sync_r + (1 - hidden_share) x pipeline`` (the window is linear in the rank's time)."""
     bubble = c.rounds - c.microbatches
-    share = rerun_share(c)
-    most = max(window(c.zero, c.microbatches, 1.0, r, c.virtual, bubble, share) for r in range(c.degrees.p))
+    # the window grows with the rank's idle, min(r / v, bubble): the last rank's is the largest
+    most = window(c.zero, c.microbatches, 1.0, c.degrees.p - 1, c.virtual, bubble, rerun_share(c))
     return min(most / c.rounds, 1.0)
 
 
