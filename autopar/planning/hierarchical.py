@@ -53,7 +53,7 @@ from autopar.planning.routed import ExpertStats, expert_count, expert_stats
 from autopar.planning.lagrangian import tighten
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.space_bound import any_layout_bound, memory_floor
-from autopar.planning.step_bounds import least_totals, lower_bound, reference_bound, stats_bound, totals
+from autopar.planning.step_bounds import least_totals, lower_bound, reference_bound, stats_bound, sync_lb, totals
 from autopar.planning.step_price import SCHEDULES, Candidate, Priced, data_groups, price, schedule_options
 from autopar.planning.units import UnitStats, unit_stats
 from autopar.planning.hierarchical_plan import assignment_of, mesh_of, to_plan  # noqa: F401  (also imported from here)
@@ -205,15 +205,17 @@ class Search:
 
     def reference(self, c: Candidate) -> tuple[float, int]:
         """(T, b') for ``step_bounds.reference_bound``: of the group's solved microbatch sizes b' that are
-        multiples of the candidate's b (the whole batch always is: solved first), the largest ``b/b' T(b')``."""
+        multiples of the candidate's b (the whole batch always is: solved first), the largest ``b/b' T(b')``,
+        under its recomputation or none (every recomputation runs what none runs and some forward again,
+        under any layout: only none's is solved here, a group spanning nodes taking seconds a solve)."""
         tensor, b = self._tensor(c), self.batch // (c.degrees.d * c.microbatches)
         rec = reference_mode(c.recompute)  # every k-th and pointwise take no less than none
-        self._stats(tensor, 1, rec)
+        self._stats(tensor, 1, False)
         if (key := (tensor, b, rec, len(self._memo))) in self._ranks:  # until another group is solved
             return self._ranks[key]
         best = (0.0, self.batch)
         for (ten, mb, rc), st in self._memo.items():
-            if ten == tensor and rc == rec and (self.batch // mb) % b == 0:
+            if ten == tensor and rc in (rec, False) and (self.batch // mb) % b == 0:
                 t = float(np.sum(st.time))
                 if t * b / (self.batch // mb) > best[0] * b / best[1]:
                     best = (t, self.batch // mb)
@@ -293,7 +295,8 @@ class Search:
         the space already priced (a baseline), the best until one beats it: a search stopped at
         its deadline is never worse than it."""
         cands = self.candidates(pin, zeros, recomputes, schedules)
-        heap = [(comp + rest, i, 0) for i, (comp, rest, mem, c) in enumerate(cands) if mem <= self.capacity]
+        heap = [(max(comp, sync_lb(c, self.totals, self.cluster, comp)) + rest, i, 0)
+                for i, (comp, rest, mem, c) in enumerate(cands) if mem <= self.capacity]
         heapq.heapify(heap)
         # per candidate whose memory floor fits, the tightest bound valid under any tensor-group
         # layout (docs/bound.md); their minimum bounds the optimum of the space

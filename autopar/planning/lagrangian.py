@@ -29,6 +29,7 @@ from autopar.core.tables import CostTables
 from autopar.cost_models.memory import already_saved, node_memory
 from autopar.planning.relaxed import detached
 from autopar.planning.space_bound import (accumulation_floor, group_spans, memory_floor_terms, sync_floors,
+                                          sync_step,
                                           transient_floor, unit_static)
 from autopar.planning.step_bounds import layout_bound
 from autopar.planning.step_price import Candidate, in_flight
@@ -79,7 +80,7 @@ def lagrangian_bound(search, c: Candidate, comp: float, rest: float, static: flo
             continue
         one = dataclasses.replace(s, compute=np.asarray([lower + search.gathers(c)]), comm=np.zeros(1))
         pipe = layout_bound(c, one, search.cluster, comp, rest, float(np.sum(accumulation_floor(search, c)))) - rest
-        least = min(least, max(pipe + bucket, sync) + rest)
+        least = min(least, sync_step(search, c, pipe, bucket, sync, rest))
     return max(least, 0.0)
 
 

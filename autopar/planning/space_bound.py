@@ -17,9 +17,13 @@ from autopar.cost_models.training import accumulation_time
 from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
-from autopar.planning.step_bounds import layout_bound
+from autopar.planning.held_units import held_floor, most_held
+from autopar.planning.step_bounds import layout_bound, step_floor
 from autopar.cost_models.training import zero3_gathered
-from autopar.planning.step_price import Candidate, cut_times, data_groups, dp_sync, in_flight, zero_factors
+from autopar.planning.overlap import window
+from autopar.planning.step_price import (Candidate, cut_times, data_groups, dp_sync, in_flight, rerun_share,
+                                         zero_factors)
+from autopar.planning.sync_cut import offset_cut
 from autopar.search.pipeline import StageCosts, best_cuts
 
 
@@ -44,28 +48,63 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: flo
     bucket, sync = sync_floors(search, c)
     added = float(np.sum(accumulation_floor(search, c)))
     pipe = layout_bound(c, search.stats(c), search.cluster, comp, rest, added) - rest
-    if max(pipe + bucket, sync) + rest < enough:
+    if step_floor(c, pipe, bucket, sync, rest) < enough:
+        pipe = max(pipe, held_bound(search, c))
+    if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, cut_bound(search, c, rest) - rest)
-    return max(pipe + bucket, sync) + rest
+    return sync_step(search, c, pipe, bucket, sync, rest, enough)
 
 
 def sync_floors(search, c: Candidate) -> tuple[float, float]:
     """(last bucket, slowest rank's sync): seconds of the data-parallel sync every layout and every
     cut of ``c`` waits for. A rank's exposed sync is at least its last bucket, the gradients of its
     first unit (the first rank's is the prologue, unit 0, whatever the cut), and the step is at least
-    any rank's whole sync (its overlap window is at most its share of the pipeline: overlap.py), at
-    least the average rank's, as the sync is affine in the bytes. Each unit's gradients and
-    parameters per device are at least its unsplit ones over t (every weight matrix is sharded
-    over the group, ``units.model_parallel_space``). (0, 0) with context or expert degrees."""
+    any rank's whole sync (its overlap window is at most its share of the pipeline: overlap.py).
+    Each unit's gradients and parameters per device are at least its unsplit ones over t (every
+    weight matrix is sharded over the group, ``units.model_parallel_space``; context ranks hold the
+    group's, whole, and reduce over context x data: ``step_price.data_groups``). The sync is
+    affine in the bytes with non-negative coefficients, so a rank's is the sync of nothing plus a
+    weight per unit it holds: the slowest rank's is at least that of the heaviest rank of the cut
+    into p stages that minimises it (exact, ``best_cuts``; with v stages per rank the units some
+    rank must hold, ``held_units.most_held``), and at least the average's. (0, 0) with expert
+    degrees."""
     deg, m = c.degrees, c.microbatches
-    if deg.c > 1 or deg.ep > 1:
+    if deg.ep > 1:
         return 0.0, 0.0
-    whole = search.whole_stats(c.recompute)
-    g, p = whole.grads / deg.t, whole.params / deg.t
-    bucket = float(dp_sync(c.zero, float(g[0]), float(p[0]), 1, search.cluster, deg, c.zero_inner))
-    sync = float(dp_sync(c.zero, float(np.sum(g)) / deg.p, float(np.sum(p)) / deg.p, m, search.cluster, deg,
-                         c.zero_inner))
-    return bucket, sync
+    key = ("sync", deg, m, c.zero, c.zero_inner, c.recompute, c.virtual)
+    if key not in search.floors:
+        whole = search.whole_stats(c.recompute)
+        g, p = whole.grads / deg.t, whole.params / deg.t
+        bucket = float(dp_sync(c.zero, float(g[0]), float(p[0]), 1, search.cluster, deg, c.zero_inner))
+        base = float(dp_sync(c.zero, 0.0, 0.0, m, search.cluster, deg, c.zero_inner))
+        each = np.asarray(dp_sync(c.zero, g, p, m, search.cluster, deg, c.zero_inner))
+        weight = np.maximum(each - base, 0.0)
+        heaviest = float(np.sum(weight)) / deg.p
+        if deg.p > 1 and c.virtual > 1:
+            heaviest = max(heaviest, most_held(weight, deg.p))
+        elif deg.p > 1 and deg.p <= len(weight):
+            n = len(weight)
+            costs = StageCosts(1, 1, weight, np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n - 1))
+            heaviest = max(heaviest, max(best_cuts(costs, deg.p, math.inf, "1f1b").stage_time))
+        search.floors[key] = (bucket, base + heaviest, base, weight)
+    return search.floors[key][:2]
+
+
+def sync_step(search, c: Candidate, pipe: float, bucket: float, sync: float, rest: float,
+              enough: float = math.inf) -> float:
+    """``step_floor`` and, for 1F1B and zero bubble over p > 1 ranks, the least over the cuts of
+    the largest rank's sync plus the part of ``pipe`` its own window cannot hide
+    (``sync_cut.offset_cut``: the later ranks hide more). ``enough``: as ``any_layout_bound``'s."""
+    out = step_floor(c, pipe, bucket, sync, rest)
+    deg = c.degrees
+    if deg.p == 1 or c.virtual > 1 or deg.ep > 1 or out >= enough or not math.isfinite(pipe):
+        return out
+    sync_floors(search, c)
+    key = ("sync", deg, c.microbatches, c.zero, c.zero_inner, c.recompute, c.virtual)
+    _, _, base, weight = search.floors[key]
+    bubble, share = c.rounds - c.microbatches, rerun_share(c)
+    hidden = np.asarray([window(c.zero, c.microbatches, 1.0, r, 1, bubble, share) for r in range(deg.p)])
+    return max(out, base + offset_cut(weight, (1.0 - np.minimum(hidden / c.rounds, 1.0)) * pipe) + rest)
 
 
 def transient_floor(search, c: Candidate) -> float:
@@ -171,15 +210,37 @@ def _slowest_cut(search, c: Candidate) -> float:
     """The slowest stage of ``cut_bound``'s best cut of the floors (``math.inf`` when none fits)."""
     deg, m = c.degrees, c.microbatches
     s = search.stats(c)
-    time, acts = unit_floors(search, c) + accumulation_floor(search, c), memory_floors(search, c).acts
-    if deg.c > 1:  # a context rank: 1/k of the work and activations, its K/V gathers and the K/V it holds
-        link, call = search._kv_link(c), search.cluster.call_latency  # the exchange as the search prices it
-        time = time / deg.c + per_unit(search, c.recompute, lambda rc: exchange_times(*link, call, rc))
+    time, acts = rank_time_floors(search, c), memory_floors(search, c).acts
+    if deg.c > 1:  # a context rank: 1/k of the activations and the K/V it holds
+        link = search._kv_link(c)
         acts = acts / deg.c + (0.0 if c.recompute or deg.ring else link[0] / deg.t * (deg.c - 1) / deg.c)
     costs = StageCosts(search.cluster.devices // deg.p, m, time, np.zeros(len(s.spans)),
                        unit_static(search, c), acts, cut_times(s.boundary, deg, search.cluster))
     sol = best_cuts(costs, deg.p, search.capacity - transient_floor(search, c), "1f1b")
     return math.inf if sol is None else max(sol.stage_time)
+
+
+def rank_time_floors(search, c: Candidate) -> np.ndarray:
+    """Per unit, the least per-microbatch time a rank running it takes under any layout: its
+    nodes, the edges into them and its gradients' accumulation (``unit_floors``,
+    ``accumulation_floor``); with k context ranks 1/k of that plus the unit's K/V exchange, as
+    the search prices it (``context.context_stats``)."""
+    time = unit_floors(search, c) + accumulation_floor(search, c)
+    if c.degrees.c > 1:
+        link, call = search._kv_link(c), search.cluster.call_latency
+        time = time / c.degrees.c + per_unit(search, c.recompute, lambda rc: exchange_times(*link, call, rc))
+    return time
+
+
+def held_bound(search, c: Candidate) -> float:
+    """Seconds of ``c``'s pipeline (``rounds`` x its slowest rank) no layout beats from the whole
+    units some rank holds (``held_units.held_floor`` over ``rank_time_floors``); 0 with expert
+    degrees (their units' work is not floored here)."""
+    if c.degrees.ep > 1:
+        return 0.0
+    cut = cut_times(search.stats(c).boundary, c.degrees, search.cluster)
+    v = c.virtual if c.degrees.p > 1 else 1
+    return c.rounds * held_floor(rank_time_floors(search, c), cut, c.degrees.p, v)
 
 
 def group_spans(search, c: Candidate):

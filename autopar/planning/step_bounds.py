@@ -23,8 +23,10 @@ from autopar.cost_models.training import accumulation_time, optimizer_step_time
 from autopar.planning.activations import attention_flops
 from autopar.planning.routed import ExpertStats, expert_totals
 from autopar.planning.every import every_of
-from autopar.planning.step_price import (Candidate, accumulated, all_to_all_time, data_groups, expert_degrees,
-                                         expert_split, level_link, pipeline_level, rerun_units, zero_factors)
+from autopar.planning.overlap import window
+from autopar.planning.step_price import (Candidate, accumulated, all_to_all_time, data_groups, dp_sync,
+                                         expert_degrees, expert_split, level_link, pipeline_level, rerun_share,
+                                         rerun_units, zero_factors)
 from autopar.planning.units import UnitStats
 
 
@@ -97,6 +99,42 @@ def accumulation_lb(c: Candidate, tot: Totals, cluster: Cluster) -> float:
     efg = ep * zero_factors(c.zero, ge)[1]
     grads = ((tot.param_bytes - xb) / fg + (xb / efg if ep > 1 else 0.0)) / (deg.t * deg.p)
     return c.rounds * float(accumulation_time(grads, c.microbatches, cluster.memory_bandwidth))
+
+
+def hidden_share(c: Candidate) -> float:
+    """The most of ``c``'s pipeline ``rounds x t_max`` that any rank's data-parallel sync can hide
+    under (``overlap.window`` at ``t_max``, the largest drain and fill idle the ranks get), as a
+    share: rank r waits for ``sync_r - window_r`` at least, so a step takes at least
+    ``sync_r + (1 - hidden_share) x pipeline`` (the window is linear in the rank's time)."""
+    bubble = c.rounds - c.microbatches
+    # the window grows with the rank's idle, min(r / v, bubble): the last rank's is the largest
+    most = window(c.zero, c.microbatches, 1.0, c.degrees.p - 1, c.virtual, bubble, rerun_share(c))
+    return min(most / c.rounds, 1.0)
+
+
+def step_floor(c: Candidate, pipe: float, bucket: float, sync: float, rest: float) -> float:
+    """A floor on ``c``'s price from floors of its pipeline (``rounds x t_max``), its first rank's
+    last bucket and some rank's data-parallel sync: the price is the pipeline plus the slowest
+    exposed sync plus the optimizer step (``rest``), each exposed sync at least its last bucket
+    and at least ``sync_r - window_r`` (``hidden_share``)."""
+    return max(pipe + bucket, sync + (1.0 - hidden_share(c)) * pipe) + rest
+
+
+def sync_lb(c: Candidate, tot: Totals, cluster: Cluster, comp: float = 0.0) -> float:
+    """Seconds of the data-parallel sync some rank of every plan of ``c`` runs: the sync is affine
+    in the bytes with non-negative coefficients (``dp_sync``), so the slowest rank's is at least
+    that of the average rank's gradients and parameters (each once, sharded over the tensor and
+    pipeline ranks; context ranks hold the group's whole), and a step is at least any rank's
+    whole sync plus its optimizer step (``space_bound.sync_floors``). 0 with expert degrees (their
+    own groups); ``max(compute, sync_lb) + rest`` bounds the step before any group is solved,
+    ``comp`` a floor of the pipeline: the part of it the sync cannot hide under is added
+    (``step_floor``)."""
+    deg = c.degrees
+    if deg.ep > 1 or deg.d * deg.c == 1:
+        return 0.0
+    per = tot.param_bytes / (deg.t * deg.p)
+    sync = float(dp_sync(c.zero, per, per, c.microbatches, cluster, deg, c.zero_inner))
+    return sync + (1 - hidden_share(c)) * comp
 
 
 def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute_lb: float, rest_lb: float

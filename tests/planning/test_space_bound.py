@@ -21,6 +21,7 @@ from autopar.planning import hierarchical as H
 from autopar.planning.activations import price_fitting
 from autopar.planning.lagrangian import lagrangian_bound
 from autopar.planning.space_bound import any_layout_bound, memory_floor, memory_floors, unit_floors
+from autopar.planning.step_bounds import sync_lb
 from autopar.planning.units import unit_stats
 from autopar.search.dp import dp
 from tests.helpers.layouts import CLUSTER, SCHEDULES, ZEROS, Residual, best_fitting, every_layout
@@ -126,6 +127,22 @@ def test_unit_floors_hold_for_every_layout(layouts):
         assert np.all(floors.acts <= s.acts + 1e-6), c.describe()
         assert np.all(floors.acts <= s.sp_acts + 1e-6), c.describe()  # or under sequence parallelism
         assert np.all(floors.rerun <= s.full_acts - s.acts + 1e-6), c.describe()
+
+
+def test_the_first_bound_with_the_sync_is_below_every_layout_and_sees_the_sync(layouts):
+    """The bound a candidate is first queued with, ``max(compute, sync_lb) + rest`` (no group
+    solved), is at most its price under every layout, fitting or not (neither term depends on
+    memory); for data parallelism, whose step here is mostly its collectives, it is at least half
+    the best layout's price (compute at peak alone is a thousandth of it)."""
+    search, cands, every = layouts
+    least = {}
+    for s, c in every:
+        least[c] = min(least.get(c, math.inf), _price(search, s, c).cost)
+    for comp, rest, _, c in cands:
+        first = max(comp, sync_lb(c, search.totals, search.cluster, comp)) + rest
+        assert first <= least[c] * (1 + 1e-9), c.describe()
+        if c.degrees.d > 1:
+            assert first >= 0.5 * least[c], c.describe()
 
 
 @pytest.mark.parametrize("share", [1.0, 0.5, 0.2])
