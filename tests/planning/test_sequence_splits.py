@@ -1,7 +1,8 @@
 """Sequence and context parallelism, chosen by the search and named in the report.
 
-A 2-layer Llama of width 1024 with 4 heads over 32,768 tokens (batch 1) on 8xH100, built on the
-meta device: there is no batch to split and too few heads for 8 devices, so the plan splits the
+A 2-layer Llama of width 1024 with 4 heads and an MLP of 8192 (heavy enough that sharding its
+weights pays over updating them whole on every device) over 32,768 tokens (batch 1) on 8xH100,
+built on the meta device: there is no batch to split and too few heads for 8 devices, so the plan splits the
 sequence. Attention runs its query rows split with the keys and values all-gathered (context
 parallelism), and the MLP's column- and row-parallel linears split their hidden units over a
 mesh axis that the norms and the residual stream split along the sequence (Megatron's sequence
@@ -33,7 +34,7 @@ def _plan():
     from tests.helpers.hf_models import transformers_quiet
 
     transformers_quiet()
-    cfg = T.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
+    cfg = T.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=8192, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=SEQ,
                         attn_implementation="sdpa")
     with torch.device("meta"):
