@@ -79,18 +79,25 @@ def _threaded(rank, world, plan, ref, model, inputs):
     every attention a ``Ring`` over the context axis (which refuses keys not in this rank's chunk)."""
     import copy
 
-    from autopar.codegen.calls import NodeCall
     from autopar.codegen.ring_attention import Ring
 
     module = autopar.compile(copy.deepcopy(model), inputs, plan=plan)
     check_module(rank, module, inputs, ref)
-    programs = [p[0] if isinstance(p, tuple) else p for p in module._inner._programs.values()]
-    rings = [m.call.balance for p in programs for m in p.module.modules()
-             if isinstance(m, NodeCall) and m.call.node.op == "sdpa"]
+    rings = _attentions(module._inner)
     assert len(rings) == 2 and all(isinstance(r, Ring) and r.parts == 2 for r in rings), rings
 
 
-def test_the_hierarchical_plans_ring_trains_like_one_device():
+def _attentions(sharded) -> list:
+    """The ``balance`` of every attention in a compiled module's programs (a ``Ring`` when it runs as one)."""
+    from autopar.codegen.calls import NodeCall
+
+    programs = [p[0] if isinstance(p, tuple) else p for p in sharded._programs.values()]
+    return [m.call.balance for p in programs for m in p.module.modules()
+            if isinstance(m, NodeCall) and m.call.node.op == "sdpa"]
+
+
+def _pinned_ring(pin: str):
+    """The zoo's small Llama (float64) on 4 CPU devices, its pinned hierarchical plan with the ring chosen."""
     import torch
 
     torch.manual_seed(0)
@@ -98,39 +105,28 @@ def test_the_hierarchical_plans_ring_trains_like_one_device():
                                     vocab=64)
     model = model.double()
     cluster = autopar.Cluster.preset("cpu", devices=4)
-    plan = autopar.plan(model, inputs, cluster, hierarchical=True, pin="tensor=1,pipeline=1,context=2,data=2",
-                        zero=0, recompute=False).baselines["published"]
+    plan = autopar.plan(model, inputs, cluster, hierarchical=True, pin=pin, zero=0,
+                        recompute=False).baselines["published"]
     degrees = dataclasses.replace(plan.strategy.degrees, ring=True)
-    plan = dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, degrees=degrees))
+    return model, inputs, dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, degrees=degrees))
+
+
+def test_the_hierarchical_plans_ring_trains_like_one_device():
+    model, inputs, plan = _pinned_ring("tensor=1,pipeline=1,context=2,data=2")
     run_threaded(_threaded, 4, plan, reference_run(model, inputs), model, inputs)
 
 
 def _ring_stage(rank, world, plan, ref, model, inputs):
     """A pipelined rank: trained against one device; its stage's attentions and their parts."""
-    from autopar.codegen.calls import NodeCall
-
     module = autopar.compile(model, inputs, plan=plan)
     names = check_pipelined(rank, module, inputs, ref)
-    programs = [p[0] if isinstance(p, tuple) else p for p in module._inner.stage_module._programs.values()]
-    rings = [(type(m.call.balance).__name__, getattr(m.call.balance, "parts", None))
-             for p in programs for m in p.module.modules() if isinstance(m, NodeCall) and m.call.node.op == "sdpa"]
-    return names, rings
+    return names, [(type(b).__name__, getattr(b, "parts", None)) for b in _attentions(module._inner.stage_module)]
 
 
 @pytest.mark.dist
 def test_a_pipelined_plans_ring_trains_like_one_device():
-    import torch
-
-    torch.manual_seed(0)
-    model, inputs = autopar.zoo.get("llama", batch=4, seq=16, width=32, heads=2, kv_heads=1, ffn=64, layers=2,
-                                    vocab=64)
-    model = model.double()
-    cluster = autopar.Cluster.preset("cpu", devices=4)
-    plan = autopar.plan(model, inputs, cluster, hierarchical=True, zero=0, recompute=False,
-                        pin="tensor=1,pipeline=2,context=2,data=1,microbatch=2").baselines["published"]
+    model, inputs, plan = _pinned_ring("tensor=1,pipeline=2,context=2,data=1,microbatch=2")
     assert len(plan.stages) == 2 and plan.microbatches == 2 and plan.schedule == "zero-bubble"
-    degrees = dataclasses.replace(plan.strategy.degrees, ring=True)
-    plan = dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, degrees=degrees))
     ranks = run_gloo(_ring_stage, 4, plan, reference_run(model, inputs), model, inputs)
     held = [names for names, _ in ranks]
     assert held[0] == held[1] and held[2] == held[3] and not set(held[0]) & set(held[2])
