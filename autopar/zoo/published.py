@@ -32,11 +32,41 @@ measured utilisation, so ``autopar plan zoo:NAME --published`` can price it besi
   bubble of 34/160 against 34/(3 x 280) of the microbatches), ZeRO-1 over 12 data-parallel ranks
   against plain data parallelism over 9, bf16 against fp16 (the same A100 peak). Those are priced.
   At Megatron-LM's speed per microbatch, 160 microbatches give 52% x (280 + 34/3) / 280 x
-  160 / 194 = 44.6% of peak, not 36.2%: the rest, 1.23x per microbatch on the same machines,
-  shape and layers per rank, is the code (DeepSpeed's pipeline engine against Megatron-LM's),
-  which the paper does not break down. The three sizes price at 45.1, 37.2 and 32.0 s per
-  iteration, 1.33x, 1.35x and 1.39x faster than measured: a factor nearly constant across the
-  data-parallel degree, as a slower step per microbatch would be.
+  160 / 194 = 44.6% of peak, not 36.2%: 1.23x slower per microbatch on the same machines,
+  shape and layers per rank, which the paper does not break down. The three sizes price at
+  45.1, 37.2 and 32.0 s per iteration (165 ms per slot of the m + 34), 1.33x, 1.35x and 1.39x
+  faster than measured; 1.198 x the price + 6.0 s per step fits all three within 0.8% (one
+  factor leaves a 4.5% trend with the data degree). What the code the run used does that the
+  price lacks, read in microsoft/DeepSpeed at e2fdd254e (2021-09-29: the first engine that
+  partitions Megatron-DeepSpeed's one-tensor stage outputs; May 2021's indexes a mask beside
+  them) and microsoft/Megatron-DeepSpeed at 8a132ced (2021-06, ``GPTModelPipe``), timed with the
+  preset's links on the slowest stage (the last: 3 layers and the head):
+  - send/recv (deepspeed/runtime/pipe/engine.py ``_exec_send_activations``, ``_exec_recv_grads``
+    and the like; p2p.py ``send``/``recv``, blocking): each tensor rank sends its 1/8 slice
+    (10.5 MB, 0.47 ms) and a meta tensor, and ``PartitionedTensor.full`` all-gathers it (0.39
+    ms, plus 0.17 ms of zero and clone passes); a middle stage also re-gathers its own output
+    before the backward; the causal mask is cached, not sent (pretrain_gpt.py ``args.attn_mask``).
+    ``TrainSchedule`` replayed with blocking sends and these costs per stage (benchmarks/
+    deepspeed_pipe.py): 33.02 s against 33.22 s for (m + p - 1) x the slowest stage with the
+    priced scatter/gather: nothing more.
+  - recomputation with partitioned activations (activation_checkpointing/checkpointing.py
+    ``gather_partitioned_activations``; the flag is not stated): an all-gather of each layer's
+    input, 0.44 ms a layer, 1.3 ms per microbatch (0.8%), not priced; only transformer layers
+    are checkpointed (pipe/module.py ``_is_checkpointable``).
+  - gradient accumulation: ZeRO-1 (zero/stage2.py ``reduce_ready_partitions_and_remove_grads``)
+    acts only at the step's last microbatch, so autograd adds into bf16 ``.grad``, 6 bytes an
+    element, as priced (7.4 ms per microbatch, 2.02e9 elements). The first public bf16 pipeline path (bf16_optimizer.py ``update_hp_grads``, April
+    2022, after the run) adds into fp32 after every microbatch, 18 bytes: +14.9 ms (9%) if the
+    run's unpublished bf16 path did the same.
+  - Megatron-LM's own fused kernels (``ParallelTransformerLayerPipe`` is its transformer layer;
+    the fused softmax takes bf16), priced alike for both runs; the loss in fp32, as Megatron-LM
+    computes it (0.3 ms, not priced apart); a host synchronisation per forward (utils/timer.py
+    ``ThroughputTimer.start``) and per partition meta (``from_meta``): tens of microseconds.
+  - per step: the tied embedding's all-reduce between the first and last stage (262 MB across
+    nodes, 12 ms, not priced) and the ZeRO-1 sync after the last microbatch, none of it under
+    compute (329 ms against the 173 ms priced as exposed): 0.17 s.
+  Together about 2 ms per microbatch and 0.17 s per step, 1.7% of the step (11% with fp32
+  accumulation): the public code does not account for the 1.23x, so none of it is added here.
 * ``palm_540b`` -- Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways", Table 1
   and sections 4 and 5: 118 layers, d_model 18432, 48 heads of 256, d_ff 73728 (SwiGLU),
   multi-query attention, parallel blocks, vocabulary 256k, sequence 2048, batch 2048 sequences
