@@ -83,9 +83,8 @@ class InterleavedModule(nn.Module):
         self.input_names = list(input_names)
         self.microbatches, self.schedule_name, self.loss_reduction = microbatches, SCHEDULE, loss_reduction
         self._loss_rank, self._group, self._device, self._loss_meta = loss_rank, group, device, loss_meta
-        self._stages = [(LeafStage if isinstance(m, CompiledModule) else PipelineStage)(m, i, num_stages, device,
-                                                                                         group=group)
-                        for m, i in zip(modules, indices)]
+        self._stages = [(LeafStage if isinstance(m, CompiledModule) else PipelineStage)(
+            m, i, num_stages, device, group=group) for m, i in zip(modules, indices)]
         self._schedule = ScheduleInterleaved1F1B(self._stages, microbatches, loss_fn=_output_is_loss,
                                                  scale_grads=loss_reduction == "mean")
 

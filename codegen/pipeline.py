@@ -218,7 +218,8 @@ def stage_device_mesh(plan, count: int, per_stage: int, device: torch.device):
     from torch.distributed.device_mesh import init_device_mesh
 
     shape = stage_mesh_shape(plan.mesh.shape, per_stage)
-    return init_device_mesh(device.type, (count, *shape), mesh_dim_names=("pp", *(f"mesh{a}" for a in range(len(shape)))))
+    names = ("pp", *(f"mesh{a}" for a in range(len(shape))))
+    return init_device_mesh(device.type, (count, *shape), mesh_dim_names=names)
 
 
 def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names: list[str],
@@ -324,8 +325,8 @@ def _interleaved(model, plan, example_inputs: tuple, group, device, loss_reducti
         return _sharded_stage(module.to(device), graph, plan, part, names, count, per_stage, device, training,
                               mesh=mesh)[0]
 
-    return interleaved_module(model, plan, example_inputs, graph, mesh.get_group("pp"), device, loss_reduction,
-                              _loss_meta(graph.fx_graph, example_inputs), shard=shard)
+    return interleaved_module(model, plan, example_inputs, graph, mesh.get_group("pp"), device,
+                              loss_reduction, _loss_meta(graph.fx_graph, example_inputs), shard=shard)
 
 
 def _loss_meta(gm: fx.GraphModule, example_inputs: tuple) -> torch.Tensor:

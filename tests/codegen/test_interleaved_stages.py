@@ -3,7 +3,8 @@ planner plans it: the GPT cut into 4 stages over 2 pipeline ranks (v = 2 stages 
 holding stages r and r + 2), each stage a program on a 2-device sub-mesh, on 4 gloo processes.
 
 In float64, data 2 inside the stages (each stage's gradients summed over its two data ranks),
-tensor 2 inside them (the weights split), and data 2 with every block recomputed, each train
+tensor 2 inside them (the weights split), data 2 with every block recomputed, and (the zoo's
+Llama) context 2 inside them, each stage's attention a ring over its own 2 ranks, each train
 like one device (``check_pipelined``: the loss at every step, every gradient after the first,
 every parameter after 3 AdamW steps); ZeRO-1 and ZeRO-2 over each stage's data ranks train like
 one device with the optimizer state halved. bf16 on one-device stages (2 processes) has no
@@ -30,6 +31,7 @@ CASES = {
     "recompute": ("tensor=1,pipeline=2,data=2", dict(recompute=True)),
     "zero1": ("tensor=1,pipeline=2,data=2", dict(zero=1)),
     "zero2": ("tensor=1,pipeline=2,data=2", dict(zero=2)),
+    "context": ("tensor=1,pipeline=2,context=2,data=1,ring=1", {}),  # the Llama
 }
 
 
@@ -63,10 +65,18 @@ def _zero_step(rank, module, inputs, ref) -> int:
     return opt.state_numel()
 
 
-def _train(rank, world, model, inputs, plans, ref):
+def _attentions(stage) -> list[tuple[str, int | None]]:
+    """How each attention of a stage's program runs: a ``Ring`` over its parts, or gathered."""
+    from autopar.codegen.calls import NodeCall
+
+    return [(type(m.call.balance).__name__, getattr(m.call.balance, "parts", None))
+            for m in stage.program.module.modules() if isinstance(m, NodeCall) and m.call.node.op == "sdpa"]
+
+
+def _train(rank, world, jobs):
     torch.set_num_threads(1)
     out = {}
-    for case, plan in plans.items():
+    for case, (model, inputs, plan, ref) in jobs.items():
         module = autopar.compile(model, inputs, plan=plan)
         stages = module._stages
         got = {"indices": module.stage_indices,
@@ -74,7 +84,8 @@ def _train(rank, world, model, inputs, plans, ref):
                "recomputed": [m.block for s in module.stage_modules for m in s.program.module.modules()
                               if type(m).__name__ == "Recomputed"],
                "split": sorted(n for n, p in module.named_parameters()
-                               if any(isinstance(x, Shard) for x in p.placements))}
+                               if any(isinstance(x, Shard) for x in p.placements)),
+               "attentions": [_attentions(s) for s in module.stage_modules]}
         if plan.strategy.options.zero:
             got["state"] = _zero_step(rank, module, inputs, ref)
             got["numel"] = sum(p.numel() for p in module.parameters())
@@ -87,19 +98,29 @@ def _train(rank, world, model, inputs, plans, ref):
 
 @pytest.fixture(scope="module")
 def trained():
+    """Every case in one launch of 4 processes: (per rank, per case what it ran), the plans, and
+    per case the traced graph and the model."""
     torch.manual_seed(0)
-    model, inputs = autopar.zoo.get("gpt", **SIZES)
-    model = model.double()
-    plans = {case: _plan(model, inputs, 4, pin, **options) for case, (pin, options) in CASES.items()}
-    graph = autopar.trace(model, inputs)
-    return run_gloo(_train, 4, model, inputs, plans, reference_run(model, inputs)), plans, graph, model
+    gpt = autopar.zoo.get("gpt", **SIZES)
+    llama = autopar.zoo.get("llama", batch=4, seq=16, width=32, heads=2, kv_heads=1, ffn=64, layers=2,
+                            vocab=64)
+    jobs, models = {}, {}
+    for (model, inputs), cases in ((gpt, [c for c in CASES if c != "context"]), (llama, ["context"])):
+        model = model.double()
+        ref, graph = reference_run(model, inputs), autopar.trace(model, inputs)
+        for case in cases:
+            pin, options = CASES[case]
+            jobs[case] = (model, inputs, _plan(model, inputs, 4, pin, **options), ref)
+            models[case] = (graph, model)
+    return run_gloo(_train, 4, jobs), {c: j[2] for c, j in jobs.items()}, models
 
 
 @pytest.mark.slow
 @pytest.mark.dist
-@pytest.mark.parametrize("case", ["data", "tensor", "recompute"])
+@pytest.mark.parametrize("case", ["data", "tensor", "recompute", "context"])
 def test_interleaved_sharded_stages_train_like_one_device(trained, case):
-    ranks, plans, graph, model = trained
+    ranks, plans, models = trained
+    graph, model = models[case]
     names = {n for n, _ in model.named_parameters()}
     held = [set(r[case]["names"]) for r in ranks]
     assert set().union(*held) == names
@@ -111,21 +132,25 @@ def test_interleaved_sharded_stages_train_like_one_device(trained, case):
         if case == "tensor":  # weights split over the stage's two devices, as the plan has them
             assert got["split"], rank
         if case == "recompute":  # each stage wraps its own block only (rank 0: stage 2's blocks.1)
+            mine = [n for k in got["indices"] for n in plans[case].stages[k].nodes]
             own = [b for b in plans[case].strategy.recompute
-                   if any(graph.node(n).module.startswith(b + ".") for k in got["indices"] for n in plans[case].stages[k].nodes)]
+                   if any(graph.node(n).module.startswith(b + ".") for n in mine)]
             assert sorted(got["recomputed"]) == own == [f"blocks.{1 - pp}"], (rank, got["recomputed"])
+        if case == "context":  # the block's attention on the rank's stage 1 or 2, a ring of its 2 ranks
+            assert sorted(got["attentions"]) == [[], [("Ring", 2)]], (rank, got["attentions"])
 
 
 @pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("case", ["zero1", "zero2"])
 def test_interleaved_zero_inside_stages_trains_like_one_device(trained, case):
-    """ZeRO over each stage's 2 data ranks: AdamW's 2 states of each of the rank's stages' parameters, halved."""
-    ranks, plans, graph, model = trained
+    """ZeRO over each stage's 2 data ranks: AdamW's 2 states of the rank's stages' parameters, halved."""
+    ranks, plans, _ = trained
     assert plans[case].strategy.options.zero == int(case[-1])
     for rank, r in enumerate(ranks):
         got = r[case]
-        assert got["state"] <= got["numel"] + 4, (rank, got["state"], got["numel"])  # 2 states / 2 ranks, padding
+        # 2 states over 2 ranks (a slice padded by one per stage)
+        assert got["state"] <= got["numel"] + 4, (rank, got["state"], got["numel"])
 
 
 def _bf16(rank, world, model, inputs, plan):
@@ -138,7 +163,8 @@ def _bf16(rank, world, model, inputs, plan):
         stage.register_forward_hook(lambda m, args, out: sent.extend(
             t.dtype for t in (out if isinstance(out, tuple) else (out,)) if t.is_floating_point()))
     result = []
-    for module, step in ((single, lambda: _backward(single(*inputs))), (piped, lambda: piped.train_step(*inputs))):
+    runs = ((single, lambda: _backward(single(*inputs))), (piped, lambda: piped.train_step(*inputs)))
+    for module, step in runs:
         opt = torch.optim.AdamW(module.parameters(), lr=LR, eps=EPS)
         losses = []
         for _ in range(3):
@@ -161,13 +187,17 @@ def test_interleaved_bf16_trains_like_the_single_stage_bf16_plan():
     model, inputs = autopar.zoo.get("gpt", **SIZES)
     plan = _plan(model, inputs, 2, "tensor=1,pipeline=2,data=1", precision="bf16")
     assert plan.strategy.options.precision == "bf16"
-    for rank, ((want, got), sent) in enumerate(run_gloo(_bf16, 2, model, inputs, plan)):
+    ranks = run_gloo(_bf16, 2, model, inputs, plan)
+    assert set().union(*(got[1] for (_, got), _ in ranks)) == {n for n, _ in model.named_parameters()}
+    for rank, ((want, got), sent) in enumerate(ranks):
         assert sent == {torch.bfloat16}, (rank, sent)  # what crosses the cuts (and the loss) in bf16
         # bf16 keeps 8 bits: the losses agree to 2 units in the last place (1/64 below 4)
         for step, (a, b) in enumerate(zip(got[0], want[0])):
-            torch.testing.assert_close(a, b, rtol=0, atol=0.035, msg=lambda m, step=step: f"rank {rank} loss {step}: {m}")
+            torch.testing.assert_close(a, b, rtol=0, atol=0.035,
+                                       msg=lambda m, step=step: f"rank {rank} loss {step}: {m}")
         for n, p in got[1].items():
-            torch.testing.assert_close(p, want[1][n], rtol=0, atol=2e-3, msg=lambda m, n=n: f"rank {rank} param {n}: {m}")
+            torch.testing.assert_close(p, want[1][n], rtol=0, atol=2e-3,
+                                       msg=lambda m, n=n: f"rank {rank} param {n}: {m}")
 
 
 def _refused(rank, world, model, inputs, plan) -> str:
@@ -188,4 +218,5 @@ def test_an_interleaved_plan_on_the_wrong_process_count_is_refused_in_one_line()
     model, inputs = autopar.zoo.get("gpt", **SIZES)
     plan = _plan(model, inputs, 4, CASES["data"][0])
     for message in run_threaded(_refused, 2, model, inputs, plan):
-        assert message.startswith("the plan runs on 4 processes (stages of 2 devices)") and "\n" not in message, message
+        assert message.startswith("the plan runs on 4 processes (stages of 2 devices)"), message
+        assert "\n" not in message
