@@ -91,6 +91,7 @@ def _train(rank, world, jobs):
             got["numel"] = sum(p.numel() for p in module.parameters())
             got["names"] = [n for n, _ in module.named_parameters()]
         else:
+            got["eval"] = float(module(*inputs))  # forward only, through the schedule's eval
             got["names"] = check_pipelined(rank, module, inputs, ref)
         out[case] = got
     return out
@@ -99,7 +100,7 @@ def _train(rank, world, jobs):
 @pytest.fixture(scope="module")
 def trained():
     """Every case in one launch of 4 processes: (per rank, per case what it ran), the plans, and
-    per case the traced graph and the model."""
+    per case the traced graph, the model and its single-device run."""
     torch.manual_seed(0)
     gpt = autopar.zoo.get("gpt", **SIZES)
     llama = autopar.zoo.get("llama", batch=4, seq=16, width=32, heads=2, kv_heads=1, ffn=64, layers=2,
@@ -112,7 +113,8 @@ def trained():
             pin, options = CASES[case]
             jobs[case] = (model, inputs, _plan(model, inputs, 4, pin, **options), ref)
             models[case] = (graph, model)
-    return run_gloo(_train, 4, jobs), {c: j[2] for c, j in jobs.items()}, models
+    plans = {c: j[2] for c, j in jobs.items()}
+    return run_gloo(_train, 4, jobs), plans, {c: (*m, jobs[c][3]) for c, m in models.items()}
 
 
 @pytest.mark.slow
@@ -120,7 +122,7 @@ def trained():
 @pytest.mark.parametrize("case", ["data", "tensor", "recompute", "context"])
 def test_interleaved_sharded_stages_train_like_one_device(trained, case):
     ranks, plans, models = trained
-    graph, model = models[case]
+    graph, model, ref = models[case]
     names = {n for n, _ in model.named_parameters()}
     held = [set(r[case]["names"]) for r in ranks]
     assert set().union(*held) == names
@@ -129,6 +131,7 @@ def test_interleaved_sharded_stages_train_like_one_device(trained, case):
         # the planner prices rank r with stages r, r + p (its round-robin); torch sends them so
         assert got["indices"] == [pp, pp + 2] and got["torch_ranks"] == {k: k % 2 for k in range(4)}, got
         assert set(got["names"]) == _stage_params(graph, plans[case], got["indices"], names), rank
+        torch.testing.assert_close(got["eval"], float(ref.losses[0]), rtol=RTOL, atol=ATOL)
         if case == "tensor":  # weights split over the stage's two devices, as the plan has them
             assert got["split"], rank
         if case == "recompute":  # each stage wraps its own block only (rank 0: stage 2's blocks.1)
