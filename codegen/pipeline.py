@@ -213,14 +213,22 @@ def stage_mesh_shape(mesh_shape: Sequence[int], devices: int) -> tuple[int, ...]
     raise ValueError(f"a stage of {devices} devices is no set of inner axes of the plan's mesh {shape}")
 
 
+def stage_device_mesh(plan, count: int, per_stage: int, device: torch.device):
+    """The ``(pp, *sub-mesh)`` DeviceMesh of ``count`` pipeline ranks of ``per_stage`` devices."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = stage_mesh_shape(plan.mesh.shape, per_stage)
+    names = ("pp", *(f"mesh{a}" for a in range(len(shape))))
+    return init_device_mesh(device.type, (count, *shape), mesh_dim_names=names)
+
+
 def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names: list[str],
-                   count: int, per_stage: int, device: torch.device, training):
+                   count: int, per_stage: int, device: torch.device, training, mesh=None):
     """This rank's stage as a DTensor ``ShardedModule`` on the stage's sub-mesh, and the pipeline
     group (the ranks at the same place of every stage's sub-mesh). A one-device stage comes here
     under mixed precision or recomputation: its program (on a mesh of one device, nothing split)
-    casts and checkpoints as a single-stage plan's does."""
-    from torch.distributed.device_mesh import init_device_mesh
-
+    casts and checkpoints as a single-stage plan's does. ``mesh``: the ``stage_device_mesh`` of
+    ``count`` pipeline ranks (made here when None; interleaved 1F1B's stages of a rank share one)."""
     from autopar.core.batch import scale_batch
     from autopar.core.tables import Config
 
@@ -228,7 +236,7 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
 
     shape = stage_mesh_shape(plan.mesh.shape, per_stage)
     inner = tuple(f"mesh{a}" for a in range(len(shape)))
-    mesh = init_device_mesh(device.type, (count, *shape), mesh_dim_names=("pp", *inner))
+    mesh = mesh if mesh is not None else stage_device_mesh(plan, count, per_stage, device)
     # the planner priced and solved each stage at microbatch size, on the stage's sub-mesh, and
     # wrote the configs on the full mesh (stage axes first): shift them back onto the sub-mesh
     outer = len(plan.mesh.shape) - len(shape)
@@ -292,18 +300,33 @@ def _checked(plan, graph, loss_reduction: str):
 
 
 def _interleaved(model, plan, example_inputs: tuple, group, device, loss_reduction: str, graph, training):
-    """Interleaved 1F1B's module for this rank (``interleaved.py``), after the common checks."""
-    from .interleaved import interleaved_module
+    """Interleaved 1F1B's module for this rank (``interleaved.py``), after the common checks. Stages
+    of several devices, or trained with mixed precision, recomputation or ZeRO, each run as a
+    program on its sub-mesh, as one stage per rank does (``_sharded_stage``), the ``v`` stages of a
+    rank on one ``(pp, *sub-mesh)`` mesh (torch sends along its "pp" groups)."""
+    from .interleaved import interleaved_module, pipeline_ranks
 
     graph = fx_form(_checked(plan, graph, loss_reduction), model)
-    if not stage_training(graph, plan, training).plain:
-        raise ValueError("interleaved 1F1B runs without mixed precision and recomputation: plan with "
-                         "precision='fp32' and recompute=False, or pin another schedule (pin='...,schedule=1f1b')")
+    training = stage_training(graph, plan, training)
     if any(n.op == "placeholder" and n.target.startswith("*") for n in graph.fx_graph.graph.nodes):
         raise ValueError("pipelining needs a model with named inputs (no *args)")
     device = torch.device(device if device is not None else _default_device(group))
-    return interleaved_module(model, plan, example_inputs, graph, group, device, loss_reduction,
-                              _loss_meta(graph.fx_graph, example_inputs))
+    per_stage = int(plan.stages[0].devices)
+    count = pipeline_ranks(plan, dist.get_world_size(group))
+    if per_stage == 1 and training.plain:
+        return interleaved_module(model, plan, example_inputs, graph, group, device, loss_reduction,
+                                  _loss_meta(graph.fx_graph, example_inputs))
+    if group is not None:
+        raise ValueError("stages of several devices, or trained with mixed precision, recomputation or ZeRO, "
+                         "need the default (world) process group")
+    mesh = stage_device_mesh(plan, count, per_stage, device)
+
+    def shard(module: fx.GraphModule, part: StageGraph, names: list[str]) -> nn.Module:
+        return _sharded_stage(module.to(device), graph, plan, part, names, count, per_stage, device, training,
+                              mesh=mesh)[0]
+
+    return interleaved_module(model, plan, example_inputs, graph, mesh.get_group("pp"), device,
+                              loss_reduction, _loss_meta(graph.fx_graph, example_inputs), shard=shard)
 
 
 def _loss_meta(gm: fx.GraphModule, example_inputs: tuple) -> torch.Tensor:
