@@ -62,6 +62,18 @@ class ZeroUnits:
         for unit in self.whole:
             self.gather(unit)
 
+    def watch(self, out) -> None:
+        """Call on the forward's outputs: their backward starts with the units no gate regathers
+        (the root) whole. Within one step they are already; a pipeline stage's backward of one
+        microbatch may follow another's, whose end freed them (``GradReducer._finish``)."""
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(self._whole_again)
+
+    def _whole_again(self, grad):
+        self.begin()
+        return grad
+
     def gather(self, unit: str, wait: bool = True) -> None:
         for b in self.buckets.get(unit, ()):
             gather(self.reducer.shards[b], wait)
@@ -136,7 +148,10 @@ RECAST = "_autopar_recast"  # on a cast parameter: (the parameter, the dtype) it
 def cast(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A ZeRO-3 parameter in the compute dtype (mixed precision), marked so that what the backward
     keeps of it is made again from the regathered parameter (``recast_hooks``), as ``fully_shard``
-    with a ``MixedPrecisionPolicy`` gathers the low-precision parameter again for the backward."""
+    with a ``MixedPrecisionPolicy`` gathers the low-precision parameter again for the backward.
+    A parameter gathered in ``dtype`` already (``zero.store_compute``) is read as it is."""
+    if param.dtype == dtype:
+        return param
     out = param.to(dtype)
     setattr(out, RECAST, (param, dtype))
     return out
