@@ -146,8 +146,6 @@ class CompiledModule(nn.Module):
             out = self._call.unflatten(list(out) if isinstance(out, (tuple, list)) else [out])
         if torch.is_grad_enabled():
             self.reducer.watch(out)
-            if self._units is not None:
-                self._units.watch(out)
         if self._outputs == "dtensor":
             leaves = iter(program.output_placements)
             out = fx.node.map_aggregate(out, lambda v: _as_dtensor(v, next(leaves), self.mesh))

@@ -148,6 +148,7 @@ class GradReducer:
         unit_of = dict(zip((id(leaf) for _, leaf, _ in leaves), units or ()))
         self.bucket_unit = [unit_of.get(id(b[0])) for b in self.buckets]
         self.gated = False  # ZeRO-3 per unit: a bucket's parameters are freed once its gradients are in
+        self.kept: set[int] = set()  # ZeRO-3 buckets no backward frees (a pipeline stage's root: ``zero_units.py``)
         self.bucket_axes = [b.axes for b in plan]
         self.groups = {axes: _group(mesh, axes) for axes in set(self.bucket_axes)}
         self._ready: list[int] = [0] * len(self.buckets)
@@ -184,12 +185,14 @@ class GradReducer:
         for z in self.shards.values():
             gather(z, full=True)
 
-    def release_params(self) -> None:
-        """ZeRO-3: free the sliced buckets' whole parameters (each rank keeps its master slice)."""
+    def release_params(self, keep: set[int] = frozenset()) -> None:
+        """ZeRO-3: free the sliced buckets' whole parameters (each rank keeps its master slice),
+        but those of the buckets ``keep``."""
         from .zero import release
 
-        for z in self.shards.values():
-            release(z)
+        for b, z in self.shards.items():
+            if b not in keep:
+                release(z)
 
     def refresh_masters(self) -> None:
         """ZeRO: the master slices from the parameters (after a checkpoint was loaded into them)."""
@@ -316,7 +319,8 @@ class GradReducer:
         with its parameters (freed) and its gradients (in the bucket's buffer now)."""
         from .zero import release
 
-        release(z)
+        if b not in self.kept:
+            release(z)
         for leaf in self.buckets[b]:
             leaf.grad = None
 
@@ -357,7 +361,7 @@ class GradReducer:
                 if g is not None and (p.grad is None or p.grad._local_tensor is not g):
                     p.grad = as_grad(p, g)
         if self.zero == 3:  # the backward is done with the whole parameters
-            self.release_params()
+            self.release_params(self.kept)
         self._work.clear()
         self._base.clear()
         self._held = False

@@ -208,7 +208,7 @@ def _bf16_one_device(made) -> tuple[list, dict]:
         cast = {n: p.to(torch.bfloat16) for n, p in model.named_parameters()}
         loss = torch.func.functional_call(model, cast, inputs)
         loss.backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         opt.step()
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
