@@ -170,6 +170,9 @@ def refresh_master(z: ZeroBucket, leaves: list[torch.Tensor]) -> None:
         part = flat[start:min(start + z.slice, flat.numel())]
         z.master.zero_()
         z.master[:part.numel()].copy_(part)
+    if z.compute is not None:  # a compute copy gathered before the load: gathered again from the master
+        settle(z)
+        z.compute.untyped_storage().resize_(0)
 
 
 class ShardedOptimizer:
