@@ -85,7 +85,13 @@ class CompiledModule(nn.Module):
         self.loss_reduction = "mean"  # with gradient accumulation: "mean" or "sum" over the batch
         names = {id(local): name for name, local in self._locals.items()}
         self.reducer = GradReducer(mesh, leaves, zero=training.zero, zero_axes=training.zero_axes,
-                                   units=[unit_of(names[id(local)]) for _, local, _ in leaves])
+                                   units=[unit_of(names[id(local)]) for _, local, _ in leaves],
+                                   compute=training.dtype if training.zero == 3 else None)
+        swap = self.reducer.compute_leaves  # ZeRO-3 under mixed precision: the program reads those
+        if swap:
+            self._locals = {n: swap.get(id(t), t) for n, t in self._locals.items()}
+            self._state[:] = [swap.get(id(t), t) for t in self._state]
+            names = {id(local): name for name, local in self._locals.items()}
         self._units = ZeroUnits(self.reducer, names) if training.zero == 3 else None  # per block (``zero_units.py``)
         self.reducer.gated = self._units is not None
         if training.zero or self._expert_weights.held:  # state dicts read and write whole parameters

@@ -89,6 +89,10 @@ class PipelinedModule(nn.Module):
         stage = LeafStage if isinstance(stage_module, CompiledModule) else PipelineStage
         self._stage = stage(stage_module, stage_index, num_stages, device,
                             group=pp_group if pp_group is not None else group)
+        if getattr(getattr(stage_module, "training", None), "zero", 0) == 3:  # state dicts read whole parameters
+            self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: stage_module.unshard())
+            self.register_load_state_dict_pre_hook(lambda module, *args: stage_module.unshard())
+            self.register_load_state_dict_post_hook(lambda module, incompatible: stage_module._loaded())
         kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}[schedule]
         self._schedule = kind([self._stage] if schedule in _MULTI else self._stage, microbatches,
                               loss_fn=_output_is_loss, scale_grads=loss_reduction == "mean")
@@ -255,6 +259,8 @@ def _sharded_stage(module: fx.GraphModule, graph, plan, part: StageGraph, names:
     sharded = shard_module(module, ir, {n: assignment[n] for n in names if n in assignment}, shape,
                            device_mesh=mesh[inner], boundary=boundary,
                            training=own_training(training, graph, names))  # context attention as priced
+    if sharded._units is not None:  # ZeRO-3: the root whole over the step's microbatches
+        sharded._units.step_whole = True
     # the program's calls keep the traced fx nodes, and through them ``module``: its unsharded
     # weights (built from a copy of the whole model) go, the sharded module has its own
     module.to("meta")
@@ -267,9 +273,9 @@ def stage_training(graph, plan, training=None):
     from .training import program_training
 
     training = program_training(graph, plan.strategy) if training is None else training
-    if training.zero == 3 or (training.zero and min(int(s.devices) for s in plan.stages) < 2):
-        raise ValueError(f"ZeRO-{training.zero} is generated in pipelines for stages of several devices and "
-                         "stages 1-2 only: plan with zero=0, 1 or 2, or pipeline=False")
+    if training.zero and min(int(s.devices) for s in plan.stages) < 2:
+        raise ValueError(f"ZeRO-{training.zero} is generated in pipelines for stages of several devices only "
+                         "(a stage's data-parallel ranks slice it): plan with zero=0, or pipeline=False")
     return dataclasses.replace(training, accumulate=1)
 
 

@@ -14,7 +14,8 @@ parameters reduce over different groups of mesh axes (a tensor-parallel weight o
 data axes, a replicated one over all of them). Sums, not averages: the program computes the
 global loss, so each rank's gradient is a partial sum of the true one. Under ZeRO-1/2 the buckets
 are sliced over the data-parallel axes, stages 2 and 3 reduce-scatter them, and stage 3 holds one
-unit's parameters per bucket, freed when its reduce-scatter starts (``zero.py``, ``zero_units.py``).
+unit's parameters per bucket, freed when its reduce-scatter starts (``zero.py``, ``zero_units.py``);
+under mixed precision stage 3's leaves are the compute dtype's (``zero.store_compute``).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class GradReducer:
 
     def __init__(self, mesh: DeviceMesh, leaves: list[tuple[nn.Parameter, torch.Tensor, tuple[int, ...]]],
                  bucket_bytes: int = BUCKET_BYTES, zero: int = 0, zero_axes: tuple[int, ...] | None = None,
-                 units: list[str] | None = None):
+                 units: list[str] | None = None, compute: torch.dtype | None = None):
         self.mesh = mesh
         self.leaves = [(p, leaf) for p, leaf, _ in leaves]
         ids = {id(leaf): leaf for _, leaf, _ in leaves}
@@ -147,8 +148,8 @@ class GradReducer:
         unit_of = dict(zip((id(leaf) for _, leaf, _ in leaves), units or ()))
         self.bucket_unit = [unit_of.get(id(b[0])) for b in self.buckets]
         self.gated = False  # ZeRO-3 per unit: a bucket's parameters are freed once its gradients are in
+        self.kept: set[int] = set()  # ZeRO-3 buckets no backward frees (a pipeline stage's root: ``zero_units.py``)
         self.bucket_axes = [b.axes for b in plan]
-        self.bucket_of = {id(leaf): i for i, ls in enumerate(self.buckets) for leaf in ls}
         self.groups = {axes: _group(mesh, axes) for axes in set(self.bucket_axes)}
         self._ready: list[int] = [0] * len(self.buckets)
         self._work: list[tuple[object, int]] = []
@@ -158,30 +159,40 @@ class GradReducer:
         self._started = False
         self.defer = False  # gradient accumulation: backwards that add locally, reduced by a later one
         self._held = False  # ``_base`` taken for the accumulation window under way
-        self._hooks = [leaf.register_post_accumulate_grad_hook(self._on_grad) for _, leaf, _ in leaves]
         self.zero = int(zero)
         self.shards = {}
+        self.compute_leaves: dict[int, torch.Tensor] = {}  # id(parameter's local) -> the leaf the program reads
         if self.zero:
-            from .zero import store_sharded, zero_buckets
+            from .zero import store_compute, store_sharded, zero_buckets
 
             self.shards = zero_buckets(mesh, self.buckets, self.bucket_axes, zero_axes, lambda a: _group(mesh, a))
             if self.zero == 3:
                 for b, z in self.shards.items():
                     store_sharded(z, self.buckets[b])
+                    if compute is not None and compute != z.master.dtype:  # gathered in the compute dtype
+                        low = store_compute(z, self.buckets[b], compute)
+                        self.compute_leaves.update((id(a), c) for a, c in zip(self.buckets[b], low))
+                        self.buckets[b] = low
+                swap = self.compute_leaves
+                self.leaves = [(p, swap.get(id(leaf), leaf)) for p, leaf in self.leaves]
+        self.bucket_of = {id(leaf): i for i, ls in enumerate(self.buckets) for leaf in ls}
+        self._hooks = [leaf.register_post_accumulate_grad_hook(self._on_grad) for _, leaf in self.leaves]
 
     def gather_params(self) -> None:
         """ZeRO-3: every sliced bucket's parameters whole (before a forward, a state dict)."""
         from .zero import gather
 
         for z in self.shards.values():
-            gather(z)
+            gather(z, full=True)
 
-    def release_params(self) -> None:
-        """ZeRO-3: free the sliced buckets' whole parameters (each rank keeps its master slice)."""
+    def release_params(self, keep: set[int] = frozenset()) -> None:
+        """ZeRO-3: free the sliced buckets' whole parameters (each rank keeps its master slice),
+        but those of the buckets ``keep``."""
         from .zero import release
 
-        for z in self.shards.values():
-            release(z)
+        for b, z in self.shards.items():
+            if b not in keep:
+                release(z)
 
     def refresh_masters(self) -> None:
         """ZeRO: the master slices from the parameters (after a checkpoint was loaded into them)."""
@@ -308,7 +319,8 @@ class GradReducer:
         with its parameters (freed) and its gradients (in the bucket's buffer now)."""
         from .zero import release
 
-        release(z)
+        if b not in self.kept:
+            release(z)
         for leaf in self.buckets[b]:
             leaf.grad = None
 
@@ -349,7 +361,7 @@ class GradReducer:
                 if g is not None and (p.grad is None or p.grad._local_tensor is not g):
                     p.grad = as_grad(p, g)
         if self.zero == 3:  # the backward is done with the whole parameters
-            self.release_params()
+            self.release_params(self.kept)
         self._work.clear()
         self._base.clear()
         self._held = False
@@ -366,8 +378,8 @@ class GradReducer:
             return
         if z.rest is not None:
             dist.all_reduce(z.incoming, group=z.rest)
-        if z.master.grad is None:
-            z.master.grad = z.incoming
+        if z.master.grad is None:  # bf16 under mixed precision's ZeRO-3: the master's gradient fp32
+            z.master.grad = z.incoming.to(z.master.dtype)
         else:
             z.master.grad.add_(z.incoming)
         z.incoming = None

@@ -16,6 +16,11 @@ A stage under pointwise recomputation (``selective.py``) runs its whole backward
 nothing in ``W``: torch's selective checkpoint hands each kept matmul output to one backward only,
 and ``W`` would be a second one through the same blocks ("Trying to backward an extra time").
 The schedule's order, and so its gradients, stay the same; the stage's ``W`` slots idle.
+So does a stage under ZeRO-3: ``I`` regathers each block for its backward and frees it once
+its gradients are in (``zero_units.py``), and ``W`` would read some weights again (LayerNorm's
+weight gradient reads its weight), a third gather of each block per microbatch where the price
+counts two (``cost_models.training.zero_collectives``), or every block of the stage held whole
+from ``I`` to ``W`` where it counts two.
 """
 
 from __future__ import annotations
@@ -34,23 +39,25 @@ class LeafStage(PipelineStage):
         return [leaf for _, leaf in self.submod.reducer.leaves]
 
     def scale_grads(self, grad_scale_factor: int) -> None:
-        """The mean over the microbatches: under ZeRO-2 the sliced parameters keep no ``.grad``,
+        """The mean over the microbatches: under ZeRO-2/3 the sliced parameters keep no ``.grad``,
         their gradient is this rank's master slice's (ZeRO-1's master slices view the gradients
         scaled here already)."""
         super().scale_grads(grad_scale_factor)
         reducer = self.submod.reducer
-        if grad_scale_factor != 1 and reducer.zero == 2:
+        if grad_scale_factor != 1 and reducer.zero >= 2:
             for z in reducer.shards.values():
                 if z.master.grad is not None:
                     z.master.grad.div_(grad_scale_factor)
 
-    def _selective(self) -> bool:
-        """Does the stage's program run blocks under selective checkpointing?"""
-        return any(getattr(m, "pointwise", False) for m in self.submod.program.module.modules())
+    def _one_backward(self) -> bool:
+        """Does the stage run each microbatch's backward whole in ``I``: its program's blocks under
+        selective checkpointing, or its parameters stored sliced (ZeRO-3)?"""
+        return self.submod.reducer.zero == 3 or \
+            any(getattr(m, "pointwise", False) for m in self.submod.program.module.modules())
 
     def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict,
                                    last_backward: bool = False) -> tuple[tuple[Any, ...], Any]:
-        if backward_type in ("input", "weight") and self._selective():  # one backward: ``I``
+        if backward_type in ("input", "weight") and self._one_backward():  # one backward: ``I``
             if backward_type == "weight":
                 return (), None
             if bwd_kwargs["output_grads"] is None and isinstance(bwd_kwargs["stage_output"], tuple):

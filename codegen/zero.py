@@ -48,6 +48,10 @@ class ZeroBucket:
     incoming: torch.Tensor | None = None  # stage 2: the reduce-scatter's output, until the backward ends
     flat: torch.Tensor | None = None  # stage 3: the whole bucket, the parameters its views (storage freed between uses)
     pending: object = None  # stage 3: the all-gather of a prefetch under way (its work handle)
+    # stage 3 under mixed precision: the whole bucket in the compute dtype, the leaves the program
+    # reads its views (FSDP2's unsharded parameters under ``MixedPrecisionPolicy(param_dtype)``)
+    compute: torch.Tensor | None = None
+    source: torch.Tensor | None = None  # the cast master slice an all-gather under way reads
 
     @property
     def slice(self) -> int:
@@ -91,23 +95,53 @@ def store_sharded(z: ZeroBucket, leaves: list[torch.Tensor]) -> None:
     release(z)
 
 
-def gathered(z: ZeroBucket) -> bool:
-    return z.flat is None or z.flat.untyped_storage().nbytes() > 0
+def store_compute(z: ZeroBucket, leaves: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """ZeRO-3 under mixed precision: new autograd leaves in ``dtype``, views of one padded flat
+    tensor (``z.compute``, freed between uses), for the program to read in place of ``leaves``.
+    Gathered from the master slices cast to ``dtype``, as ``fully_shard`` with
+    ``MixedPrecisionPolicy(param_dtype=dtype)`` gathers: a block held whole costs its parameters
+    and gradients in ``dtype`` (what ``cost_models.training.param_bytes`` prices), not in fp32, and
+    its gradients are reduce-scattered in ``dtype`` (FSDP2's default ``reduce_dtype``), added to the
+    fp32 master slice's. ``leaves`` (the fp32 views of ``z.flat``) stay for state dicts."""
+    flat = torch.zeros(z.numel, dtype=dtype, device=z.master.device)
+    out, offset = [], 0
+    for leaf in leaves:
+        low = torch.empty(0, dtype=dtype, device=flat.device)
+        low.data = flat[offset:offset + leaf.numel()].view_as(leaf)
+        out.append(low.requires_grad_(True))
+        offset += leaf.numel()
+    z.compute = flat
+    release(z)
+    return out
 
 
-def gather(z: ZeroBucket, wait: bool = True) -> None:
-    """ZeRO-3: the bucket's whole parameters back from every rank's master slice (if freed);
+def _whole(z: ZeroBucket, full: bool) -> torch.Tensor | None:
+    """The tensor a gather fills: the compute copy where there is one (``full``: the fp32 one)."""
+    return z.flat if full or z.compute is None else z.compute
+
+
+def gathered(z: ZeroBucket, full: bool = False) -> bool:
+    t = _whole(z, full)
+    return t is None or t.untyped_storage().nbytes() > 0
+
+
+def gather(z: ZeroBucket, wait: bool = True, full: bool = False) -> None:
+    """ZeRO-3: the bucket's whole parameters back from every rank's master slice (if freed), in
+    the compute dtype under mixed precision (``full``: the fp32 ones, for a state dict);
     ``wait=False``: started (a prefetch), waited for by the next ``gather`` or ``release``."""
-    if gathered(z):
+    if gathered(z, full):
         if wait:
             settle(z)
         return
+    settle(z)  # one all-gather of a bucket under way at a time
+    t = _whole(z, full)
     with torch.no_grad():
-        z.flat.untyped_storage().resize_(z.numel * z.flat.element_size())
+        t.untyped_storage().resize_(z.numel * t.element_size())
         # into a fresh tensor on the storage: the parameters (views of it) keep their versions,
         # so the backward still reads what the forward saved of them
-        out = torch.empty(0, dtype=z.flat.dtype, device=z.flat.device).set_(z.flat.untyped_storage(), 0, (z.numel,))
-        z.pending = dist.all_gather_single(out, z.master.detach(), group=z.group, async_op=True)
+        out = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, (z.numel,))
+        z.source = z.master.detach().to(t.dtype)  # cast before the all-gather: it moves t's bytes
+        z.pending = dist.all_gather_single(out, z.source, group=z.group, async_op=True)
     if wait:
         settle(z)
 
@@ -117,13 +151,15 @@ def settle(z: ZeroBucket) -> None:
     if z.pending is not None:
         z.pending.wait()
         z.pending = None
+        z.source = None
 
 
 def release(z: ZeroBucket) -> None:
     """ZeRO-3: free the bucket's whole parameters (the master slice keeps this rank's part)."""
-    if z.flat is not None:
-        settle(z)
-        z.flat.untyped_storage().resize_(0)
+    settle(z)
+    for t in (z.flat, z.compute):
+        if t is not None:
+            t.untyped_storage().resize_(0)
 
 
 def refresh_master(z: ZeroBucket, leaves: list[torch.Tensor]) -> None:
@@ -134,6 +170,9 @@ def refresh_master(z: ZeroBucket, leaves: list[torch.Tensor]) -> None:
         part = flat[start:min(start + z.slice, flat.numel())]
         z.master.zero_()
         z.master[:part.numel()].copy_(part)
+    if z.compute is not None:  # a compute copy gathered before the load: gathered again from the master
+        settle(z)
+        z.compute.untyped_storage().resize_(0)
 
 
 class ShardedOptimizer:

@@ -20,6 +20,8 @@ when its reduce-scatter starts (its gradients are in: no node of the backward re
 The root has no gates: it is gathered when the program starts and stays whole to the backward's
 end, as ``fully_shard`` leaves the root module unsharded after its forward (its readers, an
 embedding and a head, bracket the program anyway); so does a block read by the program's output.
+On a pipeline stage (``step_whole``) the root stays whole to the optimizer's step: one
+microbatch's backward may end while another's forward has saved the root's parameters.
 
 So a rank holds its slices, the root, and at most two blocks' parameters whole at once: what the
 cost models price (``cost_models.training.zero3_gathered``).
@@ -56,6 +58,8 @@ class ZeroUnits:
         self.names = {names[id(leaf)] for b in reducer.shards for leaf in reducer.buckets[b] if id(leaf) in names}
         self.order: list[str] = []  # the gated units in the order the forward first reads them
         self.whole: list[str] = list(self.buckets)  # units gathered for the whole step (the root)
+        # a pipeline stage's: the root stays whole over every microbatch's backward, to the step
+        self.step_whole = False
 
     def begin(self) -> None:
         """Before the program's forward: the units no gate gathers (the root) whole."""
@@ -136,7 +140,10 @@ RECAST = "_autopar_recast"  # on a cast parameter: (the parameter, the dtype) it
 def cast(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A ZeRO-3 parameter in the compute dtype (mixed precision), marked so that what the backward
     keeps of it is made again from the regathered parameter (``recast_hooks``), as ``fully_shard``
-    with a ``MixedPrecisionPolicy`` gathers the low-precision parameter again for the backward."""
+    with a ``MixedPrecisionPolicy`` gathers the low-precision parameter again for the backward.
+    A parameter gathered in ``dtype`` already (``zero.store_compute``) is read as it is."""
+    if param.dtype == dtype:
+        return param
     out = param.to(dtype)
     setattr(out, RECAST, (param, dtype))
     return out
@@ -229,4 +236,6 @@ def instrument(gm: fx.GraphModule, state: list[str], units: ZeroUnits) -> None:
         if not units.order:
             units.order = order
             units.whole = [u for u in units.buckets if u not in order]
+            if units.step_whole:  # freed by the optimizer's step (``zero.ShardedOptimizer``), not a backward
+                units.reducer.kept = {b for u in units.whole for b in units.buckets[u]}
     attach(gm, units)

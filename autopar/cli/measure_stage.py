@@ -128,7 +128,9 @@ def _received_shard(stage, name: str, value: torch.Tensor) -> torch.Tensor:
     if placements is None:
         return value
     shape, _ = compute_local_shape_and_global_offset(value.shape, stage.mesh, placements)
-    return torch.empty(shape, dtype=value.dtype, device="meta")
+    spec = program.input_specs.get(name)  # under mixed precision what an earlier stage sends is bf16
+    dtype = getattr(torch, spec.dtype) if spec is not None and value.is_floating_point() else value.dtype
+    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 def stage_run(model, module, plan, graph, inputs: tuple, device, lr: float) -> StageRun:

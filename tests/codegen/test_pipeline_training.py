@@ -13,6 +13,8 @@ cut is bf16.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -215,7 +217,7 @@ def _refusals(rank, world, model, inputs, plain) -> list[str]:
 
 @pytest.mark.dist
 def test_what_stages_do_not_generate_is_refused_in_one_line():
-    """ZeRO on stages of one device (no data-parallel ranks to slice over) or ZeRO-3: a one-line
+    """ZeRO-1 or 3 on stages of one device (no data-parallel ranks to slice over): a one-line
     ValueError saying what to plan instead."""
     from tests.helpers.dist_utils import run_threaded
 
@@ -225,4 +227,102 @@ def test_what_stages_do_not_generate_is_refused_in_one_line():
     for messages in run_threaded(_refusals, 2, model, inputs, plain):
         assert all("\n" not in m for m in messages), messages
         assert "ZeRO-1 is generated in pipelines for stages of several devices" in messages[0]
-        assert "ZeRO-3 is generated in pipelines for stages of several devices and stages 1-2 only" in messages[1]
+        assert "ZeRO-3 is generated in pipelines for stages of several devices only" in messages[1]
+
+
+def _bf16_one_device(model, inputs) -> tuple[list, dict]:
+    """One device in bf16: the fp32 parameters cast for every step's forward, AdamW on them."""
+    model = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS)
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.func.functional_call(model, {n: p.to(torch.bfloat16) for n, p in model.named_parameters()},
+                                          inputs)
+        loss.backward()
+        losses.append(loss.detach().float())
+        opt.step()
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _zero3(rank, world, runs):
+    """Per (model, inputs, plan): the losses, the first step's gradients (from the master slices),
+    the parameters after 3 steps, the all-gathers of sliced buckets each step, this rank's sliced
+    buckets, and the bytes they hold whole between steps."""
+    out = []
+    for model, inputs, plan in runs:
+        module = autopar.compile(model, inputs, plan=plan)
+        stage = module.stage_module
+        opt = module.optimizer(torch.optim.AdamW, lr=LR, eps=EPS)
+        held, gathers, losses, grads = set(), [], [], {}
+        real = dist.all_gather_single
+
+        def counted(output, input, *args, **kwargs):
+            gathers[-1] += any(input is z.source for z in stage.reducer.shards.values())
+            return real(output, input, *args, **kwargs)
+
+        dist.all_gather_single = counted
+        try:
+            for step in range(3):
+                opt.zero_grad()
+                gathers.append(0)
+                losses.append(module.train_step(*inputs).detach().float())
+                if step == 0:
+                    grads = _unsharded_grads(stage)
+                opt.step()
+                held.add(sum(t.untyped_storage().nbytes() for z in stage.reducer.shards.values()
+                             for t in (z.flat, z.compute) if t is not None))
+        finally:
+            dist.all_gather_single = real
+        # the stage's state dict gathers its parameters whole (stored sliced between steps)
+        params = {n: p.detach().full_tensor().clone() for n, p in module.state_dict().items()}
+        units = stage._units  # the buckets of the blocks (gated) and of the root (whole for the step)
+        buckets = [sum(len(units.buckets[u]) for u in us) for us in (units.order, units.whole)]
+        out.append((losses, grads, params, gathers, buckets, held))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_zero3_inside_sharded_stages_trains_like_one_device():
+    """ZeRO-3 over each stage's 2 data-parallel ranks (pipeline 2 x data 2; zero bubble's schedule,
+    then 1F1B's), each block's parameters gathered for each microbatch's forward and again for its
+    backward and freed between, as the price counts them (2 all-gathers of each block's bucket per
+    microbatch), the root's whole over the step (and nothing whole between steps): float64 trains like one device; bf16 (the
+    buckets gathered in bf16) within bf16's rounding of one bf16 device."""
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("gpt", batch=4, seq=8, width=16, heads=2, layers=2, vocab=32)
+    wide, low = copy.deepcopy(model).double(), copy.deepcopy(model).float()
+    runs = [(wide, inputs, _pinned(wide, inputs, "sharded", recompute=False, zero=3)),
+            (low, inputs, _pinned(low, inputs, "sharded", recompute=False, zero=3, precision="bf16"))]
+    cluster = autopar.Cluster.preset("cpu", devices=4)
+    runs.append((wide, inputs, autopar.plan(wide, inputs, cluster, hierarchical=True, recompute=False, zero=3,
+                                            pin=LAYOUTS["sharded"][1] + ",schedule=1f1b").baselines["published"]))
+    assert [p.strategy.options.zero for _, _, p in runs] == [3] * 3
+    assert [p.schedule for _, _, p in runs] == ["zero-bubble", "zero-bubble", "1f1b"]
+    assert runs[1][2].strategy.options.precision == "bf16"
+    ref, ref16 = reference_run(wide, inputs), _bf16_one_device(low, inputs)
+    for rank, got in enumerate(run_gloo(_zero3, 4, runs)):
+        for k, (losses, grads, params, gathers, buckets, held) in enumerate(got):
+            what = f"rank {rank}, plan {k}"
+            m = runs[k][2].microbatches
+            # after the first step (the schedule's shape inference runs a forward more): each block's
+            # buckets twice a microbatch, the root's once a step
+            blocks, roots = buckets
+            assert m >= 2 and blocks >= 1 and gathers[1:] == [2 * m * blocks + roots] * 2 and held == {0}, \
+                (what, m, buckets, gathers, held)
+            assert set(params) == {n for n, _ in runs[k][0].named_parameters() if n in params} and params
+            if k == 1:  # bf16
+                for step, loss in enumerate(losses):
+                    torch.testing.assert_close(loss, ref16[0][step], rtol=0, atol=0.035, msg=lambda m: f"{what}: {m}")
+                for n, p in params.items():
+                    torch.testing.assert_close(p, ref16[1][n], rtol=0, atol=2e-3, msg=lambda m, n=n: f"{what} {n}: {m}")
+                continue
+            for step, loss in enumerate(losses):
+                torch.testing.assert_close(loss, ref.losses[step].float(), rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}: {m}")
+            assert set(grads) == set(params), what
+            for n, g in grads.items():
+                torch.testing.assert_close(g, ref.grads[n], rtol=RTOL, atol=ATOL, msg=lambda m, n=n: f"{what} grad {n}: {m}")
+            for n, p in params.items():
+                torch.testing.assert_close(p, ref.params[n], rtol=RTOL, atol=PARAM_ATOL,
+                                           msg=lambda m, n=n: f"{what} param {n}: {m}")
