@@ -314,6 +314,9 @@ def _interleaved(model, plan, example_inputs: tuple, group, device, loss_reducti
 
     graph = fx_form(_checked(plan, graph, loss_reduction), model)
     training = stage_training(graph, plan, training)
+    if training.zero >= 3:  # the planner does not weigh it (core.schedules.runs_as_priced)
+        raise ValueError("ZeRO-3 is generated in 1F1B and zero-bubble pipelines, not interleaved 1F1B: "
+                         "plan with zero=2 or schedule=1f1b")
     if any(n.op == "placeholder" and n.target.startswith("*") for n in graph.fx_graph.graph.nodes):
         raise ValueError("pipelining needs a model with named inputs (no *args)")
     device = torch.device(device if device is not None else _default_device(group))

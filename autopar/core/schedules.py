@@ -26,3 +26,16 @@ def rounds(schedule: str, microbatches: int, stages: int, virtual: int = 0) -> f
     if v > 1:
         frac = 1.0 / (virtual or v)
     return microbatches + frac * (stages - 1)
+
+
+def runs_as_priced(schedule: str, zero: int, recompute) -> bool:
+    """Whether codegen runs ``schedule`` with these options as ``SCHEDULES`` prices it. A stage
+    under ZeRO-3 (its weights gathered again for the backward, freed by the input half) or under
+    pointwise recomputation runs each microbatch's whole backward in zero bubble's input half and
+    idles in the weight half: its bubble is 1F1B's, not the third zero bubble is priced at, so the
+    search weighs 1F1B for it instead. Interleaved 1F1B is not generated with ZeRO-3."""
+    if schedule == "zero-bubble":
+        return zero < 3 and recompute != "pointwise"
+    if schedule == "interleaved-1f1b":
+        return zero < 3
+    return True

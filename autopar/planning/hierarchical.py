@@ -54,7 +54,7 @@ from autopar.planning.lagrangian import tighten
 from autopar.planning.settings import TrainingSettings
 from autopar.planning.space_bound import any_layout_bound, memory_floor
 from autopar.planning.step_bounds import least_totals, lower_bound, reference_bound, stats_bound, sync_lb, totals
-from autopar.planning.step_price import SCHEDULES, Candidate, Priced, data_groups, price, schedule_options
+from autopar.planning.step_price import SCHEDULES, Candidate, weighed, Priced, data_groups, price, schedule_options
 from autopar.planning.units import UnitStats, unit_stats
 from autopar.planning.hierarchical_plan import assignment_of, mesh_of, to_plan  # noqa: F401  (also imported from here)
 
@@ -272,10 +272,8 @@ class Search:
                             for sched, v in schedule_options(schedules if deg.p > 1 else ("1f1b",), deg.p,
                                                              len(self.spans)):
                                 c = Candidate(deg, m, z, inner, rc, sched, v)
-                                if deg.p * c.virtual > len(self.spans) or (sched != "1f1b" and m % deg.p):
-                                    continue  # the bubbles of SCHEDULES are those of whole rounds of p
-                                if sched == "1f1b" and deg.p > 1 and "zero-bubble" in schedules and m % deg.p == 0:
-                                    continue  # zero bubble: the same cuts and memory, a third of its bubble
+                                if not weighed(c, schedules, len(self.spans)):
+                                    continue
                                 comp, rest, mem = lower_bound(c, self.least, self.cluster, self.peak, self.eff,
                                                               self.optimizer, self.master, self.itemsize)
                                 # context: its gathers on top of the compute at peak (each stage's
@@ -419,7 +417,8 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
                                        f"pinned {pin.describe()}; the rest searched", reference)
             if pinned is None:
                 raise ValueError(f"no plan of the space matches the pin {pin.describe()} on {cluster.devices} "
-                                 "devices: the degrees must multiply to the device count and divide the batch")
+                                 "devices: the degrees must multiply to the device count and divide the batch, and "
+                                     "interleaved 1F1B runs without ZeRO-3")
             base["published"] = pinned
     return to_plan(best, search, common, info, base)
 

@@ -54,7 +54,7 @@ from autopar.planning.every import every_of
 from autopar.planning.overlap import exposed, window
 from autopar.planning.routed import ExpertStats
 from autopar.planning.units import UnitStats, zero_divided
-from autopar.core.schedules import SCHEDULES, rounds
+from autopar.core.schedules import SCHEDULES, rounds, runs_as_priced
 from autopar.search.pipeline import PipelineSolution, StageCosts, best_cuts
 
 
@@ -108,6 +108,17 @@ def schedule_options(schedules, p: int, units: int) -> list[tuple[str, int]]:
         vs = {v for v in (2 ** k for k in range(1, most.bit_length())) if v <= most} | ({most} if most >= 2 else set())
         out.extend((sched, v) for v in sorted(vs))
     return out
+
+
+def weighed(c: Candidate, schedules, units: int) -> bool:
+    """Whether the search prices ``c``: whole rounds of its p ranks (the bubbles of ``SCHEDULES``),
+    at most a unit per stage, a schedule codegen runs as priced (``runs_as_priced``), and 1F1B
+    only where zero bubble, at the same cuts and memory and a third of its bubble, is not weighed."""
+    p, m = c.degrees.p, c.microbatches
+    if p * c.virtual > units or (c.schedule != "1f1b" and m % p) or not runs_as_priced(c.schedule, c.zero, c.recompute):
+        return False
+    return not (c.schedule == "1f1b" and p > 1 and "zero-bubble" in schedules and m % p == 0
+                and runs_as_priced("zero-bubble", c.zero, c.recompute))
 
 
 @dataclass

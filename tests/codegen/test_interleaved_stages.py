@@ -7,7 +7,8 @@ tensor 2 inside them (the weights split), data 2 with every block recomputed, an
 Llama) context 2 inside them, each stage's attention a ring over its own 2 ranks, each train
 like one device (``check_pipelined``: the loss at every step, every gradient after the first,
 every parameter after 3 AdamW steps); ZeRO-1 and ZeRO-2 over each stage's data ranks train like
-one device with the optimizer state halved. bf16 on one-device stages (2 processes) has no
+one device with the optimizer state halved (ZeRO-3 is refused in one line: the planner does not
+weigh it with interleaved stages). bf16 on one-device stages (2 processes) has no
 float64 reference: it matches the same model's bf16 single-stage run within bf16's rounding.
 The stages each rank runs are the ones the planner priced on it (stage k on rank k mod p, as
 torch's schedule sends them), holding exactly those stages' parameters.
@@ -222,4 +223,22 @@ def test_an_interleaved_plan_on_the_wrong_process_count_is_refused_in_one_line()
     plan = _plan(model, inputs, 4, CASES["data"][0])
     for message in run_threaded(_refused, 2, model, inputs, plan):
         assert message.startswith("the plan runs on 4 processes (stages of 2 devices)"), message
+        assert "\n" not in message
+
+
+@pytest.mark.dist
+def test_zero3_in_an_interleaved_plan_is_refused_in_one_line():
+    """A hand-edited interleaved plan with ZeRO-3 (the planner does not weigh it): one line saying
+    what to plan instead, not a crash inside the schedule."""
+    import dataclasses
+
+    from tests.helpers.dist_utils import run_threaded
+
+    torch.manual_seed(0)
+    model, inputs = autopar.zoo.get("gpt", **SIZES)
+    plan = _plan(model, inputs, 4, CASES["zero2"][0], zero=2)
+    opts = dataclasses.replace(plan.strategy.options, zero=3)
+    plan = dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, options=opts))
+    for message in run_threaded(_refused, 4, model, inputs, plan):
+        assert message.startswith("ZeRO-3 is generated in 1F1B and zero-bubble pipelines"), message
         assert "\n" not in message
