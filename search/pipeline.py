@@ -54,6 +54,7 @@ class PipelineSolution:
     stage_time: list[float]  # per-microbatch time of each stage
     memory: list[float]  # peak bytes per device of each stage
     sync: list[float] = field(default_factory=list)  # each stage's gradient sync, once per step
+    peaks: list[float] = field(default_factory=list)  # each stage's peak with its transient, where priced apart
 
 
 # the schedules' bubbles: ``core.schedules`` (one formula for both planning paths and the report)

@@ -18,7 +18,8 @@ receives write are made (``receive``, ``receive_grads``: their memory counts) an
 communication's, timed apart from the compute (``measure_comm``).
 
 Predicted, for the same rank: the stage's peak memory per device (``Stage.memory``: its state and
-its in-flight microbatches' activations) and its compute per step (``Stage.compute``: the
+its in-flight microbatches' activations, with the transient of a recomputed block or ZeRO-3's
+gathered blocks) and its compute per step (``Stage.compute``: the
 microbatches' forward and backward and the optimizer update; plans that do not record it print
 the compute as not predicted).
 """

@@ -155,7 +155,8 @@ def to_plan(pr: Priced, search, common: dict, info: SearchInfo, baselines: dict,
         lo, hi = spans[a][0], spans[b - 1][1]
         r = k % deg.p
         stages.append(Stage(names[lo:hi], search.cluster.devices // deg.p, pr.solution.stage_time[r],
-                            pr.solution.sync[r] if pr.solution.sync else 0.0, pr.solution.memory[r],
+                            pr.solution.sync[r] if pr.solution.sync else 0.0,
+                            (pr.solution.peaks or pr.solution.memory)[r],
                             stage_compute(pr, s, search, a, b)))
     g, _, _, _ = data_groups(deg, c.zero_inner)
     data_levels = [level[a] for a in roles["data"]]

@@ -363,6 +363,7 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
     cost = sol.cost + max(shown) + max(opt)
     backward = [m_ + transient for m_ in sol.memory]  # each rank's peak: its backward's or its update's
     sol.memory = [max(b_ - transient, u) for b_, u in zip(backward, update)]
+    sol.peaks = [max(b_, u) for b_, u in zip(backward, update)]  # what a rank of the stage holds at most
     peak = max(max(backward), max(update))
     w = int(np.argmax(sol.memory))
     held = in_flight(c, w)
