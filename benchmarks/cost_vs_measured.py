@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import random
 import sys
@@ -283,7 +284,7 @@ def main(argv=None) -> int:
         from autopar.runtime.allocator import keep_freed_memory
 
         keep_freed_memory()
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()[0]
     checks: list[dict[str, float]] = []  # per attempt: model -> the flagged host checks
     for _ in range(1 + max(0, args.retries)):  # the host rule (fidelity_table.HOST_LIMIT), applied blindly
         cache, tmp = args.cache, None
@@ -310,7 +311,8 @@ def main(argv=None) -> int:
              f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
              f"{args.world} ranks x 1 thread; step = zero_grad + forward + backward + AdamW; "
              f"median of {repeats} round-robin rounds after {args.warmup} warm-up, slower rank per round; "
-             f"run took {elapsed:.0f} s; "
+             f"run took {elapsed:.0f} s, 1-minute load average {load:.2f} at the start, "
+             f"{os.getloadavg()[0]:.2f} at the end; "
              + ("glibc's own mmap and trim thresholds in the ranks." if args.default_malloc else
                 "the ranks keep freed host memory for the next step (autopar/runtime/allocator.py)."), ""]
     lines += [f"Host rule: an attempt whose replicated plan (no communication) measured over {HOST_LIMIT:g}x its "
