@@ -23,10 +23,11 @@ random plans from the search space), and for each:
   (so that load from other processes on the machine falls on all of them alike), warm-up rounds
   first, then the median over ``repeats`` rounds of the slower rank's time.
 
-The host rule: the replicated plan runs no collective, so its measured / predicted says how busy
-the host was against its profile; an invocation where it exceeds ``HOST_LIMIT`` (1.15) for any
-model is measured again whole, a fresh profile included, up to ``--retries`` (2) times, every
-attempt's check reported and the last one tabled (flagged still: said so).
+The host rule: the replicated plan runs no collective, so its measured / predicted says how the
+host's load moved between the profile and the steps; an invocation where it is off 1 by more
+than ``HOST_LIMIT`` (15%), either way, for any model, is measured again whole, a fresh profile
+included, up to ``--retries`` (2) times, every attempt's check reported and the last one tabled
+(flagged still: said so).
 
 It prints a table per model, the Spearman rank correlation of predicted and measured times per
 model and over all rows, and writes the same as markdown (``benchmarks/cost_vs_measured.md``).
@@ -267,7 +268,7 @@ def main(argv=None) -> int:
                          "timed on the machine as it is during the measurement)")
     ap.add_argument("--retries", type=int, default=2,
                     help=f"measure a flagged invocation again, profile included, up to this many times "
-                         f"(a replicated plan over {HOST_LIMIT:g}x its prediction: fidelity_table.HOST_LIMIT)")
+                         f"(a replicated plan off its prediction by over {HOST_LIMIT:.0%}: fidelity_table.HOST_LIMIT)")
     ap.add_argument("--out", default=str(Path(__file__).with_suffix(".md")))
     args = ap.parse_args(argv)
     repeats = max(5, args.repeats)
@@ -315,12 +316,12 @@ def main(argv=None) -> int:
              f"{os.getloadavg()[0]:.2f} at the end; "
              + ("glibc's own mmap and trim thresholds in the ranks." if args.default_malloc else
                 "the ranks keep freed host memory for the next step (autopar/runtime/allocator.py)."), ""]
-    lines += [f"Host rule: an attempt whose replicated plan (no communication) measured over {HOST_LIMIT:g}x its "
-              f"prediction for any model is measured again, profile included, up to {args.retries} times; "
+    lines += [f"Host rule: an attempt whose replicated plan (no communication) measured off its prediction by "
+              f"over {HOST_LIMIT:.0%}, either way, for any model is measured again, profile included, up to {args.retries} times; "
               "the last attempt is tabled. "
               + "; ".join(f"attempt {i}: " + (", ".join(f"{m} {x:.2f}x" for m, x in c.items()) + " flagged"
                                                if c else "not flagged") for i, c in enumerate(checks, 1))
-              + (". Every attempt flagged: the host was busier than its profile throughout, and this "
+              + (". Every attempt flagged: the host's load moved between profile and steps in each, and this "
                  "invocation does not measure the model." if checks[-1] else "."), ""]
     allp, allm, allb = [], [], []
     for name, kw in sizes.items():

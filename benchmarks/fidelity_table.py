@@ -9,11 +9,12 @@ import statistics
 
 import numpy as np
 
-# the host check's limit: an invocation whose replicated plan (no communication) measured more
-# than this times its prediction, for any model, ran on a host busier than the one it profiled
-# (the five quiet invocations before this rule read 0.93-1.05x; a busy one 1.26x), and is
-# measured again, whole, up to ``--retries`` times (``cost_vs_measured.main``)
-HOST_LIMIT = 1.15
+# the host check's tolerance: an invocation whose replicated plan (no communication) measured
+# off its prediction by more than this fraction, either way, for any model, ran its steps on a
+# host loaded otherwise than while it profiled and fitted (quiet invocations read 0.88-1.05x;
+# a busy one 1.26x; one that profiled at load 9 and stepped at 13, 0.62x), and is measured
+# again, whole, up to ``--retries`` times (``cost_vs_measured.main``)
+HOST_LIMIT = 0.15
 
 
 # -- statistics ------------------------------------------------------------------------------
@@ -91,10 +92,11 @@ def summarize(per_rank: list[dict], repeats: int) -> list[dict]:
 
 
 def flagged(per_model_rows: dict[str, list[dict]], limit: float = HOST_LIMIT) -> dict[str, float]:
-    """Model -> the replicated plan's measured / predicted where it exceeds ``limit`` ({}: none)."""
+    """Model -> the replicated plan's measured / predicted where it is off 1 by more than
+    ``limit`` ({}: none)."""
     out = {}
     for name, rows in per_model_rows.items():
         control = next((r for r in rows if r["label"].split(" = ")[0] == "replicated"), None)
-        if control is not None and control["measured"] / control["predicted"] > limit:
+        if control is not None and abs(control["measured"] / control["predicted"] - 1) > limit:
             out[name] = control["measured"] / control["predicted"]
     return out

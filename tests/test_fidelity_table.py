@@ -1,5 +1,5 @@
 """The cost-vs-measured benchmark's host rule: an invocation whose replicated plan (no collective)
-measured over the limit against its prediction is flagged, by model, and none under it."""
+measured off its prediction by more than the tolerance, either way, is flagged, by model."""
 
 from benchmarks.fidelity_table import HOST_LIMIT, flagged
 
@@ -10,6 +10,7 @@ def _rows(ratio: float) -> list[dict]:
 
 
 def test_the_replicated_plan_over_the_limit_flags_its_model_only():
-    got = flagged({"mlp": _rows(HOST_LIMIT + 0.01), "gpt": _rows(HOST_LIMIT - 0.01)})
-    assert list(got) == ["mlp"] and got["mlp"] > HOST_LIMIT
+    got = flagged({"mlp": _rows(1 + HOST_LIMIT + 0.01), "gpt": _rows(1 + HOST_LIMIT - 0.01),
+                   "resmlp": _rows(1 - HOST_LIMIT - 0.01), "gpt16": _rows(1 - HOST_LIMIT + 0.01)})
+    assert sorted(got) == ["mlp", "resmlp"]  # a host slower or faster in the steps than in the profile
     assert flagged({"gpt": _rows(1.0)}) == {}
