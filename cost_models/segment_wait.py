@@ -101,9 +101,11 @@ def spread_points(device: str = "cpu", lengths=(SPREAD_SHORT_S, SPREAD_LONG_S), 
                 dist.barrier()
                 t = time.perf_counter()
                 seg()
+                if torch.device(device).type == "cuda":
+                    torch.cuda.synchronize()  # a CUDA segment's kernels, finished
                 mine.append(time.perf_counter() - t)
-            got = [torch.zeros(repeats, dtype=torch.float64) for _ in range(dist.get_world_size())]
-            dist.all_gather(got, torch.tensor(mine, dtype=torch.float64))
+            got = [torch.zeros(repeats, dtype=torch.float64, device=device) for _ in range(dist.get_world_size())]
+            dist.all_gather(got, torch.tensor(mine, dtype=torch.float64, device=device))
             rounds = [[float(g[i]) for g in got] for i in range(repeats)]
             points.append((statistics.fmean(statistics.fmean(r) for r in rounds), spread_of(rounds)))
     finally:

@@ -21,7 +21,7 @@ from tests.helpers.dist_utils import run_gloo
 CPU2 = autopar.Cluster.preset("cpu", devices=2)
 SKEW = 0.5  # rank 1's segment sleeps this much longer than rank 0's
 SHORT, LONG = 5e-3, 40e-3  # the segments, s (rank 0's)
-ROUNDS = 8
+ROUNDS = 12
 
 
 def _sleeper(skew: float):
