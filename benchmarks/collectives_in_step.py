@@ -12,7 +12,8 @@ the backend runs it (``cost_models.alpha_beta.as_run``) priced on the fit after 
 on the one after 1 ms (``ProfiledModel.comm`` and ``near``); the profiled model prices each reshard
 between the two by the compute of the one node before it (``near_weight``). Per plan also: the
 step's median wall time, the sum of its collectives and the rest, beside the predicted total and
-its terms (compute and optimizer update, reshards). Ratios within one run are what to read on a
+its terms (compute and optimizer update, reshards), and the waits ``segment_wait`` adds to it.
+Ratios within one run are what to read on a
 shared host: the fits, the compute share and the steps meet the same load.
 """
 
@@ -42,6 +43,7 @@ def _rank(rank: int, world: int, cache: str, steps: int) -> dict:
     from autopar.codegen.module import shard_module
     from autopar.codegen.runtime import reshard_probe
     from autopar.cost_models.profiled import ProfiledModel
+    from autopar.cost_models.segment_wait import segment_waits
     from autopar.cost_models.tables import build_tables
     from benchmarks.cost_vs_measured import LR, OPTIMIZER, SIZES, _step, breakdown, strategies
 
@@ -79,8 +81,9 @@ def _rank(rank: int, world: int, cache: str, steps: int) -> dict:
         assignment = {n: tables.configs[i][c] for i, (n, c) in enumerate(zip(tables.nodes, choice))}
         mod = shard_module(model, graph, assignment, tuple(mesh.shape))
         runs[label] = (mod, mod.optimizer(torch.optim.AdamW, lr=LR))
+        waits = segment_waits(graph, assignment, cm, cluster)  # the plan's segments' waits beyond their fits
         out["plans"][label] = dict(predicted=tables.total(choice), terms=breakdown(graph, tables, choice, cm, cluster),
-                                   steps=[])
+                                   wait=waits.seconds, meetings=len(waits.meetings), steps=[])
     for r in range(2 + steps):
         for label, (mod, opt) in runs.items():
             dist.barrier()
@@ -128,7 +131,9 @@ def report(per_rank: list[dict], load: tuple[float, float], took: float) -> list
                   f"({statistics.median(steps) / p0['predicted']:.2f}x); its collectives measured "
                   f"{1e3 * statistics.median(coll):.1f} ms, the rest {1e3 * statistics.median([s - c for s, c in zip(steps, coll)]):.1f} "
                   f"against compute + update {1e3 * (t['compute'] + t['optimizer']):.1f}, gradient sync "
-                  f"{1e3 * t['grad sync']:.1f} and reshards {1e3 * t['edges']:.1f} predicted.", ""]
+                  f"{1e3 * t['grad sync']:.1f} and reshards {1e3 * t['edges']:.1f} predicted; the segments' waits "
+                  f"beyond their fits {1e3 * p0['wait']:.1f} (meetings: {p0['meetings']}, segment_wait), not in "
+                  f"the predicted total.", ""]
         by: dict[tuple, list] = {}
         for p in plans:
             for _, lg in p["steps"]:

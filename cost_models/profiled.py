@@ -12,8 +12,8 @@ priced on the cluster's links, or on links fitted to the live process group when
 (``collective_fit``: an all-reduce timed at a few sizes as the generated module issues it, the
 bare c10d call of ``codegen/moves.py`` and of the gradient buckets; a line fitted for alpha and
 beta; fitted twice, after 4 and 1 ms of work, and each reshard priced between the two by the
-node just before it, ``near_weight``). The gradient sync is the
-analytic model's: bucketed, as the generated module's reducer runs it (``core.buckets``).
+node just before it, ``near_weight``; ``segment_wait`` adds the rest of a longer segment's wait
+to a whole plan). The gradient sync is bucketed, as the generated module's reducer runs it.
 
 Timings are cached in SQLite (``profile_cache``) by device, torch version and op signature, so
 a second plan of the same model measures nothing. An op the runner cannot rebuild, or one whose
@@ -37,6 +37,7 @@ from autopar.cost_models.run_share import reference_ops, run_share
 from autopar.cost_models.experts import exchange_seconds
 from autopar.cost_models.profile_cache import ProfileCache, Timing
 from autopar.cost_models.reshard_fit import MoveFit, fit_moves
+from autopar.cost_models.segment_wait import Spread, fit_spread
 
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Graph, Node
@@ -96,8 +97,7 @@ class Progress:
             self.stream.flush()
 
 
-# elements of parameters the whole-update rate is timed on (``ProfiledModel.whole_update_rate``):
-# AdamW's state at 16 bytes an element is then 512 MiB, beyond any CPU's last-level cache
+# elements the whole-update rate is timed on (whole_update_rate): AdamW's 512 MiB, past any L3
 UPDATE_RATE_ELEMENTS = 32 * 2 ** 20
 
 @dataclass
@@ -106,10 +106,9 @@ class ProfiledModel(AnalyticModel):
 
     ``cache_path``: SQLite file (default ``$AUTOPAR_CACHE`` or ``~/.cache/autopar/profile.sqlite``).
     ``max_estimate``: ops whose analytic forward exceeds this many seconds are not run.
-    ``optimizer`` (``adam``, ``adamw``, ``sgd`` or None): the update a training step ends with is
-    timed on each node's local parameter shards (``foreach``, as the generated module's
-    ``optimizer()`` runs it) and added as a term; replicated parameters are updated whole on every device, sharded ones in part, so this
-    is what a data-parallel plan pays and a tensor-parallel one saves.
+    ``optimizer`` (``adam``, ``adamw``, ``sgd`` or None): the update a training step ends with, timed
+    on each node's local parameter shards (``foreach``, as the generated module's ``optimizer()``
+    runs it): replicated parameters are updated whole on every device, sharded ones in part.
     ``measurements`` counts ops actually run (0 on a fully cached second run).
     """
 
@@ -140,6 +139,7 @@ class ProfiledModel(AnalyticModel):
     moves: MoveFit | None = field(default=None, init=False)
     # measured compute times this: how much slower ranks sharing a host compute together (``compute_share``)
     share: float = field(default=1.0, init=False)
+    spread: Spread | None = field(default=None, init=False)  # the ranks' drift per segment (segment_wait)
     _reference: Any = field(default=None, init=False, repr=False)  # the model's ops re-timed in a run (run_share)
     _evict: Any = field(default=None, init=False, repr=False)  # written before each timed CPU update
     _scalar_update: dict = field(default_factory=dict, init=False, repr=False)  # dtype -> seconds
@@ -165,6 +165,7 @@ class ProfiledModel(AnalyticModel):
         if self.comm is not None:
             self.share = (run_share(self, self._reference) if self._reference else None) or compute_share(self.device)
             self.moves = fit_moves(self.probe, self.device)
+            self.spread = fit_spread(self.device, work=self.comm_work)
         self._comm_done = True
 
     @staticmethod
@@ -188,12 +189,11 @@ class ProfiledModel(AnalyticModel):
         one (``comm_gap`` or more), linear between.
 
         The wait inside a blocking collective grows with the compute since the ranks last met
-        (see ``fit_collectives``), and a reshard comes right after the node that makes its tensor:
-        in the forward the producer, in the backward the consumer, whose input gradient it is.
+        (``fit_collectives``); a reshard comes right after the node that makes its tensor (forward:
+        the producer; backward: the consumer, whose input gradient it is).
         A residual MLP of batch 64 whose linears run 1-3 ms measured its tensor-parallel plans
         0.65-0.75x what the 4 ms fit priced, and 1.2-1.35x the 1 ms fit. The one node stands for
-        the segment: the work since the previous collective can be longer, when cheap
-        elementwise nodes sit between.
+        the segment in the search's tables; ``segment_wait`` prices a plan's whole segments.
         """
         far, near = self.comm_gap, self.near_gap
         w = np.ones(len(configs))

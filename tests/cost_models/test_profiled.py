@@ -129,7 +129,7 @@ def _fit_worker(rank, world, init, out):
         with open(f"{out}.{rank}", "w") as f:
             f.write(f"{fit.latency} {fit.bandwidth} {cl.intra_latency} {cl.intra_bandwidth} "
                     f"{model.comm.gather_latency} {model.comm.gather_bandwidth} {a} {b} "
-                    f"{model.share} {model.near.latency}")
+                    f"{model.share} {model.near.latency} {model.spread.wait} {model.spread.power}")
         dist.barrier()  # neither rank tears its connections down while the other still talks
     finally:
         dist.destroy_process_group()
@@ -143,7 +143,8 @@ def test_alpha_beta_fitted_on_live_gloo_group(tmp_path):
     mp.spawn(_fit_worker, args=(2, f"file://{tmp_path}/rendezvous", out), nprocs=2)
     rows = [[float(v) for v in open(f"{out}.{r}").read().split()] for r in range(2)]
     assert rows[0] == rows[1]  # every rank prices plans alike
-    lat, bw, c_lat, c_bw, g_lat, g_bw, cg_lat, cg_bw, share, near_lat = rows[0]
+    lat, bw, c_lat, c_bw, g_lat, g_bw, cg_lat, cg_bw, share, near_lat, spread, power = rows[0]
+    assert spread >= 0 and 0.5 <= power <= 1.0  # the ranks' spread over a segment, fitted with the links
     assert lat > 0 and bw > 0 and c_lat > 0 and c_bw > 0
     assert share >= 1.0 and near_lat > 0  # the ranks' compute together, and the second (1 ms) fit
     assert (cg_lat, cg_bw) == pytest.approx((g_lat, g_bw))  # the cluster prices an all-gather on its fit
