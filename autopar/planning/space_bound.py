@@ -17,7 +17,7 @@ from autopar.cost_models.training import accumulation_time
 from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
-from autopar.planning.held_units import held_floor, most_held
+from autopar.planning.held_units import capped_floor, fitting_count, held_floor, most_held
 from autopar.planning.step_bounds import layout_bound, step_floor
 from autopar.cost_models.training import zero3_gathered
 from autopar.planning.overlap import window
@@ -49,7 +49,7 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: flo
     added = float(np.sum(accumulation_floor(search, c)))
     pipe = layout_bound(c, search.stats(c), search.cluster, comp, rest, added) - rest
     if step_floor(c, pipe, bucket, sync, rest) < enough:
-        pipe = max(pipe, held_bound(search, c))
+        pipe = max(pipe, held_bound(search, c), capped_bound(search, c))
     if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, cut_bound(search, c, rest) - rest)
     return sync_step(search, c, pipe, bucket, sync, rest, enough)
@@ -252,6 +252,24 @@ def held_bound(search, c: Candidate) -> float:
     cut = cut_times(search.stats(c).boundary, c.degrees, search.cluster)
     v = c.virtual if c.degrees.p > 1 else 1
     return c.rounds * held_floor(rank_time_floors(search, c), cut, c.degrees.p, v)
+
+
+def capped_bound(search, c: Candidate) -> float:
+    """Seconds of an interleaved ``c``'s pipeline no layout that fits beats from the units each
+    rank's memory caps it at (``held_units.capped_floor``): rank w holds ``h_w`` microbatches in
+    flight (``in_flight``), so a unit takes at least its state floor plus ``h_w`` times its
+    activation floor there (``unit_static``, ``memory_floors``; ``price`` checks every rank's
+    state, activations in flight and the transient against the capacity), and the room is the
+    capacity less the transient floor. ``math.inf`` when no rank assignment fits; 0 for 1F1B and
+    zero bubble (``cut_bound`` cuts them exactly), with context or expert degrees."""
+    deg = c.degrees
+    if deg.p == 1 or c.virtual == 1 or deg.c > 1 or deg.ep > 1:
+        return 0.0
+    room = search.capacity - transient_floor(search, c)
+    static, acts = unit_static(search, c), memory_floors(search, c).acts
+    caps = [fitting_count(static + in_flight(c, w) * acts, room) for w in range(deg.p)]
+    cut = cut_times(search.stats(c).boundary, deg, search.cluster)
+    return c.rounds * capped_floor(rank_time_floors(search, c), caps, cut, c.virtual)
 
 
 def group_spans(search, c: Candidate):
