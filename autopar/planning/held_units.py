@@ -10,9 +10,16 @@ stages sends and receives at its two cuts but the model's first and last stage, 
 different ranks: at least ``2 v - 1`` cut crossings, each at least the cheapest cut
 (``step_price.cut_times``: fixed by what crosses, whatever the layout). Interleaved schedules
 have no exact cut bound (``space_bound.cut_bound`` cuts 1F1B only); this one holds for every
-schedule."""
+schedule.
+
+Memory caps the units a rank holds (``capped_floor``): rank ``w`` holds ``h_w`` microbatches of
+its units' activations beside their state, so the first ranks of an interleaved schedule, which
+hold the most microbatches, fit fewer units, and the later ranks must take the rest, however the
+stages are cut."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -39,4 +46,29 @@ def held_floor(floors: np.ndarray, cut: np.ndarray, ranks: int, stages_per_rank:
     return out
 
 
-__all__ = ["held_floor", "most_held"]
+def fitting_count(costs: np.ndarray, room: float) -> int:
+    """The most units one rank can hold when unit ``u`` takes at least ``costs[u]`` bytes there and
+    it has ``room``: the largest ``k`` whose ``k`` cheapest units fit."""
+    return int(np.searchsorted(np.cumsum(np.sort(np.asarray(costs, dtype=float))), room, side="right"))
+
+
+def capped_floor(floors: np.ndarray, caps: list[int], cut: np.ndarray, stages_per_rank: int) -> float:
+    """The least per-microbatch time some rank takes when rank ``w`` holds at most ``caps[w]`` of the
+    units (its memory: ``fitting_count``) and each unit takes at least ``floors[u]``: every unit is
+    on some rank, so with ``L`` the least count with ``sum_w min(L, caps[w])`` at least the units,
+    some rank holds ``L`` of them or more, and takes at least the sum of the ``L`` least floors and
+    its ``2 v - 1`` cut crossings (``held_floor``). ``math.inf`` when the caps cannot hold every unit
+    (no cut fits)."""
+    n, caps = len(floors), np.asarray(caps)
+    if int(np.sum(caps)) < n:
+        return math.inf
+    held = max(-(-n // max(len(caps), 1)), 1)
+    while int(np.sum(np.minimum(caps, held))) < n:
+        held += 1
+    out = float(np.sum(np.sort(np.asarray(floors, dtype=float))[:held]))
+    if len(caps) > 1 and len(cut):
+        out += (2 * stages_per_rank - 1) * float(np.min(cut))
+    return out
+
+
+__all__ = ["capped_floor", "fitting_count", "held_floor", "most_held"]

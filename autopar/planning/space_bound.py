@@ -17,12 +17,12 @@ from autopar.cost_models.training import accumulation_time
 from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
-from autopar.planning.held_units import held_floor, most_held
+from autopar.planning.held_units import capped_floor, fitting_count, held_floor, most_held
 from autopar.planning.step_bounds import layout_bound, step_floor
 from autopar.cost_models.training import zero3_gathered
 from autopar.planning.overlap import window
 from autopar.planning.step_price import (Candidate, cut_times, data_groups, dp_sync, in_flight, rerun_share,
-                                         zero_factors)
+                                         zero3_roots, zero_factors)
 from autopar.planning.sync_cut import offset_cut
 from autopar.search.pipeline import StageCosts, best_cuts
 
@@ -49,7 +49,7 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: flo
     added = float(np.sum(accumulation_floor(search, c)))
     pipe = layout_bound(c, search.stats(c), search.cluster, comp, rest, added) - rest
     if step_floor(c, pipe, bucket, sync, rest) < enough:
-        pipe = max(pipe, held_bound(search, c))
+        pipe = max(pipe, held_bound(search, c), capped_bound(search, c))
     if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, cut_bound(search, c, rest) - rest)
     return sync_step(search, c, pipe, bucket, sync, rest, enough)
@@ -60,9 +60,10 @@ def sync_floors(search, c: Candidate) -> tuple[float, float]:
     cut of ``c`` waits for. A rank's exposed sync is at least its last bucket, the gradients of its
     first unit (the first rank's is the prologue, unit 0, whatever the cut), and the step is at least
     any rank's whole sync (its overlap window is at most its share of the pipeline: overlap.py).
-    Each unit's gradients and parameters per device are at least its unsplit ones over t (every
-    weight matrix is sharded over the group, ``units.model_parallel_space``; context ranks hold the
-    group's, whole, and reduce over context x data: ``step_price.data_groups``). The sync is
+    Each unit's synced gradients and parameters per device (its nodes' with a batch dim:
+    ``_synced``) are at least its unsplit ones over t (every weight matrix is sharded over the
+    group, ``units.model_parallel_space``; context ranks hold the group's, whole, and reduce over
+    context x data: ``step_price.data_groups``). The sync is
     affine in the bytes with non-negative coefficients, so a rank's is the sync of nothing plus a
     weight per unit it holds: the slowest rank's is at least that of the heaviest rank of the cut
     into p stages that minimises it (exact, ``best_cuts``; with v stages per rank the units some
@@ -74,7 +75,7 @@ def sync_floors(search, c: Candidate) -> tuple[float, float]:
     key = ("sync", deg, m, c.zero, c.zero_inner, c.recompute, c.virtual)
     if key not in search.floors:
         whole = search.whole_stats(c.recompute)
-        g, p = whole.grads / deg.t, whole.params / deg.t
+        g, p = (_synced(whole, f) / deg.t for f in ("grads", "params"))
         bucket = float(dp_sync(c.zero, float(g[0]), float(p[0]), 1, search.cluster, deg, c.zero_inner))
         base = float(dp_sync(c.zero, 0.0, 0.0, m, search.cluster, deg, c.zero_inner))
         each = np.asarray(dp_sync(c.zero, g, p, m, search.cluster, deg, c.zero_inner))
@@ -88,6 +89,14 @@ def sync_floors(search, c: Candidate) -> tuple[float, float]:
             heaviest = max(heaviest, max(best_cuts(costs, deg.p, math.inf, "1f1b").stage_time))
         search.floors[key] = (bucket, base + heaviest, base, weight)
     return search.floors[key][:2]
+
+
+def _synced(whole, field: str) -> np.ndarray:
+    """Per unit, the unsplit ``field`` bytes the data-parallel sync moves: the state of nodes
+    without a batch dim is kept whole, never synced (``UnitStats.whole_params``, as ``price``
+    leaves it out)."""
+    kept = getattr(whole, "whole_" + field)
+    return getattr(whole, field) - (kept if kept is not None else 0.0)
 
 
 def sync_step(search, c: Candidate, pipe: float, bucket: float, sync: float, rest: float,
@@ -110,7 +119,9 @@ def sync_step(search, c: Candidate, pipe: float, bucket: float, sync: float, res
 def transient_floor(search, c: Candidate) -> float:
     """Bytes every layout of ``c`` holds on top of its fullest stage at least: the recomputed
     unit's activations (the largest floor of them), and ZeRO-3's whole parameters and gradients
-    (``step_price.zero3_held``: at least the two largest of the units' least whole bytes)."""
+    (``step_price.zero3_held``: every root unit's and the two largest blocks', each unit's at
+    least its least whole bytes, the sum of its nodes' least: ``training.zero3_gathered`` grows
+    with every unit's bytes, so it is at least its value at those floors)."""
     rerun = float(np.max(memory_floors(search, c).rerun)) if c.recompute and c.degrees.c == 1 else 0.0
     if c.zero < 3 or c.degrees.c > 1 or c.degrees.ep > 1:
         return rerun
@@ -121,9 +132,9 @@ def transient_floor(search, c: Candidate) -> float:
         for unit in units:
             if id(unit) not in memo:
                 memo[id(unit)] = sum(float(np.min(k @ whole)) for k in unit)
-        # every unit taken as a block: the two largest of all, at most what the price counts
-        # whichever units it takes as the root (the root's plus the two largest blocks')
-        search.floors[key] = zero3_gathered([memo[id(u)] for u in units], [False] * len(units))
+        # the root units whole and the two largest blocks, as the price counts them (its units named)
+        roots = zero3_roots(search.unit_names(), len(units))
+        search.floors[key] = zero3_gathered([memo[id(u)] for u in units], roots)
     return rerun + search.floors[key]
 
 
@@ -241,6 +252,24 @@ def held_bound(search, c: Candidate) -> float:
     cut = cut_times(search.stats(c).boundary, c.degrees, search.cluster)
     v = c.virtual if c.degrees.p > 1 else 1
     return c.rounds * held_floor(rank_time_floors(search, c), cut, c.degrees.p, v)
+
+
+def capped_bound(search, c: Candidate) -> float:
+    """Seconds of an interleaved ``c``'s pipeline no layout that fits beats from the units each
+    rank's memory caps it at (``held_units.capped_floor``): rank w holds ``h_w`` microbatches in
+    flight (``in_flight``), so a unit takes at least its state floor plus ``h_w`` times its
+    activation floor there (``unit_static``, ``memory_floors``; ``price`` checks every rank's
+    state, activations in flight and the transient against the capacity), and the room is the
+    capacity less the transient floor. ``math.inf`` when no rank assignment fits; 0 for 1F1B and
+    zero bubble (``cut_bound`` cuts them exactly), with context or expert degrees."""
+    deg = c.degrees
+    if deg.p == 1 or c.virtual == 1 or deg.c > 1 or deg.ep > 1:
+        return 0.0
+    room = search.capacity - transient_floor(search, c)
+    static, acts = unit_static(search, c), memory_floors(search, c).acts
+    caps = [fitting_count(static + in_flight(c, w) * acts, room) for w in range(deg.p)]
+    cut = cut_times(search.stats(c).boundary, deg, search.cluster)
+    return c.rounds * capped_floor(rank_time_floors(search, c), caps, cut, c.virtual)
 
 
 def group_spans(search, c: Candidate):

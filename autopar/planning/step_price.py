@@ -398,8 +398,13 @@ def zero3_held(s: UnitStats, ex: ExpertStats | None, deg: Degrees, names: list[s
     experts' over ``ep`` (``s`` the dense part, ``ex`` the experts', as ``expert_split`` cuts
     them). Over the whole model, whichever stage holds them (a bound for the others)."""
     whole = s.params + s.grads + ((ex.params + ex.grads) / deg.ep if ex is not None else 0.0)
-    roots = [block_path(n) is None for n in names] if names else [False] * len(whole)
-    return zero3_gathered([float(b) for b in whole], roots)
+    return zero3_gathered([float(b) for b in whole], zero3_roots(names, len(whole)))
+
+
+def zero3_roots(names: list[str] | None, count: int) -> list[bool]:
+    """Per unit, whether ZeRO-3 holds it whole all step as the root module's (not a block: the
+    prologue, the epilogue); unnamed units are all taken as blocks."""
+    return [block_path(n) is None for n in names] if names else [False] * count
 
 
 def in_flight(c: Candidate, rank: int) -> float:

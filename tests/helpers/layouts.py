@@ -57,12 +57,20 @@ def every_layout(recomputes: tuple) -> tuple:
     return search, cands, out
 
 
+def priced(search, s, c, cluster=CLUSTER, fitting: bool = False):
+    """``c`` under the layout of ``s`` as the search prices a plan (``Search.price``: its units
+    named, so ZeRO-3's whole root units count), plain or, ``fitting``, under sequence parallelism
+    where the plain one does not fit (``price_fitting``)."""
+    how = price_fitting if fitting else H.price
+    return how(c, s, cluster, search.capacity, "adam", search.master, search.itemsize, search.unit_names())
+
+
 def best_fitting(search, every) -> dict:
     """Per candidate, its best fitting price over every layout as the search prices one: its plain
     layout or, where that does not fit, under sequence parallelism (``price_fitting``)."""
     best = {}
     for s, c in every:
-        pr = price_fitting(c, s, CLUSTER, search.capacity, "adam", search.master, search.itemsize)
+        pr = priced(search, s, c, fitting=True)
         if pr.fits:
             best[c] = min(best.get(c, math.inf), pr.cost)
     return best

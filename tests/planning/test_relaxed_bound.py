@@ -11,12 +11,11 @@ import itertools
 import numpy as np
 import pytest
 
-from autopar.planning import hierarchical as H
 from autopar.planning import lagrangian
 from autopar.planning.relaxed import detach
 from autopar.search.common import SearchTooLargeError
 from autopar.search.dp import dp
-from tests.helpers.layouts import CLUSTER, SCHEDULES, ZEROS, best_fitting, every_layout
+from tests.helpers.layouts import SCHEDULES, ZEROS, best_fitting, every_layout, priced
 
 # detached in these tests: the residual stream between the two blocks, read by the second block's
 # linear and its add (any set of nodes gives a relaxation; the planner's is ``whole.kept_whole``)
@@ -48,8 +47,7 @@ def _past_budget(monkeypatch, relax: bool = True):
 
 
 def _capacity(search, every, share):
-    memory = sorted(H.price(c, s, CLUSTER, search.capacity, "adam", search.master, search.itemsize).memory
-                    for s, c in every)
+    memory = sorted(priced(search, s, c).memory for s, c in every)
     return memory[min(int(len(memory) * share), len(memory) - 1)]
 
 

@@ -18,13 +18,12 @@ from autopar.core.cluster import Cluster
 from autopar.core.margin import device_memory_for, usable_memory
 from autopar.core.tables import Solution
 from autopar.planning import hierarchical as H
-from autopar.planning.activations import price_fitting
 from autopar.planning.lagrangian import lagrangian_bound
 from autopar.planning.space_bound import any_layout_bound, memory_floor, memory_floors, unit_floors
 from autopar.planning.step_bounds import sync_lb
 from autopar.planning.units import unit_stats
 from autopar.search.dp import dp
-from tests.helpers.layouts import CLUSTER, SCHEDULES, ZEROS, Residual, best_fitting, every_layout
+from tests.helpers.layouts import CLUSTER, SCHEDULES, ZEROS, Residual, best_fitting, every_layout, priced
 
 @pytest.fixture(scope="module")
 def toy():
@@ -46,7 +45,7 @@ def brute_force(search: H.Search) -> list:
         for choice in itertools.product(*(range(k) for k in sizes)):
             fixed = lambda t, _g=None, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
             s = unit_stats(graph, search.spans, CLUSTER, tensor, micro, search.objective, fixed, "train", "adam")
-            out += [H.price(c, s, CLUSTER, search.capacity, "adam", search.master, search.itemsize) for c in cands]
+            out += [priced(search, s, c) for c in cands]
     return out
 
 
@@ -114,7 +113,7 @@ def layouts():
 
 
 def _price(search, s, c):
-    return H.price(c, s, CLUSTER, search.capacity, "adam", search.master, search.itemsize)
+    return priced(search, s, c)
 
 
 def test_unit_floors_hold_for_every_layout(layouts):
@@ -244,12 +243,11 @@ def test_the_middle_block_floor_holds_over_pipelined_windows(share):
             s = unit_stats(search.training_graph(rc), search.spans, cluster, tensor, micro, search.objective,
                            fixed, "train", "adam", search.window(rc))
             every.append((s, c))
-    memory = sorted(H.price(c, s, cluster, search.capacity, "adam", search.master, search.itemsize).memory
-                    for s, c in every)
+    memory = sorted(priced(search, s, c, cluster).memory for s, c in every)
     search.capacity = memory[min(int(len(memory) * share), len(memory) - 1)]
     best = {}
     for s, c in every:
-        pr = price_fitting(c, s, cluster, search.capacity, "adam", search.master, search.itemsize)
+        pr = priced(search, s, c, cluster, fitting=True)
         if pr.fits:
             best[c] = min(best.get(c, math.inf), pr.cost)
     assert best
