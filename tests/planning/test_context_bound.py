@@ -15,6 +15,7 @@ import autopar
 from autopar.core.cluster import Cluster
 from autopar.core.margin import usable_memory
 from autopar.planning import hierarchical as H
+from autopar.planning.lagrangian import lagrangian_bound
 from autopar.planning.space_bound import (any_layout_bound, context_acts, memory_floor, state_total,
                                           transient_floor, unit_static)
 from autopar.planning.units import zero_divided
@@ -108,3 +109,21 @@ def test_the_context_floors_see_what_the_ranks_hold(priced):
         assert memory_floor(search, c, static) >= pr.memory / 3, c.describe()
         if c.zero == 3:
             assert transient_floor(search, c) > 0, c.describe()
+
+
+def test_the_lagrangian_bound_of_context_candidates_is_below_their_fitting_plans(priced):
+    """At a capacity a third of the context candidates' priced plans fit (every third candidate,
+    a fresh search), each fitting plan's price is at least the candidate's Lagrangian bound,
+    whose memory floor counts the context ranks' activations, ZeRO-3's whole units and the
+    state kept whole."""
+    search, rows = priced
+    ctx = [r for r in rows if r[3].degrees.c > 1][::3]
+    fresh = H.Search(search.graph, search.cluster, "bf16", "adam", "train",
+                     sorted(pr.memory for *_, pr in ctx)[len(ctx) // 3], lambda t, g=None: dp(t))
+    fitting = 0
+    for comp, rest, static, c, _ in ctx:
+        pr = fresh.price(c)
+        if pr.fits:
+            fitting += 1
+            assert lagrangian_bound(fresh, c, comp, rest, static) <= pr.cost * (1 + 1e-9), c.describe()
+    assert fitting >= len(ctx) // 4
