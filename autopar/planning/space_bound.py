@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.core.batch import batch_dims
 from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
 from autopar.cost_models.training import accumulation_time
@@ -36,6 +37,9 @@ class MemoryFloors:
     acts: np.ndarray
     rerun: np.ndarray
     state: list[list[np.ndarray]]  # per unit, per node: [configs, 3] parameters, gradients, optimizer state
+    plain: np.ndarray | None = None  # ``acts`` without sequence parallelism (context ranks are priced so)
+    # per unit, per node: whether it has no batch dim (its state kept whole, not cut by ZeRO: units.zero_divided)
+    batchless: list[list[bool]] | None = None
 
 
 def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: float = math.inf) -> float:
@@ -123,7 +127,9 @@ def transient_floor(search, c: Candidate) -> float:
     least its least whole bytes, the sum of its nodes' least: ``training.zero3_gathered`` grows
     with every unit's bytes, so it is at least its value at those floors)."""
     rerun = float(np.max(memory_floors(search, c).rerun)) if c.recompute and c.degrees.c == 1 else 0.0
-    if c.zero < 3 or c.degrees.c > 1 or c.degrees.ep > 1:
+    if c.recompute and c.degrees.c > 1:  # a context rank's recomputed unit: 1/k of it, or more
+        rerun = float(np.max(memory_floors(search, c).rerun)) / c.degrees.c
+    if c.zero < 3 or c.degrees.ep > 1:
         return rerun
     key = ("zero3",) + search.group_key(c)
     if key not in search.floors:
@@ -144,26 +150,29 @@ def memory_floor(search, c: Candidate, static: float) -> float:
     (``lower_bound``).
 
     Activations ``A`` per microbatch over all stages: per node of the group's graph, the least any
-    config of its space saves, summed (``memory_floors``); with context ranks, the unsplit graph's
-    at the microbatch over t x c. Rank w holds ``h_w`` microbatches (``step_price.in_flight``),
-    ``s_w`` of state and ``a_w`` of activations, ``sum a_w = A``, ``sum s_w >= S = p x static``;
+    config of its space saves, summed (``memory_floors``); with context ranks, a rank's
+    (``context_acts``) and at least the unsplit graph's at the microbatch over t x c. Rank w
+    holds ``h_w`` microbatches (``step_price.in_flight``), ``s_w`` of state and ``a_w`` of
+    activations, ``sum a_w = A``, ``sum s_w >= S`` (``state_total``);
     it runs v stages of at least one unit each, so ``s_w = v s0 + s'_w``, ``a_w >= v a0`` (``s0``,
     ``a0`` the least unit floors: ``unit_static``, ``memory_floors``). The fullest holds
     ``X >= s_w + h_w a_w`` for every w: ``X >= v (s0 + H a0)`` (H the largest ``h_w``), and
     ``sum_w (X - v s0 - s'_w) / h_w >= A`` gives ``X >= v s0 + (A + (S - p v s0) / H) / sum_w 1 / h_w``;
-    also ``X >= static + A / p`` (each rank holds at least one microbatch)."""
+    also ``X >= (S + A) / p`` (each rank holds at least one microbatch)."""
     deg, v = c.degrees, c.virtual if c.degrees.p > 1 else 1
     if deg.c > 1:  # context ranks split each sequence
         whole = float(np.sum(search.whole_stats(c.recompute).acts))
-        acts, a0, s0 = whole / (deg.d * c.microbatches * deg.t * deg.c), 0.0, 0.0
+        own = context_acts(search, c)
+        acts = max(whole / (deg.d * c.microbatches * deg.t * deg.c), float(np.sum(own)))
+        a0, s0 = float(np.min(own)), float(np.min(unit_static(search, c)))
     else:
         floors = memory_floors(search, c).acts
         acts, a0 = float(np.sum(floors)), float(np.min(floors))
         s0 = float(np.min(unit_static(search, c))) if deg.ep == 1 else 0.0
-    held = [in_flight(c, w) for w in range(deg.p)]
-    rest = max(deg.p * static - deg.p * v * s0, 0.0)
+    held, total = [in_flight(c, w) for w in range(deg.p)], state_total(search, c, static)
+    rest = max(total - deg.p * v * s0, 0.0)
     spread = v * s0 + (acts + rest / max(held)) / sum(1.0 / h for h in held)
-    least = max(static + acts / deg.p, spread, v * (s0 + max(held) * a0))
+    least = max((total + acts) / deg.p, spread, v * (s0 + max(held) * a0))
     return least + transient_floor(search, c)
 
 
@@ -175,23 +184,37 @@ def memory_floor_terms(search, c: Candidate, static: float) -> tuple[float, floa
     s0 = float(np.min(unit_static(search, c))) if c.degrees.ep == 1 else 0.0
     held = [in_flight(c, w) for w in range(c.degrees.p)]
     spread = sum(1.0 / h for h in held)
-    rest = max(c.degrees.p * static - c.degrees.p * v * s0, 0.0)
+    rest = max(state_total(search, c, static) - c.degrees.p * v * s0, 0.0)
     return v * s0 + rest / max(held) / spread + transient_floor(search, c), 1.0 / spread
+
+
+def state_total(search, c: Candidate, static: float) -> float:
+    """Bytes of parameters, gradients and optimizer state the ``p`` ranks of a pipeline of ``c``
+    hold at least, summed over the ranks: ``p`` x ``static`` (perfectly sharded, ``lower_bound``),
+    and the sum of the units' floors (``unit_static``: each unit is on one rank), less the last
+    unit's on one stage (a tied parameter is held once there, ``price``), where they are known
+    (not with expert degrees)."""
+    if c.degrees.ep > 1:
+        return c.degrees.p * static
+    units = unit_static(search, c)
+    held = float(np.sum(units[:-1] if c.degrees.p == 1 and len(units) > 1 else units))
+    return max(c.degrees.p * static, held)
 
 
 def unit_static(search, c: Candidate) -> np.ndarray:
     """Per unit, the parameters, gradients and optimizer state every layout's unit holds at least,
     ZeRO applied (ZeRO-3's parameters as their shards: the whole ones it holds at once are
-    ``transient_floor``'s): per node the least over the configs of its space, summed
+    ``transient_floor``'s) but to the nodes without a batch dim (their state kept whole:
+    ``units.zero_divided``): per node the least over the configs of its space, summed
     (``memory_floors``)."""
     g, _, _, _ = data_groups(c.degrees, c.zero_inner)
     factors = zero_factors(c.zero, g)
     key = ("static", factors) + search.group_key(c)
     if key not in search.floors:
-        scale, memo = 1.0 / np.asarray(factors), {}
-        for unit in memory_floors(search, c).state:  # the middle units share their window unit's list
+        scale, memo, floors = 1.0 / np.asarray(factors), {}, memory_floors(search, c)
+        for unit, whole in zip(floors.state, floors.batchless):  # the middle units share their window's
             if id(unit) not in memo:
-                memo[id(unit)] = sum(float(np.min(k @ scale)) for k in unit)
+                memo[id(unit)] = sum(float(np.min(k @ (np.ones(3) if w else scale))) for k, w in zip(unit, whole))
         search.floors[key] = np.asarray([memo[id(unit)] for unit in memory_floors(search, c).state])
     return search.floors[key]
 
@@ -223,8 +246,7 @@ def _slowest_cut(search, c: Candidate) -> float:
     s = search.stats(c)
     time, acts = rank_time_floors(search, c), memory_floors(search, c).acts
     if deg.c > 1:  # a context rank: 1/k of the activations and the K/V it holds
-        link = search._kv_link(c)
-        acts = acts / deg.c + (0.0 if c.recompute or deg.ring else link[0] / deg.t * (deg.c - 1) / deg.c)
+        acts = context_acts(search, c)
     costs = StageCosts(search.cluster.devices // deg.p, m, time, np.zeros(len(s.spans)),
                        unit_static(search, c), acts, cut_times(s.boundary, deg, search.cluster))
     sol = best_cuts(costs, deg.p, search.capacity - transient_floor(search, c), "1f1b")
@@ -314,51 +336,70 @@ def memory_floors(search, c: Candidate) -> MemoryFloors:
         plain, full = (memory_floors(search, dataclasses.replace(c, recompute=rc)) for rc in (False, True))
         mask = recomputed_of(search, c.recompute)
         acts, rerun = np.where(mask, full.acts, plain.acts), np.where(mask, full.rerun, 0.0)
-        return MemoryFloors(acts, rerun, full.state)
+        return MemoryFloors(acts, rerun, full.state, np.where(mask, full.plain, plain.plain), full.batchless)
     if key not in search.floors:
         s = search.stats(c)
         spans, take = group_spans(search, c)
         mesh, g, mode, opt = s.cluster.mesh(), s.graph, search.mode, search.optimizer
         dup = already_saved(g)
-        acts, rerun, state = np.zeros(len(spans)), np.zeros(len(spans)), []
+        acts, rerun, state, kept = np.zeros(len(spans)), np.zeros(len(spans)), [], np.zeros(len(spans))
+        no_batch, batchless = {name for name, dim in batch_dims(g).items() if dim is None}, []
         cache: dict[tuple, tuple] = {}  # identical nodes share their config list (as in unit_stats)
         for k, (a, b) in enumerate(spans):
             seen: set[str] = set()  # a parameter used twice in a unit is counted once (units.unit_stats)
             state.append([])
+            batchless.append([g.nodes[i].name in no_batch for i in range(a, b)])
             for i in range(a, b):
                 node, shared = g.nodes[i], dup.get(g.nodes[i].name, frozenset())
                 skip = frozenset(p.source for p in node.params if p.source in seen)
                 at = (id(s.tables.configs[i]), skip, shared)
                 if at not in cache:
                     cache[at] = _node_floors(node, s.tables.configs[i], mesh, mode, opt, skip, shared)
-                saved, extra, held = cache[at]
+                saved, extra, held, whole = cache[at]
                 acts[k] += saved
+                kept[k] += whole
                 rerun[k] += extra
                 state[-1].append(held)
                 seen.update(p.source for p in node.params)
         if take is not None:
-            acts, rerun, state = acts[take], rerun[take], [state[u] for u in take]
-        search.floors[key] = MemoryFloors(acts, rerun, state)
+            acts, rerun, state, kept = acts[take], rerun[take], [state[u] for u in take], kept[take]
+            batchless = [batchless[u] for u in take]
+        search.floors[key] = MemoryFloors(acts, rerun, state, kept, batchless)
     return search.floors[key]
 
 
-def _node_floors(node, configs, mesh, mode, opt, skip, shared) -> tuple[float, float, np.ndarray]:
-    """(least activations saved, least extra while recomputed, [configs, 3] state) of one node over
-    its configs, as ``units.unit_stats`` counts them (``full_acts``: saved without recomputation).
+def _node_floors(node, configs, mesh, mode, opt, skip, shared) -> tuple[float, float, np.ndarray, float]:
+    """(least activations saved, least extra while recomputed, [configs, 3] state, least activations
+    saved without sequence parallelism) of one node over its configs, as ``units.unit_stats``
+    counts them (``full_acts``: saved without recomputation).
     The activations as the layout saves them or under sequence parallelism (each saved tensor at
     1/t of the group: ``units.sequence_parallel_saved``), whichever is less: the search prices
     either (``activations.price_fitting``); the latter's recomputed extra is only larger."""
     rec = node_training(node)
     plain = dataclasses.replace(node, attrs={**node.attrs, "train": dataclasses.replace(rec, recompute=False)})
-    saved, extra, held = [], [], []
+    saved, extra, held, unsplit = [], [], [], []
     for cfg in configs:
         mb = node_memory(node, cfg, mesh, mode, opt, skip, shared=shared)
         kept = sum(nbytes for nbytes, _ in saved_tensors(node, cfg, mesh, mode, shared)) / mesh.size
         saved.append(min(mb.activations, kept))
+        unsplit.append(mb.activations)
         extra.append(node_memory(plain, cfg, mesh, mode, opt, skip, shared=shared).activations - mb.activations
                      if rec.recompute else 0.0)
         held.append((mb.params, mb.grads, mb.optimizer))
-    return min(saved), min(extra), np.asarray(held, dtype=float)
+    return min(saved), min(extra), np.asarray(held, dtype=float), min(unsplit)
+
+
+def context_acts(search, c: Candidate) -> np.ndarray:
+    """Per unit, the activations a rank of ``c``'s context group of k saves per microbatch under any
+    layout: 1/k of its group's, as the layout saves them (context ranks are priced without
+    sequence parallelism: ``activations.price_fitting``), the least per node (``memory_floors``),
+    plus the other ranks' K/V where it gathers them and does not recompute the unit
+    (``context.context_stats``; a ring keeps none)."""
+    deg, plain = c.degrees, memory_floors(search, c).plain / c.degrees.c
+    if deg.ring:
+        return plain
+    held = search._kv_link(c)[0] / deg.t * (deg.c - 1) / deg.c
+    return plain + per_unit(search, c.recompute, lambda rc: np.zeros(len(held)) if rc else held)
 
 
 def accumulation_floor(search, c: Candidate) -> np.ndarray:
