@@ -44,6 +44,7 @@ import numpy as np
 from autopar.cost_models.batchnorm_stats import bn_stats, bn_stats_many
 from autopar.cost_models.causal_exchange import balance_many, balance_seconds, work_factor
 from autopar.cost_models.experts import exchange_many, exchange_seconds
+from autopar.cost_models.gathered import gathered_bytes
 from autopar.cost_models.loss_count import exposed, lead_seconds, loss_count, loss_count_many
 from autopar.cost_models.comm import collective, collective_time, reshard_matrix_codes, reshard_steps
 from autopar.cost_models.optimizer_step import local_elements, optimizer_step
@@ -164,7 +165,7 @@ class AnalyticModel:
         total_spec = sum(s.nbytes for s in specs)
         local_spec = sum(s.nbytes / shard_factor(l, mesh) for s, l in zip(specs, lays))
         moved = _bytes_moved(node, total_spec)
-        local_bytes = moved * (local_spec / total_spec if total_spec else 1.0)
+        local_bytes = gathered_bytes(node, cfg.splits, moved, local_spec, total_spec)
 
         eff = self.efficiency(cluster)
         t_flops = node.flops / parts / (peak * eff) * work_factor(node, cfg.splits)  # balanced causal attention
@@ -268,7 +269,7 @@ class AnalyticModel:
         total_spec = sum(s.nbytes for s, _ in tensors)
         local_spec = sum(s.nbytes / shard_factors(node, s, own, mesh, out) for s, out in tensors)
         moved = _bytes_moved(node, total_spec)
-        local_bytes = moved * (local_spec / total_spec) if total_spec else np.full(len(configs), float(moved))
+        local_bytes = gathered_bytes(node, [c.splits for c in configs], moved, local_spec, total_spec)
         t_flops = node.flops / parts / (cluster.peak(dtype) * self.efficiency(cluster))
         if node.op == "sdpa":  # a balanced causal attention's chunks read only the keys they see
             t_flops = t_flops * np.array([work_factor(node, c.splits) for c in configs])

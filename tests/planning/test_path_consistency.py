@@ -21,9 +21,15 @@ on a batch shard.
 from __future__ import annotations
 
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import autopar
-from tests.helpers.both_paths import flat_terms, hierarchical, hierarchical_terms
+from autopar.core.blocks import apply_training
+from autopar.core.strategy import TrainingOptions
+from autopar.core.tables import Config
+from autopar.cost_models.analytic import AnalyticModel
+from tests.helpers.both_paths import PRECISION, flat_terms, hierarchical, hierarchical_terms
 
 ELEMENTS = 536064  # the model's parameter elements: sum(p.numel() for p in model.parameters())
 WHOLE = 64 * 128  # pos.weight: read by a node without a batch dim
@@ -97,3 +103,31 @@ def test_tensor_times_data_prices_the_optimizer_step_and_state_alike(priced):
     assert hier.time["optimizer step"] == pytest.approx(flat.time["optimizer"], rel=0.02)
     for h, f in (("parameters", "params"), ("gradients", "grads"), ("optimizer state + master weights", "optimizer")):
         assert hier.memory_terms[h] == pytest.approx(flat.memory_terms[f], rel=0.02)
+
+
+@pytest.mark.parametrize("case", DATA_PARALLEL, ids=str)
+def test_compute_is_priced_alike_on_both_paths(priced, case):
+    """Forward, backward and recomputed forward of every node: the flat tables price a node on
+    its batch shard, the hierarchical search the same node on a microbatch of ``batch / data``."""
+    hier, flat, _ = priced(case)
+    assert hier.time["compute"] == pytest.approx(flat.time["compute"], rel=1e-9)
+
+
+def test_an_embedding_on_a_batch_shard_moves_its_rows_not_the_table():
+    """A lookup does no FLOPs (torch's counter), so the roofline prices its bytes: on a batch
+    shard, the shard's indices, the rows they gather (one per index) and its output, each 1/d of
+    the batch's; the table itself, replicated, is not read whole."""
+    model, inputs = autopar.zoo.get("gpt", layers=2)
+    with FlopCounterMode(display=False) as counter:
+        model.tok(inputs[0])
+    assert counter.get_total_flops() == 0
+    cluster = autopar.Cluster.preset("a100", devices=DEVICES)
+    node = apply_training(autopar.trace(model, inputs), TrainingOptions(0, PRECISION, False)).node("tok")
+    axes = tuple(range(len(cluster.mesh().shape)))
+    shard = Config((DEVICES,) + (1,) * (len(node.dims) - 1), (axes,) + ((),) * (len(node.dims) - 1))
+    tokens = inputs[0].numel() / DEVICES
+    width, item = model.tok.weight.shape[1], torch.tensor([], dtype=torch.bfloat16).element_size()
+    local = tokens * (inputs[0].element_size() + 2 * width * item)  # indices, gathered rows, output
+    fwd = next(t.seconds for t in AnalyticModel().node_breakdown(node, shard, cluster).terms
+               if t.label == "compute forward")
+    assert fwd == pytest.approx(local / (cluster.memory_bandwidth * 0.8), rel=1e-9)
