@@ -38,7 +38,7 @@ from autopar.cost_models.experts import exchange_seconds
 from autopar.cost_models.profile_cache import ProfileCache, Timing
 from autopar.cost_models.reshard_fit import MoveFit, fit_moves
 from autopar.cost_models.segment_wait import Spread, fit_spread
-
+from autopar.core.backward import runs_backward
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Graph, Node
 from autopar.core.layout import NodeLayouts, to_mesh
@@ -354,7 +354,7 @@ class ProfiledModel(AnalyticModel):
             torch.set_num_threads(1)  # one device = one core's worth: no oversubscription noise
         try:
             call = build(node, config, self.device)
-            fwd, bwd = time_op(call, True, self.repeats, self.warmup, self.device)
+            fwd, bwd = time_op(call, runs_backward(node), self.repeats, self.warmup, self.device)
             return Timing(fwd, bwd or 0.0)
         except NotRunnable as e:
             return Timing(None, None, str(e))
@@ -391,8 +391,8 @@ class ProfiledModel(AnalyticModel):
         also = f" x {k:.3g} (compute_share)" if k != 1.0 else ""
         measured = [Term("compute forward (measured)", k * t.forward,
                          f"median of {self.repeats} on {self._device} = {t.forward:.4g} s{also}" if text else "")]
-        if mode == "train":
-            measured.append(Term("compute backward (measured)", k * t.backward,
+        if mode == "train":  # none where autograd records none (core/backward.py), whatever was cached
+            measured.append(Term("compute backward (measured)", k * t.backward * runs_backward(node),
                                  f"median(fwd+bwd) - median(fwd) = {t.backward:.4g} s{also}" if text else ""))
         nc.terms = measured + rest
         return nc

@@ -115,6 +115,29 @@ def test_the_analytic_model_prices_no_backward_where_autograd_runs_none(traced):
     assert backward("embedding") > 0.0
 
 
+def test_the_profiled_model_prices_no_backward_where_autograd_runs_none(traced, tmp_path):
+    """The rotary tables (``cos``, ``sin`` of the positions times ``inv_freq``): floating-point
+    ops whose operands the runner would make trainable, so a backward was measured for them."""
+    from autopar.cost_models.profiled import ProfiledModel
+    from autopar.core.tables import Config
+
+    _, _, graph = traced
+    cluster = autopar.Cluster.preset("cpu", devices=1)
+    model = ProfiledModel(cache_path=str(tmp_path / "p.sqlite"), repeats=3, warmup=1)
+
+    def terms(name):
+        node = graph.node(name)
+        cost = model.node_breakdown(node, Config((1,) * len(node.dims), ((),) * len(node.dims)), cluster, "train")
+        return {t.label: t.seconds for t in cost.terms if t.kind == "compute"}
+
+    for name in ("cos", "sin"):
+        assert graph.node(name).attrs.get(NO_BACKWARD)
+        measured = terms(name)
+        assert measured["compute forward (measured)"] > 0.0
+        assert measured["compute backward (measured)"] == 0.0
+    assert terms("embedding")["compute backward (measured)"] > 0.0  # a node that runs one keeps it
+
+
 @pytest.mark.parametrize("fraction", [0.2, 0.5, 0.8])
 def test_an_exported_graph_cut_into_stages_composes_to_the_model(traced, fraction):
     model, inputs, graph = traced
