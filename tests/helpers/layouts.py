@@ -57,6 +57,21 @@ def every_layout(recomputes: tuple) -> tuple:
     return search, cands, out
 
 
+def window_layouts(search, cands, cluster) -> list:
+    """Per candidate of ``cands``, every layout of its tensor group with the search's window (the
+    middle blocks one layout), as ``(UnitStats, candidate)``."""
+    out = []
+    for _, _, _, c in cands:
+        tensor, micro, rc = search.group_key(c)
+        sizes = [len(k) for k in search._stats(tensor, micro, rc).tables.configs]
+        for choice in itertools.product(*(range(k) for k in sizes)):
+            fixed = lambda t, _g=None, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
+            s = unit_stats(search.training_graph(rc), search.spans, cluster, tensor, micro, search.objective,
+                           fixed, "train", "adam", search.window(rc))
+            out.append((s, c))
+    return out
+
+
 def priced(search, s, c, cluster=CLUSTER, fitting: bool = False):
     """``c`` under the layout of ``s`` as the search prices a plan (``Search.price``: its units
     named, so ZeRO-3's whole root units count), plain or, ``fitting``, under sequence parallelism

@@ -17,13 +17,11 @@ import torch
 import autopar
 from autopar.core.cluster import Cluster
 from autopar.core.margin import usable_memory
-from autopar.core.tables import Solution
 from autopar.planning import hierarchical as H
 from autopar.planning.held_units import capped_floor, fitting_count, held_floor
 from autopar.planning.space_bound import capped_bound, held_bound
-from autopar.planning.units import unit_stats
 from autopar.search.dp import dp
-from tests.helpers.layouts import SCHEDULES, priced
+from tests.helpers.layouts import SCHEDULES, priced, window_layouts
 from tests.planning.test_space_bound import Chain
 
 
@@ -86,15 +84,7 @@ def chain_layouts():
                       lambda t, g=None: dp(t))
     cands = [x for x in search.candidates(None, (0,), (False,), SCHEDULES)
              if x[3].degrees.t == x[3].degrees.p == 2]
-    every = []
-    for _, _, _, c in cands:
-        tensor, micro, rc = search.group_key(c)
-        sizes = [len(k) for k in search._stats(tensor, micro, rc).tables.configs]
-        for choice in itertools.product(*(range(k) for k in sizes)):
-            fixed = lambda t, _g=None, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
-            s = unit_stats(search.training_graph(rc), search.spans, cluster, tensor, micro, search.objective,
-                           fixed, "train", "adam", search.window(rc))
-            every.append((s, c))
+    every = window_layouts(search, cands, cluster)
     return search, cluster, cands, every
 
 

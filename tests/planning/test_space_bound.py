@@ -23,7 +23,8 @@ from autopar.planning.space_bound import any_layout_bound, memory_floor, memory_
 from autopar.planning.step_bounds import sync_lb
 from autopar.planning.units import unit_stats
 from autopar.search.dp import dp
-from tests.helpers.layouts import CLUSTER, SCHEDULES, ZEROS, Residual, best_fitting, every_layout, priced
+from tests.helpers.layouts import (CLUSTER, SCHEDULES, ZEROS, Residual, best_fitting, every_layout, priced,
+                                   window_layouts)
 
 @pytest.fixture(scope="module")
 def toy():
@@ -234,15 +235,7 @@ def test_the_middle_block_floor_holds_over_pipelined_windows(share):
     cands = [x for x in search.candidates(None, (0,), (False,), SCHEDULES)
              if x[3].degrees.t == x[3].degrees.p == 2]
     assert any(c.virtual == 4 for *_, c in cands) and search.window(False) is not None
-    every = []
-    for _, _, _, c in cands:
-        tensor, micro, rc = search.group_key(c)
-        sizes = [len(k) for k in search._stats(tensor, micro, rc).tables.configs]
-        for choice in itertools.product(*(range(k) for k in sizes)):
-            fixed = lambda t, _g=None, ch=list(choice): Solution(ch, 0.0, 0.0, "fixed", 0.0)  # noqa: E731
-            s = unit_stats(search.training_graph(rc), search.spans, cluster, tensor, micro, search.objective,
-                           fixed, "train", "adam", search.window(rc))
-            every.append((s, c))
+    every = window_layouts(search, cands, cluster)
     memory = sorted(priced(search, s, c, cluster).memory for s, c in every)
     search.capacity = memory[min(int(len(memory) * share), len(memory) - 1)]
     best = {}
