@@ -21,7 +21,15 @@ random plans from the search space), and for each:
 * measures it: ``codegen.module.shard_module`` on 2 gloo processes with one thread each, one
   training step = zero_grad, forward, backward, AdamW step; the strategies are timed round-robin
   (so that load from other processes on the machine falls on all of them alike), warm-up rounds
-  first, then the median over ``repeats`` rounds of the slower rank's time.
+  first, then the median over ``repeats`` rounds of the slower rank's time;
+* prices them again at the compute scale the ranks read in the rounds: the live fit reads the
+  model's own ops once, re-timed on the ranks against the profile (``run_share``, what ``autopar``
+  prices a user's plan with), but the host's speed drifts over the minute of rounds, so here the
+  ranks re-time the same ops once more as one item of every round, on the same wall clock
+  (``run_share.RoundShare``), and the tables are rebuilt at the median over the rounds of the
+  slower rank's reading. That is a reading of the run's conditions taken beside the steps, of the
+  model's ops alone, never fitted to the strategies' measured times; the rows as the fit's single
+  reading prices them are reported beside (``fidelity_table.share_lines``).
 
 The host rule: the replicated plan runs no collective, so its measured / predicted says how the
 host's load moved between the profile and the steps; an invocation where it is off 1 by more
