@@ -21,7 +21,15 @@ random plans from the search space), and for each:
 * measures it: ``codegen.module.shard_module`` on 2 gloo processes with one thread each, one
   training step = zero_grad, forward, backward, AdamW step; the strategies are timed round-robin
   (so that load from other processes on the machine falls on all of them alike), warm-up rounds
-  first, then the median over ``repeats`` rounds of the slower rank's time.
+  first, then the median over ``repeats`` rounds of the slower rank's time;
+* prices them again at the compute scale the ranks read in the rounds: the live fit reads the
+  model's own ops once, re-timed on the ranks against the profile (``run_share``, what ``autopar``
+  prices a user's plan with), but the host's speed drifts over the minute of rounds, so here the
+  ranks re-time the same ops once more as one item of every round, on the same wall clock
+  (``run_share.RoundShare``), and the tables are rebuilt at the median over the rounds of the
+  slower rank's reading. That is a reading of the run's conditions taken beside the steps, of the
+  model's ops alone, never fitted to the strategies' measured times; the rows as the fit's single
+  reading prices them are reported beside (``fidelity_table.share_lines``).
 
 The host rule: the replicated plan runs no collective, so its measured / predicted says how the
 host's load moved between the profile and the steps; an invocation where it is off 1 by more
@@ -68,7 +76,7 @@ OPTIMIZER = "adamw"
 LR = 1e-3
 
 
-from benchmarks.fidelity_table import HOST_LIMIT, flagged, ranks, spearman, summarize, table  # noqa: F401 (re-exported)
+from benchmarks.fidelity_table import HOST_LIMIT, attempt_reading, flagged, ranks, share_lines, spearman, summarize, table  # noqa: F401 (re-exported)
 
 
 # -- strategies ------------------------------------------------------------------------------
@@ -189,7 +197,7 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
     from autopar.codegen.module import shard_module
     from autopar.codegen.runtime import reshard_probe
     from autopar.cost_models.profiled import ProfiledModel
-    from autopar.cost_models.segment_wait import segment_waits
+    from autopar.cost_models.run_share import RoundShare, median_share
     from autopar.cost_models.tables import build_tables
 
     import autopar
@@ -204,14 +212,13 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
         cm.profile(graph, cluster, progress=False)  # the parent filled the cache: all hits
         tables = build_tables(graph, cluster, cm, space="mesh", mode="train", optimizer="adam")
         strats = strategies(name, graph, tables, mesh)
-        runs, waits = [], {}
+        runs = []
         for label, choice in strats.items():
             assignment = {n: tables.configs[i][c] for i, (n, c) in enumerate(zip(tables.nodes, choice))}
-            # the plan-level wait of each segment beyond its collective's fit (segment_wait)
-            waits[label] = segment_waits(graph, assignment, cm, cluster).seconds
             mod = shard_module(model, graph, assignment, tuple(mesh.shape))
             opt = mod.optimizer(torch.optim.AdamW, lr=LR)  # foreach over the DTensors, as a user of the module gets it
             runs.append((label, mod, opt))
+        reader = RoundShare.of(cm)  # the model's ops re-timed in every round, beside the steps
         times = {label: [] for label, _, _ in runs}
         cpu = {label: [] for label, _, _ in runs}
         for r in range(warmup + repeats):
@@ -221,21 +228,44 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
                 if r >= warmup:
                     times[label].append(t)
                     cpu[label].append(c)
+            dist.barrier()
+            reader.read()
+        fit_share, rounds = cm.share, reader.slowest(warmup)
+        at_fit = price(graph, cluster, cm, tables, strats)
+        if (share := median_share(rounds)) is not None:  # every term priced again at the rounds' reading
+            cm.share = share
+            tables = build_tables(graph, cluster, cm, space="mesh", mode="train", optimizer="adam")
+        priced = price(graph, cluster, cm, tables, strats) if share is not None else at_fit
         result[name] = dict(
             comm=(cm.comm.latency, cm.comm.bandwidth, cm.comm.via, cm.comm.gather_latency,
                   cm.comm.gather_bandwidth) if cm.comm else None,
             near=(cm.near.latency, cm.near.bandwidth, cm.near.via, cm.near.gather_latency,
                   cm.near.gather_bandwidth) if cm.near else None,
             update_rate=cm.update_rate,
-            share=cm.share,
+            share=cm.share, fit_share=fit_share, round_shares=rounds,
             moves=(cm.moves.call, cm.moves.copy, cm.moves.strided) if cm.moves else None,
             spread=(cm.spread.wait, cm.spread.long, cm.spread.power) if cm.spread else None,
-            rows=[dict(label=label, predicted=tables.total(choice) + waits[label], times=times[label],
-                       cpu=cpu[label], before=tables.total(choice), wait=waits[label],
+            rows=[dict(label=label, times=times[label], cpu=cpu[label], **priced[label],
+                       fit_predicted=at_fit[label]["predicted"], fit_before=at_fit[label]["before"],
                        split_nodes=sum(tables.configs[i][c].devices > 1 for i, c in enumerate(choice)),
-                       nodes=len(choice), breakdown=breakdown(graph, tables, choice, cm, cluster))
+                       nodes=len(choice))
                   for label, choice in strats.items()])
     return result
+
+
+def price(graph, cluster, cm, tables, strats: dict[str, list[int]]) -> dict[str, dict]:
+    """Label -> predicted (``tables.total`` plus the plan's waits), before (without them), wait
+    and the breakdown, each at ``cm``'s present share (``tables`` built with it)."""
+    from autopar.cost_models.segment_wait import segment_waits
+
+    out = {}
+    for label, choice in strats.items():
+        assignment = {n: tables.configs[i][c] for i, (n, c) in enumerate(zip(tables.nodes, choice))}
+        # the plan-level wait of each segment beyond its collective's fit (segment_wait)
+        wait = segment_waits(graph, assignment, cm, cluster).seconds
+        out[label] = dict(predicted=tables.total(choice) + wait, before=tables.total(choice), wait=wait,
+                          breakdown=breakdown(graph, tables, choice, cm, cluster))
+    return out
 
 
 def breakdown(graph, tables, choice, cm, cluster) -> dict[str, float]:
@@ -287,6 +317,7 @@ def main(argv=None) -> int:
         keep_freed_memory()
     start, load = time.perf_counter(), os.getloadavg()[0]
     checks: list[dict[str, float]] = []  # per attempt: model -> the flagged host checks
+    readings: list[dict[str, str]] = []  # per attempt: model -> its shares and replicated plan (attempt_reading)
     for _ in range(1 + max(0, args.retries)):  # the host rule (fidelity_table.HOST_LIMIT), applied blindly
         cache, tmp = args.cache, None
         if cache is None:  # timings cached on another day, on a machine otherwise loaded, are not this run's
@@ -300,7 +331,9 @@ def main(argv=None) -> int:
         runs = [launch(_rank, args.world, sizes, repeats, args.warmup, cache, threads=1, timeout=1800,
                        keep_memory=not args.default_malloc)
                 for _ in range(max(1, args.runs))]
-        checks.append(flagged({name: summarize([r[name] for r in runs[0]], repeats) for name in sizes}))
+        summed = {name: summarize([r[name] for r in runs[0]], repeats) for name in sizes}
+        checks.append(flagged(summed))
+        readings.append({name: attempt_reading(runs[0][0][name], summed[name]) for name in sizes})
         if not checks[-1]:
             break
         print(f"host check flagged {checks[-1]}: measuring again", file=sys.stderr)
@@ -322,7 +355,10 @@ def main(argv=None) -> int:
               + "; ".join(f"attempt {i}: " + (", ".join(f"{m} {x:.2f}x" for m, x in c.items()) + " flagged"
                                                if c else "not flagged") for i, c in enumerate(checks, 1))
               + (". Every attempt flagged: the host's load moved between profile and steps in each, and this "
-                 "invocation does not measure the model." if checks[-1] else "."), ""]
+                 "invocation does not measure the model." if checks[-1] else ".")
+              + " Each attempt's compute scale and replicated plan: "
+              + "; ".join(f"attempt {i}: " + ", ".join(f"{m} {x}" for m, x in d.items())
+                          for i, d in enumerate(readings, 1)) + ".", ""]
     allp, allm, allb = [], [], []
     for name, kw in sizes.items():
         per_rank = [r[name] for r in res]
@@ -339,8 +375,7 @@ def main(argv=None) -> int:
                              f"bandwidth {c[1] / 1e9:.3f} GB/s{gather} (timed via {c[2]}).  ")
         if per_rank[0]["update_rate"]:
             lines.append(f"Whole-model {OPTIMIZER} update: {1e9 * per_rank[0]['update_rate']:.2f} ns per element.  ")
-        lines.append(f"The model's ops on the ranks at once: {per_rank[0]['share']:.3f}x their profiled time "
-                     "(run_share, times every measured compute and update).  ")
+        lines += share_lines(name, per_rank, rows, repeats)
         if per_rank[0].get("moves"):
             call, cp, st = per_rank[0]["moves"]
             lines.append(f"Each reshard step beyond its collective: {1e6 * call:.1f} us of the runtime's path, "

@@ -20,11 +20,22 @@ the same reason). Their sum over the cached sum is this run's compute scale; the
 step waits for it) is taken, all-reduced so that every rank prices alike. It is a measurement of
 this run's conditions, not a constant: where the host runs the ranks as the profile ran, it reads
 about 1.
+
+``run_share`` reads it once, when the live group is fitted, before any step: what a user's plan is
+priced with. The host's speed drifts while the steps run (on the benchmarks' quiet machine the
+zoo mlp's plan that communicates nothing measured 0.72-1.23x its prediction from one attempt to
+the next, a minute apart, each with its own reading at the fit), so a benchmark that times many
+plans over a minute reads the same scale again beside them: ``RoundShare`` re-times the same ops
+once per round of the plans' steps, on the same wall clock, and gives the median over the rounds
+of the slowest rank's reading. It is still a measurement of the run's conditions, of the model's
+own ops alone; it is never fitted to the plans' measured times.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from dataclasses import dataclass, field
 
 COVER = 0.9  # share of the model's profiled compute the re-timed ops cover
 
@@ -50,15 +61,10 @@ def reference_ops(graph, mesh, op_signature) -> list[tuple[object, object, int, 
     return [tuple(v) for v in out.values()]
 
 
-def run_share(model, ops, cover: float = COVER) -> float | None:
-    """The live group's compute scale against ``model``'s cache (see the module's docstring);
-    None without a group of two or more ranks or without cached timings of ``ops``. Every rank
-    must call it, with the same ``ops``."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return None
+def picked_ops(model, ops, cover: float = COVER) -> tuple[list[tuple[object, object, int]], float]:
+    """The most expensive of ``ops`` (``reference_ops``) by their cached timings, covering
+    ``cover`` of the cached sum, as (node, config, count), and the cached seconds they cover
+    (0.0: nothing cached)."""
     cached = []
     for node, config, count, sig in ops:
         t = model.cache.get(model._device, model._torch, sig)
@@ -70,21 +76,45 @@ def run_share(model, ops, cover: float = COVER) -> float | None:
     for x in cached:
         if covered >= cover * total:
             break
-        picked.append(x)
+        picked.append((x[1], x[2], x[3]))
         covered += x[0]
-    now = _retimed(model, [(node, config, count) for _, node, config, count in picked])
-    ratio = now / covered if covered > 0 and now > 0 else 0.0
-    x = torch.tensor([ratio], dtype=torch.float64, device=model.device)
+    return picked, covered
+
+
+def _slowest(ratio: float, device) -> float:
+    """The largest of every rank's ``ratio`` (a step waits for the slowest rank)."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.tensor([ratio], dtype=torch.float64, device=device)
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
-    ratio = float(x[0])
+    return float(x[0])
+
+
+def _grouped() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() >= 2
+
+
+def run_share(model, ops, cover: float = COVER) -> float | None:
+    """The live group's compute scale against ``model``'s cache (see the module's docstring);
+    None without a group of two or more ranks or without cached timings of ``ops``. Every rank
+    must call it, with the same ``ops``."""
+    if not _grouped():
+        return None
+    picked, covered = picked_ops(model, ops, cover)
+    now = _retimed(model, picked)
+    ratio = _slowest(now / covered if covered > 0 and now > 0 else 0.0, model.device)
     return ratio if ratio > 0 and math.isfinite(ratio) else None
 
 
-def _retimed(model, ops) -> float:
+def _retimed(model, ops, repeats: int | None = None, warmup: int | None = None, barrier: bool = True) -> float:
     """Seconds of ``ops`` (each times its count, forward and backward) timed as the profile times
     them (one thread, ``model.repeats`` runs, the median) but on the wall clock: a step's time is
     wall time, and where ranks outnumber the cores each runs part of the time, which the thread's
-    CPU clock the profile reads does not count. Every rank starts together (a barrier)."""
+    CPU clock the profile reads does not count. Every rank starts together (a barrier) unless
+    ``barrier`` is off (the caller has just met the other ranks)."""
     import time
 
     import torch
@@ -97,10 +127,13 @@ def _retimed(model, ops) -> float:
         torch.set_num_threads(1)
     total = 0.0
     try:
-        dist.barrier()
+        if barrier:
+            dist.barrier()
         for node, config, count in ops:
             try:
-                fwd, bwd = time_op(build(node, config, model.device), True, model.repeats, model.warmup,
+                fwd, bwd = time_op(build(node, config, model.device), True,
+                                   model.repeats if repeats is None else repeats,
+                                   model.warmup if warmup is None else warmup,
                                    model.device, now=time.perf_counter)
             except Exception:  # an op the runner cannot rebuild here: left out of both sums alike
                 return 0.0
@@ -109,3 +142,51 @@ def _retimed(model, ops) -> float:
         if cpu:
             torch.set_num_threads(threads)
     return total
+
+
+ROUND_REPEATS, ROUND_WARMUP = 1, 1  # each op's runs in one round's reading (the median is over rounds)
+
+
+@dataclass
+class RoundShare:
+    """``run_share`` read again in every round of a benchmark's steps (see the module's docstring).
+
+    ``read`` once per round on every rank, right after the ranks meet (each reading times each
+    picked op once after one warm-up run, forward and backward); ``share`` at the end, on every
+    rank: the median over the rounds of the slowest rank's reading, the same on every rank."""
+
+    model: object
+    picked: list
+    covered: float  # the picked ops' cached seconds
+    readings: list[float] = field(default_factory=list)  # this rank's, one per ``read``
+
+    @classmethod
+    def of(cls, model, cover: float = COVER) -> "RoundShare":
+        picked, covered = picked_ops(model, model._reference or [], cover)
+        return cls(model, picked, covered)
+
+    def read(self) -> float:
+        """This rank's ops now over their cached time (0.0: nothing to time)."""
+        now = _retimed(self.model, self.picked, ROUND_REPEATS, ROUND_WARMUP, barrier=False) if self.covered > 0 else 0.0
+        self.readings.append(now / self.covered if self.covered > 0 else 0.0)
+        return self.readings[-1]
+
+    def slowest(self, skip: int = 0) -> list[float]:
+        """Per round after the first ``skip``, the slowest rank's reading (every rank must call it)."""
+        import torch
+        import torch.distributed as dist
+
+        x = torch.tensor(self.readings, dtype=torch.float64, device=self.model.device)
+        if _grouped():
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        return [float(v) for v in x[skip:]]
+
+    def share(self, skip: int = 0) -> float | None:
+        """``median_share`` of ``slowest(skip)``."""
+        return median_share(self.slowest(skip))
+
+
+def median_share(rounds: list[float]) -> float | None:
+    """The median of the rounds' readings that read something; None where none did."""
+    kept = [v for v in rounds if v > 0 and math.isfinite(v)]
+    return statistics.median(kept) if kept else None
