@@ -116,12 +116,19 @@ def predicted_memory(plan, rank: int) -> float:
 
 def predicted_compute(plan, rank: int = 0) -> float:
     """Seconds of compute per step the plan predicts for rank ``rank``'s device (its rows' compute
-    terms; in a pipeline its stage's ``compute``, nan where the plan does not record it)."""
+    terms; in a pipeline its stage's ``compute``; a hierarchical plan of one stage, which has no
+    rows, its price's compute and optimizer-step terms, as a stage's ``compute`` adds them; nan
+    where the plan records none of these)."""
     k = stage_of(plan, rank)
     if k is not None:
         c = plan.stages[k].compute
         return float("nan") if c is None else float(c)
-    return float(sum(r.compute for r in plan.rows))
+    if plan.rows:
+        return float(sum(r.compute for r in plan.rows))
+    terms = plan.strategy.time_terms if plan.strategy is not None else {}
+    if "compute" not in terms:
+        return float("nan")
+    return float(terms["compute"] + terms.get("optimizer step", 0.0))
 
 
 @contextmanager
@@ -347,6 +354,13 @@ def add_parser(sub) -> None:
                    help="plan by tensor/pipeline/data degrees (auto: above 64 devices; its plans may be pipelined)")
     m.add_argument("--zero", default="auto", choices=["auto", "0", "1", "2", "3"], help="ZeRO stage (auto: searched)")
     m.add_argument("--memory", type=float, default=None, metavar="GIB", help="memory per device in GiB")
+    m.add_argument("--pin", default=None, metavar="K=V,...",
+                   help="measure the plan fixed by these degrees instead of autopar's, e.g. tensor=8,pipeline=2 "
+                   "(data: the devices left; also zero=, recompute=, microbatch=, schedule=; the hierarchical "
+                   "search's plan, priced with the analytic model)")
+    from autopar.cli.run_setup import add_training_flags
+
+    add_training_flags(m)
     m.add_argument("--steps", type=int, default=4, help="training steps, the first a warm-up (default 4)")
     m.add_argument("--json", metavar="OUT", help="also write the figures (bytes, seconds) to this JSON file")
     m.set_defaults(func=run)
@@ -356,6 +370,7 @@ def run(args) -> int:
     import autopar
     from autopar.core.resolve import resolve_cluster
     from autopar.cli.model_spec import load_call
+    from autopar.cli.run_setup import training_flags
     from autopar.planning.plan import Plan
 
     if args.rank != "fullest":
@@ -367,6 +382,7 @@ def run(args) -> int:
         raise ValueError(f"--rank {args.rank} is not a rank of {args.devices} devices (0..{args.devices - 1})")
     if args.steps < 2:
         raise ValueError(f"--steps must be at least 2 (the first is a warm-up), got {args.steps}")
+    _check_pin(args)
     model, inputs, kwargs, name = load_call(args.model)
     if args.plan:
         plan = Plan.load(args.plan, mode="train")
@@ -384,7 +400,12 @@ def run(args) -> int:
             if not args.memory > 0:
                 raise ValueError(f"--memory is GiB per device and must be > 0, not {args.memory:g}")
             options["memory_capacity"] = args.memory * 2**30
+        options.update(training_flags(args))
+        if args.pin:
+            options["pin"] = args.pin
         plan = autopar.plan(model, inputs, cluster, **options)
+        if args.pin:  # the pinned plan is priced beside autopar's as its "published" baseline
+            plan = plan.baselines["published"]
     if plan.devices == 1:
         raise ValueError("the plan is for one device: measure a plan for several (--devices N)")
     if not torch.cuda.is_available():
@@ -399,3 +420,23 @@ def run(args) -> int:
             json.dump(asdict(result), f, indent=1)
     print("\n".join(result.lines()))
     return 0
+
+
+def _check_pin(args) -> None:
+    """One-line errors for a ``--pin`` the other flags contradict (before anything is traced)."""
+    if not args.pin:
+        return
+    from autopar.planning.degrees import parse_pin
+
+    pin = parse_pin(args.pin)  # ValueError naming the bad part
+    if args.plan:
+        raise ValueError("--pin fixes the plan to search, --plan gives one: use one of them")
+    if args.hierarchical == "off":
+        raise ValueError("--pin needs the hierarchical search (tensor/pipeline/data degrees): drop --hierarchical off")
+    if args.cost_model != "analytic":
+        raise ValueError(f"--pin prices with the analytic model (the hierarchical search's), not "
+                         f"--cost-model {args.cost_model}: drop --cost-model")
+    if pin.zero is not None and args.zero != "auto" and int(args.zero) != pin.zero:
+        raise ValueError(f"--zero {args.zero} and the pin's zero={pin.zero} disagree: give the ZeRO stage once")
+    if pin.recompute is not None and getattr(args, "recompute", "auto") != "auto":
+        raise ValueError("--recompute and the pin's recompute= both set recomputation: give it once")

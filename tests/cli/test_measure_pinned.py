@@ -1,0 +1,69 @@
+"""``autopar measure --pin``: a plan fixed by its degrees, not the one autopar picks, measured on
+one rank. A hierarchical plan of one stage (tensor x data) has no per-node rows: its compute is
+predicted from its price's terms (the microbatches' forward and backward and the optimizer
+update), checked here against a floor independent of the pricing: torch's FLOP counter's count
+of the model's training step, over the devices, at the device's peak rate."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import autopar
+from autopar.cli.measure import one_process_cluster
+from tests.helpers.cli_utils import cli, one_line_error
+
+GPT = "zoo:gpt:layers=2,width=64,heads=4,seq=32,batch=128,vocab=1024"
+SIZES = dict(layers=2, width=64, heads=4, seq=32, batch=128, vocab=1024)
+
+
+@pytest.fixture(scope="module")
+def pinned(tmp_path_factory):
+    out = tmp_path_factory.mktemp("measure_pinned") / "m.json"
+    r = subprocess.run([sys.executable, "-m", "autopar", "measure", GPT, "--devices", "512", "--pin",
+                        "tensor=4,pipeline=1", "--zero", "0", "--steps", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout, json.loads(out.read_text())
+
+
+def training_flops() -> float:
+    model, (x, y) = autopar.zoo.get("gpt", **SIZES)
+    with FlopCounterMode(display=False) as count:
+        model(x, y).backward()
+    return float(count.get_total_flops())
+
+
+def test_a_pinned_single_stage_plan_predicts_its_compute(pinned):
+    _, m = pinned
+    assert m["devices"] == 512 and m["rank"] == 0
+    assert m["measured_compute"] > 0
+    device = one_process_cluster(512)
+    floor = training_flops() / 512 / device.peak_flops["float32"]  # every device's share at the peak rate
+    assert m["predicted_compute"] >= floor, m
+    assert m["param_bytes"] > 0 and m["measured_memory"] >= 4 * m["param_bytes"]
+
+
+def test_the_pinned_plan_is_the_one_measured(pinned):
+    # tensor 4: each rank holds about a quarter of the blocks' weights (the embeddings are cut too)
+    _, m = pinned
+    model, _ = autopar.zoo.get("gpt", **SIZES)
+    whole = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert whole / 8 < m["param_bytes"] < whole / 2, m
+
+
+@pytest.mark.parametrize("flags,words", [
+    (("--pin", "tensor=2", "--plan", "p.json"), "--plan"),
+    (("--pin", "tensor=2", "--hierarchical", "off"), "hierarchical"),
+    (("--pin", "tensor=2", "--cost-model", "profiled"), "analytic"),
+    (("--pin", "tensor=2,zero=1", "--zero", "0"), "disagree"),
+    (("--pin", "tensor=2,recompute=full", "--recompute", "none"), "--recompute"),
+    (("--pin", "tensors=2"), "pin"),
+])
+def test_contradicting_pins_are_one_line(flags, words):
+    r = cli("measure", "zoo:gpt", "--devices", "8", *flags)
+    assert one_line_error(r) and words in r.stderr, r.stderr
