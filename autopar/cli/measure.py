@@ -192,6 +192,7 @@ def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: d
 
 def _build(model, plan, inputs, device: str, lr: float):
     """(module, optimizer, one training step) of this rank."""
+    from autopar.cli.measure_checks import checked
     from autopar.compiler import build_rank_module
 
     try:
@@ -200,7 +201,7 @@ def _build(model, plan, inputs, device: str, lr: float):
             from autopar.cli.measure_stage import stage_run
 
             run = stage_run(model, module, module.plan, module.plan.graph, inputs, device, lr)
-            return module, run.optimizer, run.step
+            return module, run.optimizer, checked(run.step)
         optimizer = module.optimizer(torch.optim.AdamW, lr=lr)
 
         def step():
@@ -208,7 +209,7 @@ def _build(model, plan, inputs, device: str, lr: float):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        return module, optimizer, step
+        return module, optimizer, checked(step)
     except (AutoparError, ValueError):
         raise
     except (RuntimeError, TypeError, NotImplementedError) as e:
@@ -370,6 +371,7 @@ def run(args) -> int:
     import autopar
     from autopar.core.resolve import resolve_cluster
     from autopar.cli.model_spec import load_call
+    from autopar.cli.measure_checks import check_pin
     from autopar.cli.run_setup import training_flags
     from autopar.planning.plan import Plan
 
@@ -382,7 +384,7 @@ def run(args) -> int:
         raise ValueError(f"--rank {args.rank} is not a rank of {args.devices} devices (0..{args.devices - 1})")
     if args.steps < 2:
         raise ValueError(f"--steps must be at least 2 (the first is a warm-up), got {args.steps}")
-    _check_pin(args)
+    check_pin(args)
     model, inputs, kwargs, name = load_call(args.model)
     if args.plan:
         plan = Plan.load(args.plan, mode="train")
@@ -421,22 +423,3 @@ def run(args) -> int:
     print("\n".join(result.lines()))
     return 0
 
-
-def _check_pin(args) -> None:
-    """One-line errors for a ``--pin`` the other flags contradict (before anything is traced)."""
-    if not args.pin:
-        return
-    from autopar.planning.degrees import parse_pin
-
-    pin = parse_pin(args.pin)  # ValueError naming the bad part
-    if args.plan:
-        raise ValueError("--pin fixes the plan to search, --plan gives one: use one of them")
-    if args.hierarchical == "off":
-        raise ValueError("--pin needs the hierarchical search (tensor/pipeline/data degrees): drop --hierarchical off")
-    if args.cost_model != "analytic":
-        raise ValueError(f"--pin prices with the analytic model (the hierarchical search's), not "
-                         f"--cost-model {args.cost_model}: drop --cost-model")
-    if pin.zero is not None and args.zero != "auto" and int(args.zero) != pin.zero:
-        raise ValueError(f"--zero {args.zero} and the pin's zero={pin.zero} disagree: give the ZeRO stage once")
-    if pin.recompute is not None and getattr(args, "recompute", "auto") != "auto":
-        raise ValueError("--recompute and the pin's recompute= both set recomputation: give it once")

@@ -90,3 +90,17 @@ def test_a_first_stage_holds_its_outputs_and_its_backwards_gradients(first_stage
     assert m["devices"] == 512 and m["rank"] == 0
     assert m["measured_memory"] >= 4 * m["param_bytes"] > 0
     assert 0.85 <= m["measured_memory"] / m["predicted_memory"] <= 1.15, m
+
+
+def test_an_error_inside_a_ranks_step_is_one_line():
+    """A rank's module that builds but fails in its step (torch's error from deep inside the
+    generated program) is reported as one line naming the error, as a failing build is."""
+    from autopar.cli.measure_checks import checked
+    from autopar.core.errors import AutoparError
+
+    def step():
+        torch.zeros(16, 1, 4).expand(32, 1, 4)
+
+    with pytest.raises(AutoparError) as e:
+        checked(step)()
+    assert "\n" not in str(e.value) and "RuntimeError" in str(e.value) and "expanded size" in str(e.value)
