@@ -116,12 +116,19 @@ def predicted_memory(plan, rank: int) -> float:
 
 def predicted_compute(plan, rank: int = 0) -> float:
     """Seconds of compute per step the plan predicts for rank ``rank``'s device (its rows' compute
-    terms; in a pipeline its stage's ``compute``, nan where the plan does not record it)."""
+    terms; in a pipeline its stage's ``compute``; a hierarchical plan of one stage, which has no
+    rows, its price's compute and optimizer-step terms, as a stage's ``compute`` adds them; nan
+    where the plan records none of these)."""
     k = stage_of(plan, rank)
     if k is not None:
         c = plan.stages[k].compute
         return float("nan") if c is None else float(c)
-    return float(sum(r.compute for r in plan.rows))
+    if plan.rows:
+        return float(sum(r.compute for r in plan.rows))
+    terms = plan.strategy.time_terms if plan.strategy is not None else {}
+    if "compute" not in terms:
+        return float("nan")
+    return float(terms["compute"] + terms.get("optimizer step", 0.0))
 
 
 @contextmanager
@@ -185,6 +192,7 @@ def measure(model, inputs: tuple, plan, rank: int = 0, steps: int = 3, kwargs: d
 
 def _build(model, plan, inputs, device: str, lr: float):
     """(module, optimizer, one training step) of this rank."""
+    from autopar.cli.measure_checks import checked
     from autopar.compiler import build_rank_module
 
     try:
@@ -193,7 +201,7 @@ def _build(model, plan, inputs, device: str, lr: float):
             from autopar.cli.measure_stage import stage_run
 
             run = stage_run(model, module, module.plan, module.plan.graph, inputs, device, lr)
-            return module, run.optimizer, run.step
+            return module, run.optimizer, checked(run.step)
         optimizer = module.optimizer(torch.optim.AdamW, lr=lr)
 
         def step():
@@ -201,7 +209,7 @@ def _build(model, plan, inputs, device: str, lr: float):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        return module, optimizer, step
+        return module, optimizer, checked(step)
     except (AutoparError, ValueError):
         raise
     except (RuntimeError, TypeError, NotImplementedError) as e:
@@ -347,6 +355,13 @@ def add_parser(sub) -> None:
                    help="plan by tensor/pipeline/data degrees (auto: above 64 devices; its plans may be pipelined)")
     m.add_argument("--zero", default="auto", choices=["auto", "0", "1", "2", "3"], help="ZeRO stage (auto: searched)")
     m.add_argument("--memory", type=float, default=None, metavar="GIB", help="memory per device in GiB")
+    m.add_argument("--pin", default=None, metavar="K=V,...",
+                   help="measure the plan fixed by these degrees instead of autopar's, e.g. tensor=8,pipeline=2 "
+                   "(data: the devices left; also zero=, recompute=, microbatch=, schedule=; the hierarchical "
+                   "search's plan, priced with the analytic model)")
+    from autopar.cli.run_setup import add_training_flags
+
+    add_training_flags(m)
     m.add_argument("--steps", type=int, default=4, help="training steps, the first a warm-up (default 4)")
     m.add_argument("--json", metavar="OUT", help="also write the figures (bytes, seconds) to this JSON file")
     m.set_defaults(func=run)
@@ -356,6 +371,8 @@ def run(args) -> int:
     import autopar
     from autopar.core.resolve import resolve_cluster
     from autopar.cli.model_spec import load_call
+    from autopar.cli.measure_checks import check_pin
+    from autopar.cli.run_setup import training_flags
     from autopar.planning.plan import Plan
 
     if args.rank != "fullest":
@@ -367,6 +384,7 @@ def run(args) -> int:
         raise ValueError(f"--rank {args.rank} is not a rank of {args.devices} devices (0..{args.devices - 1})")
     if args.steps < 2:
         raise ValueError(f"--steps must be at least 2 (the first is a warm-up), got {args.steps}")
+    check_pin(args)
     model, inputs, kwargs, name = load_call(args.model)
     if args.plan:
         plan = Plan.load(args.plan, mode="train")
@@ -384,7 +402,12 @@ def run(args) -> int:
             if not args.memory > 0:
                 raise ValueError(f"--memory is GiB per device and must be > 0, not {args.memory:g}")
             options["memory_capacity"] = args.memory * 2**30
+        options.update(training_flags(args))
+        if args.pin:
+            options["pin"] = args.pin
         plan = autopar.plan(model, inputs, cluster, **options)
+        if args.pin:  # the pinned plan is priced beside autopar's as its "published" baseline
+            plan = plan.baselines["published"]
     if plan.devices == 1:
         raise ValueError("the plan is for one device: measure a plan for several (--devices N)")
     if not torch.cuda.is_available():
@@ -399,3 +422,4 @@ def run(args) -> int:
             json.dump(asdict(result), f, indent=1)
     print("\n".join(result.lines()))
     return 0
+
