@@ -18,6 +18,7 @@ from autopar.cost_models.training import accumulation_time
 from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
+from autopar.planning.least_time import least_time
 from autopar.planning.held_units import capped_floor, fitting_count, held_floor, most_held
 from autopar.planning.step_bounds import layout_bound, step_floor
 from autopar.cost_models.training import zero3_gathered
@@ -51,12 +52,22 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: flo
     is left out when the others reach it."""
     bucket, sync = sync_floors(search, c)
     added = float(np.sum(accumulation_floor(search, c)))
-    pipe = layout_bound(c, search.stats(c), search.cluster, comp, rest, added) - rest
+    pipe = layout_bound(c, balanced(search, c), search.cluster, comp, rest, added) - rest
     if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, held_bound(search, c), capped_bound(search, c))
     if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, cut_bound(search, c, rest) - rest)
     return sync_step(search, c, pipe, bucket, sync, rest, enough)
+
+
+def balanced(search, c: Candidate):
+    """``search.stats(c)`` with its time the least any layout takes (``least_time``; where past
+    the DP's budget, the sum of ``unit_floors``), on one rank of a context group 1/k of it plus
+    the K/V gathers (``context.context_stats``): what ``layout_bound`` divides over the stages."""
+    least = least_time(search, *search.group_key(c))
+    least = float(np.sum(unit_floors(search, c))) if least is None else least
+    one = np.asarray([least / c.degrees.c + search.gathers(c)])
+    return dataclasses.replace(search.stats(c), compute=one, comm=np.zeros(1))
 
 
 def sync_floors(search, c: Candidate) -> tuple[float, float]:
