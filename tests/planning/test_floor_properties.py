@@ -2,7 +2,8 @@
 layout it bounds (docs/bound.md): on random small chains and residual stacks, random clusters and
 capacities, every candidate of the space (tensor x pipeline x data degrees, microbatches, ZeRO 0-3,
 recomputation, every schedule) whose tensor group is small enough is priced under every layout of
-its group (the middle blocks one layout, as the search prices them), and each floor -- the first
+its group (the middle blocks one layout, as the search prices them): the least time of any layout
+the floors divide (``least_time``) equals the brute-force least, and each floor -- the first
 bound, the reference bound, the balanced, whole-unit, capped and cut floors, ``any_layout_bound``,
 the Lagrangian bound, the memory floor and the bound the search itself keeps per candidate -- is
 compared with the brute-force least price (or least fitting price, for the floors that use the
@@ -24,6 +25,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.margin import usable_memory
 from autopar.planning import hierarchical as H
 from autopar.planning.lagrangian import lagrangian_bound
+from autopar.planning.least_time import least_time
 from autopar.planning.space_bound import (accumulation_floor, any_layout_bound, balanced, capped_bound,
                                           cut_bound, held_bound, memory_floor)
 from autopar.planning.step_bounds import layout_bound, reference_bound, sync_lb
@@ -71,8 +73,10 @@ def _check(kind: str, blocks: int, width: int, shape: tuple, devices: int, recom
     every = window_layouts(search, chosen, cluster)
     memory = sorted(priced(search, s, c, cluster).memory for s, c in every)
     search.capacity = memory[min(int(len(memory) * share), len(memory) - 1)]
-    least, best, least_mem = {}, {}, {}
+    least, best, least_mem, least_t = {}, {}, {}, {}
     for s, c in every:
+        key = search.group_key(c)
+        least_t[key] = min(least_t.get(key, math.inf), float(np.sum(s.time)))
         plain = priced(search, s, c, cluster)
         least[c] = min(least.get(c, math.inf), plain.cost)
         least_mem[c] = min(least_mem.get(c, math.inf), plain.memory)
@@ -81,6 +85,8 @@ def _check(kind: str, blocks: int, width: int, shape: tuple, devices: int, recom
             best[c] = min(best.get(c, math.inf), pr.cost)
     for _, _, _, c in cands:  # every group solved, so that the reference bound reads them all
         search.stats(c)
+    for key, t in least_t.items():  # the least time of any layout, solved: the brute-force least
+        assert least_time(search, *key) == pytest.approx(t, rel=1e-9), key
     for comp, rest, static, c in chosen:
         name = c.describe()
         # floors that hold for every layout, fitting or not
