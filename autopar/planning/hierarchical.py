@@ -217,7 +217,7 @@ class Search:
         best = (0.0, self.batch)
         for (ten, mb, rc), st in self._memo.items():
             if ten == tensor and rc in (rec, False) and (self.batch // mb) % b == 0:
-                t = least_time(self, ten, mb, rc) or 0.0  # not st's layout's: the least of any
+                t = least_time(self, ten, mb, rc, floors=False) or float(np.sum(st.time))  # st's: past budget
                 if t * b / (self.batch // mb) > best[0] * b / best[1]:
                     best = (t, self.batch // mb)
         return self._ranks.setdefault(key, best)
