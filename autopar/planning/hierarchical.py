@@ -52,6 +52,7 @@ from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats
 from autopar.planning.lagrangian import tighten
 from autopar.planning.settings import TrainingSettings
+from autopar.planning.least_time import least_time
 from autopar.planning.space_bound import any_layout_bound, memory_floor
 from autopar.planning.step_bounds import least_totals, lower_bound, reference_bound, stats_bound, sync_lb, totals
 from autopar.planning.step_price import SCHEDULES, Candidate, weighed, Priced, data_groups, price, schedule_options
@@ -216,7 +217,7 @@ class Search:
         best = (0.0, self.batch)
         for (ten, mb, rc), st in self._memo.items():
             if ten == tensor and rc in (rec, False) and (self.batch // mb) % b == 0:
-                t = float(np.sum(st.time))
+                t = least_time(self, ten, mb, rc, floors=False) or float(np.sum(st.time))  # st's: past budget
                 if t * b / (self.batch // mb) > best[0] * b / best[1]:
                     best = (t, self.batch // mb)
         return self._ranks.setdefault(key, best)

@@ -13,11 +13,11 @@ import numpy as np
 
 from autopar.core.batch import batch_dims
 from autopar.core.strategy import node_training
-from autopar.core.tables import CostTables
 from autopar.cost_models.training import accumulation_time
 from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
+from autopar.planning.least_time import group_spans, least_time, unit_floors
 from autopar.planning.held_units import capped_floor, fitting_count, held_floor, most_held
 from autopar.planning.step_bounds import layout_bound, step_floor
 from autopar.cost_models.training import zero3_gathered
@@ -51,12 +51,24 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: flo
     is left out when the others reach it."""
     bucket, sync = sync_floors(search, c)
     added = float(np.sum(accumulation_floor(search, c)))
-    pipe = layout_bound(c, search.stats(c), search.cluster, comp, rest, added) - rest
+    pipe = layout_bound(c, balanced(search, c), search.cluster, comp, rest, added) - rest
     if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, held_bound(search, c), capped_bound(search, c))
     if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, cut_bound(search, c, rest) - rest)
     return sync_step(search, c, pipe, bucket, sync, rest, enough)
+
+
+def balanced(search, c: Candidate):
+    """``search.stats(c)`` with its time the least any layout takes (``least_time``; where that is
+    past its budget, the group's own layout's, which only the group's DP vouches for), on one rank
+    of a context group 1/k of it plus the K/V gathers (``context.context_stats``): what
+    ``layout_bound`` divides over the stages."""
+    least = least_time(search, *search.group_key(c), floors=False)
+    if least is None:  # past its budget: the group's own layout's time, as before (not proven: see docs)
+        return search.stats(c)
+    one = np.asarray([least / c.degrees.c + search.gathers(c)])
+    return dataclasses.replace(search.stats(c), compute=one, comm=np.zeros(1))
 
 
 def sync_floors(search, c: Candidate) -> tuple[float, float]:
@@ -292,38 +304,6 @@ def capped_bound(search, c: Candidate) -> float:
     caps = [fitting_count(static + in_flight(c, w) * acts, room) for w in range(deg.p)]
     cut = cut_times(search.stats(c).boundary, deg, search.cluster)
     return c.rounds * capped_floor(rank_time_floors(search, c), caps, cut, c.virtual)
-
-
-def group_spans(search, c: Candidate):
-    """The group's units as its tables see them, and the map from the model's units to them."""
-    win = search.window(c.recompute)
-    return (win.spans, np.asarray(win.unit_map)) if win is not None else (search.spans, None)
-
-
-def unit_floors(search, c: Candidate) -> np.ndarray:
-    """Per unit, the least per-microbatch time of its own nodes and every edge into them: a unit's
-    time in ``units.unit_stats`` is its nodes' costs and the costs of the edges into them (from
-    any unit, the resharding its inputs need), so the least of that over the configs of its nodes
-    and of the edges' sources (those costing nothing here) bounds it under any layout."""
-    key = search.group_key(c)
-    if every_of(c.recompute):  # each unit as its own block is recomputed or not (planning/every.py)
-        plain, full = (unit_floors(search, dataclasses.replace(c, recompute=rc)) for rc in (False, True))
-        return np.where(recomputed_of(search, c.recompute), full, plain)
-    if key not in search.floors:
-        t = search.stats(c).tables
-        spans, take = group_spans(search, c)
-        least = []
-        for a, b in spans:
-            src = sorted({u for u, v in t.edge_cost if a <= v < b and u < a})
-            pos = {u: k for k, u in enumerate(src + list(range(a, b)))}
-            edges = {(pos[u], pos[v]): e for (u, v), e in t.edge_cost.items() if a <= v < b and u in pos}
-            sub = CostTables([t.nodes[u] for u in src] + t.nodes[a:b], [t.configs[u] for u in src] + t.configs[a:b],
-                             [np.zeros(len(t.configs[u])) for u in src] + t.node_cost[a:b], edges,
-                             [np.zeros(len(t.configs[u])) for u in pos])
-            least.append(float(search.solve(sub).cost))
-        least = np.asarray(least)
-        search.floors[key] = least[take] if take is not None else least
-    return search.floors[key]
 
 
 def memory_floors(search, c: Candidate) -> MemoryFloors:

@@ -139,10 +139,11 @@ def sync_lb(c: Candidate, tot: Totals, cluster: Cluster, comp: float = 0.0) -> f
 
 def reference_bound(c: Candidate, group_time: float, b_ref: int, b: int, compute_lb: float, rest_lb: float
                     ) -> float:
-    """A bound from the group's optimum at a larger microbatch ``b_ref``: the least per-microbatch
-    time ``T(b)`` of any layout has ``T(b)/b`` non-increasing in b (each term is affine in b with a
-    non-negative constant: latencies, weights read), so ``T(b) >= b/b_ref T(b_ref)``, and the
-    slowest of p stages takes at least ``T(b)/p``."""
+    """A bound from the group's least time at a larger microbatch ``b_ref`` (over every layout:
+    ``least_time``): the least per-microbatch time ``T(b)`` of any layout has ``T(b)/b``
+    non-increasing in b (each term is affine in b with a non-negative constant: latencies,
+    weights read), so ``T(b) >= b/b_ref T(b_ref)``, and the slowest of p stages takes at least
+    ``T(b)/p``."""
     return max(compute_lb, c.rounds / c.degrees.p * group_time * b / b_ref) + rest_lb
 
 
@@ -173,11 +174,13 @@ def layout_bound(c: Candidate, s: UnitStats, cluster: Cluster, compute_lb: float
     """A lower bound on ``price(c, ...)`` under *any* layout of the tensor group (the space's
     layouts, not only the one its DP chose), so that it bounds the candidate's optimum.
 
-    ``s`` holds the group's exact DP optimum of the per-microbatch time ``T* = sum(s.time)``, the
-    least any layout takes. With p stages cut at unit boundaries, the stages' per-microbatch times
-    add up to the whole graph's plus each of the p - 1 cuts twice (the stages on both sides send
-    and receive it), and a cut's cost does not depend on the layout (Megatron's 1/t slices of what
-    crosses it), so the slowest stage takes at least ``(T* + 2 x (the p - 1 cheapest cuts)) / p``.
+    ``s`` holds ``T* = sum(s.time)``, the least per-microbatch time any layout takes
+    (``space_bound.balanced``: not the time of the layout the group's DP chose, which weighs a
+    window's middle block once where the model runs it once per middle block). With p stages
+    cut at unit boundaries, the stages' per-microbatch times add up to the whole graph's plus
+    each of the p - 1 cuts twice (the stages on both sides send and receive it), and a cut's
+    cost does not depend on the layout (Megatron's 1/t slices of what crosses it), so the slowest
+    stage takes at least ``(T* + 2 x (the p - 1 cheapest cuts)) / p``.
     The syncs inside the group are at least 0; data-parallel sync and the optimizer step at least
     ``rest_lb`` (perfectly sharded state: ``lower_bound``), and the compute at least ``compute_lb``.
     ``added``: seconds per microbatch every layout spends at least adding gradients into the held
