@@ -22,6 +22,9 @@ import torch.fx as fx
 import torch.nn as nn
 
 
+KEPT_META = ("autopar_batch_axes", "autopar_constants")
+
+
 def is_exported(graph) -> bool:
     """Whether ``graph`` (an IR Graph) comes from torch.export (its parameters are placeholders)."""
     gm = getattr(graph, "fx_graph", None)
@@ -49,4 +52,8 @@ def fx_form(graph, model: nn.Module):
         out.args = (result[0],)
     g.lint()
     module = fx.GraphModule(model, g, class_name=type(model).__name__)
+    # what the front end found of the graph itself, which the copy keeps: the axes traced at the
+    # batch's size (``core.batch``: a causal mask built from the batch's size alone scales with a
+    # microbatch as with a data rank's shard) and the non-tensor inputs' traced values
+    module.meta.update({k: gm.meta[k] for k in KEPT_META if k in gm.meta})
     return dataclasses.replace(graph, fx_graph=module)

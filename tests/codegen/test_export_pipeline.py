@@ -4,11 +4,14 @@ the same losses, gradients and parameters as the model trained on one device."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from tests.helpers.dist_utils import run_gloo
 from tests.helpers.numerics import ATOL, EPS, LR, PARAM_ATOL, RTOL, STEPS, reference_run
+from benchmarks.llama_small import factory
 from tests.helpers.plans import two_stage_plan
 
 pytest.importorskip("transformers")
@@ -17,8 +20,6 @@ SIZES = dict(layers=2, hidden=32, heads=2, kv_heads=1, mlp=64, vocab=64, seq=8, 
 
 
 def _llama():
-    from benchmarks.llama_small import factory
-
     return factory(**SIZES)
 
 
@@ -56,3 +57,30 @@ def test_an_exported_models_pipeline_trains_as_the_model_on_one_device():
         for n, p in params.items():
             torch.testing.assert_close(torch.from_numpy(p), ref.params[n], rtol=RTOL, atol=PARAM_ATOL,
                                        msg=lambda m, n=n: f"rank {rank} param {n}: {m}")
+
+
+def _pinned_train(rank, world, model, inputs, plan, ref):
+    import autopar
+    from tests.helpers.numerics import check_pipelined
+
+    return check_pipelined(rank, autopar.compile(model, inputs, plan=plan), inputs, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_an_exported_models_sharded_stages_run_several_microbatches_like_one_device():
+    """Tensor 2 x pipeline 2 on 4 gloo processes, 2 microbatches a step: the causal mask, which
+    the exported graph builds from the batch's size alone, is built at a microbatch's rows in each
+    stage (it was built at the whole batch's, and the stage's expand failed on a microbatch)."""
+    import autopar
+
+    model, inputs = factory(layers=2, hidden=64, heads=4, kv_heads=2, mlp=128, vocab=64, seq=8, batch=4)
+    model = model.double()
+    cluster = autopar.Cluster.preset("cpu", devices=4)
+    plan = autopar.plan(model, inputs, cluster, hierarchical=True, zero=0, recompute=False,
+                        pin="tensor=2,pipeline=2,data=1,microbatch=2").baselines["published"]
+    assert plan.graph.frontend == "export" and plan.microbatches == 2
+    assert [s.devices for s in plan.stages] == [2, 2]
+    plan = dataclasses.replace(plan, graph=None, baselines={})  # each rank traces the model, as from a file
+    owned = run_gloo(_pinned_train, 4, model, inputs, plan, reference_run(model, inputs))
+    assert sorted({n for names in owned for n in names}) == sorted(n for n, _ in model.named_parameters())
