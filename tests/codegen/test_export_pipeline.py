@@ -59,28 +59,64 @@ def test_an_exported_models_pipeline_trains_as_the_model_on_one_device():
                                        msg=lambda m, n=n: f"rank {rank} param {n}: {m}")
 
 
-def _pinned_train(rank, world, model, inputs, plan, ref):
+# tiny causal LMs of four Hugging Face families (hidden 64, 2 layers, from their configs)
+FAMILIES = ("llama", "gpt2", "mistral", "qwen2")
+
+
+def _causal_lm(family: str):
+    """(``CausalLM`` over the family's model, float64, called with ``input_ids, labels``; inputs):
+    batch 4 of 8 tokens. GPT-2's output embedding is untied (a pipeline needs each parameter in
+    one stage)."""
+    import transformers as T
+
+    from benchmarks.llama_small import CausalLM
+
+    if family == "llama":
+        model, inputs = factory(layers=2, hidden=64, heads=4, kv_heads=2, mlp=128, vocab=64, seq=8, batch=4)
+        return model.double(), inputs
+    if family == "gpt2":
+        config = T.GPT2Config(vocab_size=64, n_positions=16, n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0,
+                              embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False)
+    else:
+        kind = T.MistralConfig if family == "mistral" else T.Qwen2Config
+        config = kind(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                      tie_word_embeddings=False)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    cls = {"gpt2": T.GPT2LMHeadModel, "mistral": T.MistralForCausalLM, "qwen2": T.Qwen2ForCausalLM}[family]
+    model = CausalLM(cls(config).train()).double()
+    ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(1))
+    return model, (ids, ids.clone())
+
+
+def _pinned_train(rank, world, runs):
     import autopar
     from tests.helpers.numerics import check_pipelined
 
-    return check_pipelined(rank, autopar.compile(model, inputs, plan=plan), inputs, ref)
+    return [check_pipelined(rank, autopar.compile(model, inputs, plan=plan), inputs, ref)
+            for model, inputs, plan, ref in runs]
 
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_an_exported_models_sharded_stages_run_several_microbatches_like_one_device():
-    """Tensor 2 x pipeline 2 on 4 gloo processes, 2 microbatches a step: the causal mask, which
-    the exported graph builds from the batch's size alone, is built at a microbatch's rows in each
-    stage (it was built at the whole batch's, and the stage's expand failed on a microbatch)."""
+def test_exported_models_sharded_stages_run_several_microbatches_like_one_device():
+    """Tensor 2 x pipeline 2 on 4 gloo processes, 2 microbatches a step, for each family: the
+    causal mask, which the exported graph builds from the batch's size alone, is built at a
+    microbatch's rows in each stage (it was built at the whole batch's, and the stage's expand
+    failed on a microbatch)."""
     import autopar
 
-    model, inputs = factory(layers=2, hidden=64, heads=4, kv_heads=2, mlp=128, vocab=64, seq=8, batch=4)
-    model = model.double()
     cluster = autopar.Cluster.preset("cpu", devices=4)
-    plan = autopar.plan(model, inputs, cluster, hierarchical=True, zero=0, recompute=False,
-                        pin="tensor=2,pipeline=2,data=1,microbatch=2").baselines["published"]
-    assert plan.graph.frontend == "export" and plan.microbatches == 2
-    assert [s.devices for s in plan.stages] == [2, 2]
-    plan = dataclasses.replace(plan, graph=None, baselines={})  # each rank traces the model, as from a file
-    owned = run_gloo(_pinned_train, 4, model, inputs, plan, reference_run(model, inputs))
-    assert sorted({n for names in owned for n in names}) == sorted(n for n, _ in model.named_parameters())
+    runs = []
+    for family in FAMILIES:
+        model, inputs = _causal_lm(family)
+        plan = autopar.plan(model, inputs, cluster, hierarchical=True, zero=0, recompute=False,
+                            pin="tensor=2,pipeline=2,data=1,microbatch=2").baselines["published"]
+        assert plan.graph.frontend == "export" and plan.microbatches == 2, family
+        assert [s.devices for s in plan.stages] == [2, 2], family
+        plan = dataclasses.replace(plan, graph=None, baselines={})  # each rank traces the model, as from a file
+        runs.append((model, inputs, plan, reference_run(model, inputs)))
+    ranks = run_gloo(_pinned_train, 4, runs)
+    for family, (model, *_), owned in zip(FAMILIES, runs, zip(*ranks)):
+        assert sorted({n for names in owned for n in names}) == sorted(n for n, _ in model.named_parameters()), family
