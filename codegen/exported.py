@@ -21,6 +21,11 @@ import dataclasses
 import torch.fx as fx
 import torch.nn as nn
 
+# what the front end recorded of the graph that still holds for the copy: the axes traced at the
+# batch's size (``core.batch``) and the non-tensor inputs' values; not the state's names (its
+# placeholders are gone) nor the front end's name (the copy is read as an fx graph)
+KEPT_META = ("autopar_batch_axes", "autopar_constants")
+
 
 def is_exported(graph) -> bool:
     """Whether ``graph`` (an IR Graph) comes from torch.export (its parameters are placeholders)."""
@@ -49,4 +54,7 @@ def fx_form(graph, model: nn.Module):
         out.args = (result[0],)
     g.lint()
     module = fx.GraphModule(model, g, class_name=type(model).__name__)
+    # a causal mask built from the batch's size alone then scales with a microbatch (``scale_batch``)
+    # as with a data rank's shard
+    module.meta.update({k: gm.meta[k] for k in KEPT_META if k in gm.meta})
     return dataclasses.replace(graph, fx_graph=module)

@@ -188,3 +188,32 @@ def test_a_pipelined_stage_of_an_exported_model_holds_what_its_plan_predicts(exp
     assert m["measured_memory"] >= 4 * m["param_bytes"] > 0  # parameters, gradients, two Adam moments
     assert m["predicted_compute"] > 0 and m["measured_compute"] > 0
     assert 0.85 <= m["measured_memory"] / m["predicted_memory"] <= 1.15, m
+
+
+MICROBATCHED = """
+import dataclasses, json, sys
+sys.path.insert(0, {root!r})
+import autopar
+from autopar.cli.measure import measure, one_process_cluster
+from benchmarks.llama_small import factory
+model, inputs = factory(layers=2, hidden=64, heads=4, kv_heads=2, mlp=128, vocab=512, seq=16, batch=64)
+plan = autopar.plan(model, inputs, one_process_cluster(8), zero=0,
+                    pin="tensor=2,pipeline=2,microbatch=16").baselines["published"]
+ranks = {{rank: dataclasses.asdict(measure(model, inputs, plan, rank=rank, steps=2)) for rank in (0, 7)}}
+print(json.dumps(dict(microbatches=plan.microbatches, stages=[s.devices for s in plan.stages], ranks=ranks)))
+"""
+
+
+def test_a_microbatched_tensor_pipeline_plan_of_an_exported_model_measures_both_stages():
+    """Tensor 2 x pipeline 2 x data 2 of a tiny Hugging Face Llama, 2 microbatches of 16 rows per
+    data rank: each stage runs at a microbatch's rows, its causal mask (built from the batch's size
+    alone) included, on the first stage (rank 0) and the last (rank 7)."""
+    code = MICROBATCHED.format(root=os.getcwd())
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["microbatches"] == 2 and got["stages"] == [4, 4], got
+    for rank, m in got["ranks"].items():
+        assert m["measured_memory"] >= 4 * m["param_bytes"] > 0, (rank, m)  # parameters, gradients, Adam moments
+        assert m["predicted_compute"] > 0 and m["measured_compute"] > 0, (rank, m)
