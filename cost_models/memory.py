@@ -424,3 +424,7 @@ def saved_tensors(node: Node, config: Config, mesh: Mesh, mode: str = "train",
             for kind, k, spec in _kept_outputs(node, rec)]
     return [(spec.nbytes, shard_factor(_saved_layout(node, cfg, mesh, lay, kind, k), mesh))
             for kind, k, spec in _saved(node, shared)]
+
+
+saves_for_backward = _saves  # whether a node's backward reads any tensor (``backward_set.py``)
+needs_grad = _needs_grad  # the nodes whose output takes a gradient (``backward_set.py``)

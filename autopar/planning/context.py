@@ -121,7 +121,8 @@ def context_stats(s: UnitStats, kv: np.ndarray, context: int, tensor: int, bandw
     return dataclasses.replace(
         s, compute=s.compute / c, comm=s.comm / c + comm, acts=s.acts / c + (0.0 if recompute else gathered),
         full_acts=s.full_acts / c + gathered, boundary=s.boundary / c,
-        transient=s.transient / c if s.transient is not None else None)  # the loss's rows split too
+        transient=s.transient / c if s.transient is not None else None,  # the loss's rows split too
+        **per_token(s, c))
 
 
 def ring_stats(s: UnitStats, kv: np.ndarray, attention: np.ndarray, context: int, tensor: int, bandwidth: float,
@@ -140,7 +141,13 @@ def ring_stats(s: UnitStats, kv: np.ndarray, attention: np.ndarray, context: int
         held[int(np.argmax(kv))] += ring_in_flight(kv, c, tensor)
     return dataclasses.replace(
         s, compute=s.compute / c, comm=s.comm / c + comm, acts=s.acts / c, full_acts=s.full_acts / c,
-        boundary=s.boundary / c, transient=held)
+        boundary=s.boundary / c, transient=held, **per_token(s, c))
+
+
+def per_token(s: UnitStats, c: int) -> dict:
+    """The backward's gradients above the saved activations and the tensors a stage sends, at 1/c
+    (``UnitStats.backward``, ``sent``): each rank's are its sequence chunk's."""
+    return {f: getattr(s, f) / c for f in ("backward", "sent") if getattr(s, f) is not None}
 
 
 def rank_stats(s: UnitStats, kv: np.ndarray, attention: np.ndarray, deg, bandwidth: float, latency: float,

@@ -48,6 +48,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.strategy import RECOMPUTE_NAMES, RECOMPUTE_POINTWISE, ZERO_NAMES, Degrees
 from autopar.cost_models.alpha_beta import collective_time
 from autopar.cost_models.memory import optimizer_states
+from autopar.planning.backward_held import beside_saved
 from autopar.cost_models.training import (accumulation_time, optimizer_step_time, update_working_set,
                                          zero3_gathered, zero_sync_time)
 from autopar.planning.every import every_of
@@ -361,7 +362,8 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         "optimizer step": max(opt),
     }
     cost = sol.cost + max(shown) + max(opt)
-    backward = [m_ + transient for m_ in sol.memory]  # each rank's peak: its backward's or its update's
+    beside = beside_saved(s, ranks, [in_flight(c, r) for r in range(len(ranks))])
+    backward = [m_ + transient + b_ for m_, b_ in zip(sol.memory, beside)]  # each rank's peak: its backward's or its update's
     sol.memory = [max(b_ - transient, u) for b_, u in zip(backward, update)]
     sol.peaks = [max(b_, u) for b_, u in zip(backward, update)]  # what a rank of the stage holds at most
     peak = max(max(backward), max(update))
@@ -381,6 +383,8 @@ def price(c: Candidate, s: UnitStats, cluster: Cluster, capacity: float, optimiz
         "activations in flight": held * held_sum(s.acts),
         "transient (recomputed block, gathered ZeRO-3 parameters)": transient,
     }
+    if beside[w]:
+        memory_terms["stage outputs held for the backward, their gradients; a node's gradients"] = beside[w]
     if update[w] > backward[w]:  # the rank's peak is its update's (torch's foreach update, its buffers)
         memory_terms["update's buffers above the backward's peak (torch's foreach update)"] = update[w] - backward[w]
     a, b = sol.stages[k]

@@ -43,6 +43,7 @@ from autopar.core.strategy import node_training
 from autopar.core.tables import CostTables
 from autopar.cost_models.analytic import FLOAT_DTYPES, AnalyticModel
 from autopar.cost_models.alpha_beta import collective_time
+from autopar.cost_models.backward_set import backward_excess, needs_grad, node_gradients
 from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.cost_models.tables import build_tables
 
@@ -75,6 +76,13 @@ class UnitStats:
     # [U] bools: the units recomputed when only some are (every k-th block, ``planning/every.py``);
     # None: all or none as the candidate's recomputation says
     recomputed: np.ndarray | None = None
+    # [U] bytes per device by which a microbatch's backward through the unit rises above the
+    # unit's saved activations (its not recomputed ones): a node's gradients beside what is saved
+    # up to it (``cost_models/backward_set.py``)
+    backward: np.ndarray | None = None
+    # [U] bytes per device of the tensors crossing the cut after unit u, in their producer's
+    # layout (as a stage sends and holds them for its backward: codegen's ``Boundary``)
+    sent: np.ndarray | None = None
     # [U] the part of params / grads / optimizer (bytes) and numel held by nodes without a batch dim
     # (a position table's slice): replicated over the data group with whole gradients, so never
     # synced nor cut by ZeRO (``codegen/zero.py`` slices only the buckets whose gradients are summed
@@ -121,6 +129,8 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
             grads=s.grads[take], optimizer=s.optimizer[take], acts=s.acts[take], full_acts=s.full_acts[take],
             numel=s.numel[take], boundary=cuts, node_map=list(window.node_map), sp_acts=s.sp_acts[take],
             sp_comm=s.sp_comm[take], transient=s.transient[take] if s.transient is not None else None,
+            backward=s.backward[take] if s.backward is not None else None,
+            sent=s.sent[take] if s.sent is not None else None,
             **{f: getattr(s, f)[take] for f in WHOLE if getattr(s, f) is not None})
     sub = group_cluster(cluster, tensor)
     g = scale_batch(graph, microbatches)
@@ -151,6 +161,10 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
     seen_in_unit: list[set[str]] = [set() for _ in range(U)]
     param_units: dict[str, set[int]] = {}
     state_of: dict[tuple[str, int], float] = {}
+    grad = needs_grad(g)
+    saved_in_unit: list[list[float]] = [[] for _ in range(U)]
+    grads_in_unit: list[list[float]] = [[] for _ in range(U)]
+    out_bytes: dict[tuple[str, int], float] = {}
     for i, node in enumerate(g.nodes):
         u = int(unit_of[i])
         cfg = tables.configs[i][choice[i]]
@@ -176,8 +190,13 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
                          / numel if numel else 0.0
                          for op, pl in zip(node.params, lay.params) if op.spec.dtype in FLOAT_DTYPES}
             sp = sequence_parallel_saved(node, cfg, sub, mesh, link, mode, shared)
-            cache[key] = (comp, sync, other, mb, full, numel, per_param, sp)
-        comp, sync, other, mb, full, numel, per_param, sp = cache[key]
+            grads = node_gradients(node, lay, mesh, grad) if mode == "train" else 0.0
+            local = [spec.nbytes / shard_factor(pl, mesh) for spec, pl in zip(node.outputs, lay.outputs)]
+            cache[key] = (comp, sync, other, mb, full, numel, per_param, sp, grads, local)
+        comp, sync, other, mb, full, numel, per_param, sp, grads, local = cache[key]
+        saved_in_unit[u].append(full)
+        grads_in_unit[u].append(grads)
+        out_bytes.update(((node.name, k), b) for k, b in enumerate(local))
         red = sum(float(price.output_cost(node, k, [cfg], sub, mode)[0]) for k in outputs.get(node.name, ()))
         out["compute"][u] += comp
         out["sync"][u] += sync
@@ -206,7 +225,9 @@ def unit_stats(graph: Graph, spans: list[tuple[int, int]], cluster: Cluster, ten
                      out["optimizer"], out["acts"], out["full_acts"], out["numel"],
                      crossing_bytes(g, spans) / sub.devices, shared, g, tables, choice, sub,
                      sp_acts=out["sp_acts"], sp_comm=out["sp_comm"],
-                     transient=out["transient"], **{f: out[f] for f in WHOLE})
+                     transient=out["transient"], **{f: out[f] for f in WHOLE},
+                     backward=np.array([backward_excess(a, b) for a, b in zip(saved_in_unit, grads_in_unit)]),
+                     sent=np.append(crossing_bytes(g, spans, out_bytes), 0.0))
 
 
 WHOLE = ("whole_params", "whole_grads", "whole_optimizer", "whole_numel")
@@ -267,8 +288,9 @@ def model_parallel_space(graph: Graph):
     return space
 
 
-def crossing_bytes(graph: Graph, spans: list[tuple[int, int]]) -> np.ndarray:
-    """Bytes of the tensors crossing the cut after each unit (each tensor once per cut)."""
+def crossing_bytes(graph: Graph, spans: list[tuple[int, int]], local: dict | None = None) -> np.ndarray:
+    """Bytes of the tensors crossing the cut after each unit (each tensor once per cut); with
+    ``local`` ((node, output) -> bytes per device), those bytes instead of the whole tensor's."""
     unit_of = {}
     for k, (a, b) in enumerate(spans):
         for i in range(a, b):
@@ -283,7 +305,7 @@ def crossing_bytes(graph: Graph, spans: list[tuple[int, int]]) -> np.ndarray:
     diff = np.zeros(len(spans) + 1)
     for (src, out), (a, b) in last.items():
         if b > a:
-            nbytes = graph.node(src).outputs[out].nbytes
+            nbytes = graph.node(src).outputs[out].nbytes if local is None else local[(src, out)]
             diff[a] += nbytes
             diff[b] -= nbytes
     return np.cumsum(diff)[: len(spans) - 1]

@@ -69,6 +69,29 @@ def test_contradicting_pins_are_one_line(flags, words):
     assert one_line_error(r) and words in r.stderr, r.stderr
 
 
+@pytest.fixture(scope="module")
+def first_stage_whole_heads(tmp_path_factory):
+    """Rank 0 of a tensor 8 x pipeline 2 plan whose tensor groups keep the attention's 8 heads whole
+    on every rank (the group's fastest layout at this size): the first stage, not the loss's."""
+    out = tmp_path_factory.mktemp("measure_tp_pp") / "m.json"
+    r = subprocess.run([sys.executable, "-m", "autopar", "measure", "zoo:gpt:layers=2,width=128,heads=8,seq=64,"
+                        "batch=64,vocab=512", "--devices", "512", "--pin", "tensor=8,pipeline=2", "--zero", "0",
+                        "--rank", "0", "--steps", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text())
+
+
+def test_a_first_stage_holds_its_outputs_and_its_backwards_gradients(first_stage_whole_heads):
+    """Its backward holds, beside its saved activations, the output it sent (kept for the backward)
+    and the gradient received for it, and the attention's whole gradients of its query, key and
+    value: 1.36x the prediction that counted the saved activations only."""
+    m = first_stage_whole_heads
+    assert m["devices"] == 512 and m["rank"] == 0
+    assert m["measured_memory"] >= 4 * m["param_bytes"] > 0
+    assert 0.85 <= m["measured_memory"] / m["predicted_memory"] <= 1.15, m
+
+
 def test_an_error_inside_a_ranks_step_is_one_line():
     """A rank's module that builds but fails in its step (torch's error from deep inside the
     generated program) is reported as one line naming the error, as a failing build is."""
