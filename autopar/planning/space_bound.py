@@ -15,6 +15,7 @@ from autopar.core.batch import batch_dims
 from autopar.core.strategy import node_training
 from autopar.cost_models.training import accumulation_time
 from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
+from autopar.planning.backward_held import held_floors, rise_floors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
 from autopar.planning.least_time import group_spans, least_time, unit_floors
@@ -182,9 +183,10 @@ def memory_floor(search, c: Candidate, static: float) -> float:
         acts, a0 = float(np.sum(floors)), float(np.min(floors))
         s0 = float(np.min(unit_static(search, c))) if deg.ep == 1 else 0.0
     held, total = [in_flight(c, w) for w in range(deg.p)], state_total(search, c, static)
-    rest = max(total - deg.p * v * s0, 0.0)
-    spread = v * s0 + (acts + rest / max(held)) / sum(1.0 / h for h in held)
-    least = max((total + acts) / deg.p, spread, v * (s0 + max(held) * a0))
+    rest, beside = max(total - deg.p * v * s0, 0.0), beside_floors(search, c)
+    spread = v * s0 + (acts + rest / max(held) + float(np.sum(beside / held))) / sum(1.0 / h for h in held)
+    least = max((total + acts + float(np.sum(beside))) / deg.p, spread,
+                max(v * (s0 + h * a0) + b for h, b in zip(held, beside)))
     return least + transient_floor(search, c)
 
 
@@ -197,7 +199,8 @@ def memory_floor_terms(search, c: Candidate, static: float) -> tuple[float, floa
     held = [in_flight(c, w) for w in range(c.degrees.p)]
     spread = sum(1.0 / h for h in held)
     rest = max(state_total(search, c, static) - c.degrees.p * v * s0, 0.0)
-    return v * s0 + rest / max(held) / spread + transient_floor(search, c), 1.0 / spread
+    beside = float(np.sum(beside_floors(search, c) / held))
+    return v * s0 + (rest / max(held) + beside) / spread + transient_floor(search, c), 1.0 / spread
 
 
 def state_total(search, c: Candidate, static: float) -> float:
@@ -299,11 +302,29 @@ def capped_bound(search, c: Candidate) -> float:
     deg = c.degrees
     if deg.p == 1 or c.virtual == 1 or deg.c > 1 or deg.ep > 1:
         return 0.0
-    room = search.capacity - transient_floor(search, c)
+    room = search.capacity - transient_floor(search, c) - beside_floors(search, c)
     static, acts = unit_static(search, c), memory_floors(search, c).acts
-    caps = [fitting_count(static + in_flight(c, w) * acts, room) for w in range(deg.p)]
+    caps = [fitting_count(static + in_flight(c, w) * acts, room[w]) for w in range(deg.p)]
     cut = cut_times(search.stats(c).boundary, deg, search.cluster)
     return c.rounds * capped_floor(rank_time_floors(search, c), caps, cut, c.virtual)
+
+
+def beside_floors(search, c: Candidate) -> np.ndarray:
+    """Per rank of ``c``'s pipeline, the bytes every layout's rank holds beside its saved
+    activations at least (``backward_held.held_floors`` on the cuts' bytes per device of a
+    context rank, ``search.stats``); zeros with expert degrees (their units are not floored here)."""
+    deg = c.degrees
+    if deg.p == 1 or deg.ep > 1:
+        return np.zeros(deg.p)
+    v, rise = c.virtual if deg.p > 1 else 1, None
+    if deg.c == 1 and search.mode == "train" and not every_of(c.recompute):  # a ring's units hold a transient
+        key = ("rise",) + search.group_key(c)
+        if key not in search.floors:
+            s, (spans, take) = search.stats(c), group_spans(search, c)
+            rise = rise_floors(s.graph, spans, s.tables.configs, s.cluster.mesh())
+            search.floors[key] = rise if rise is None or take is None else rise[take]
+        rise = search.floors[key]
+    return held_floors(search.stats(c).boundary, [in_flight(c, w) for w in range(deg.p)], v, rise)
 
 
 def memory_floors(search, c: Candidate) -> MemoryFloors:
