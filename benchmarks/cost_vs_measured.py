@@ -22,14 +22,15 @@ random plans from the search space), and for each:
   training step = zero_grad, forward, backward, AdamW step; the strategies are timed round-robin
   (so that load from other processes on the machine falls on all of them alike), warm-up rounds
   first, then the median over ``repeats`` rounds of the slower rank's time;
-* prices them again at the compute scale the ranks read in the rounds: the live fit reads the
-  model's own ops once, re-timed on the ranks against the profile (``run_share``, what ``autopar``
-  prices a user's plan with), but the host's speed drifts over the minute of rounds, so here the
-  ranks re-time the same ops once more as one item of every round, on the same wall clock
-  (``run_share.RoundShare``), and the tables are rebuilt at the median over the rounds of the
-  slower rank's reading. That is a reading of the run's conditions taken beside the steps, of the
-  model's ops alone, never fitted to the strategies' measured times; the rows as the fit's single
-  reading prices them are reported beside (``fidelity_table.share_lines``).
+* reads the host's speed beside the steps as a diagnostic: the live fit reads the model's own
+  ops once, re-timed on the ranks against the profile (``run_share``), which is what ``autopar``
+  prices a user's plan with and what the rows here are priced at; the ranks also re-time the same
+  ops as one item of every round, on the same wall clock (``run_share.RoundShare``), and the rows
+  are priced again at the median over the rounds of the slower rank's reading. That second
+  pricing is reported beside, never tabled (``fidelity_table.share_lines``): on a quiet host it
+  moved the near-tied plans' order more than it corrected (a 1-3% shift of the compute terms
+  alone reorders plans whose predictions differ by less), and a user's plan is priced before it
+  runs, with no rounds to read.
 
 The host rule: the replicated plan runs no collective, so its measured / predicted says how the
 host's load moved between the profile and the steps; an invocation where it is off 1 by more
@@ -231,22 +232,24 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
             dist.barrier()
             reader.read()
         fit_share, rounds = cm.share, reader.slowest(warmup)
-        at_fit = price(graph, cluster, cm, tables, strats)
-        if (share := median_share(rounds)) is not None:  # every term priced again at the rounds' reading
+        at_fit = price(graph, cluster, cm, tables, strats)  # what autopar prices the plan with: tabled
+        at_rounds = at_fit
+        if (share := median_share(rounds)) is not None:  # the diagnostic: every term at the rounds' reading
             cm.share = share
-            tables = build_tables(graph, cluster, cm, space="mesh", mode="train", optimizer="adam")
-        priced = price(graph, cluster, cm, tables, strats) if share is not None else at_fit
+            at_rounds = price(graph, cluster, cm, build_tables(graph, cluster, cm, space="mesh", mode="train",
+                                                              optimizer="adam"), strats)
+            cm.share = fit_share
         result[name] = dict(
             comm=(cm.comm.latency, cm.comm.bandwidth, cm.comm.via, cm.comm.gather_latency,
                   cm.comm.gather_bandwidth) if cm.comm else None,
             near=(cm.near.latency, cm.near.bandwidth, cm.near.via, cm.near.gather_latency,
                   cm.near.gather_bandwidth) if cm.near else None,
             update_rate=cm.update_rate,
-            share=cm.share, fit_share=fit_share, round_shares=rounds,
+            share=fit_share, round_share=share, round_shares=rounds,
             moves=(cm.moves.call, cm.moves.copy, cm.moves.strided) if cm.moves else None,
             spread=(cm.spread.wait, cm.spread.long, cm.spread.power) if cm.spread else None,
-            rows=[dict(label=label, times=times[label], cpu=cpu[label], **priced[label],
-                       fit_predicted=at_fit[label]["predicted"], fit_before=at_fit[label]["before"],
+            rows=[dict(label=label, times=times[label], cpu=cpu[label], **at_fit[label],
+                       round_predicted=at_rounds[label]["predicted"],
                        split_nodes=sum(tables.configs[i][c].devices > 1 for i, c in enumerate(choice)),
                        nodes=len(choice))
                   for label, choice in strats.items()])

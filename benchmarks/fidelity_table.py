@@ -103,33 +103,33 @@ def flagged(per_model_rows: dict[str, list[dict]], limit: float = HOST_LIMIT) ->
 
 
 def share_lines(name: str, per_rank: list[dict], rows: list[dict], repeats: int) -> list[str]:
-    """The run's compute scale as read at the fit and in every round (``run_share.RoundShare``),
-    the rows as the fit's reading alone would have priced them, and whether the replicated plan's
-    round times move with the rounds' readings (a host whose speed drifts inside the rounds)."""
+    """The run's compute scale as read at the fit (what the rows are priced at) and in every round
+    (``run_share.RoundShare``), the rows as the rounds' median reading would price them, and
+    whether the replicated plan's round times move with the rounds' readings (a host whose speed
+    drifts inside the rounds)."""
     p0 = per_rank[0]
     rounds = [v for v in p0.get("round_shares") or [] if v > 0]
-    if not rounds:
-        return [f"The model's ops on the ranks at once: {p0['share']:.3f}x their profiled time (run_share, "
-                "read at the fit; times every measured compute and update).  "]
+    first = (f"The model's ops on the ranks at once: {p0['share']:.3f}x their profiled time (run_share, "
+             "read at the fit; times every measured compute and update)")
+    if not rounds or p0.get("round_share") is None:
+        return [first + ".  "]
     third = max(1, len(rounds) // 3)
-    out = [f"The model's ops on the ranks at once: {p0['fit_share']:.3f}x their profiled time at the fit "
-           f"(run_share); in each of the {len(rounds)} rounds beside the steps (RoundShare, slowest rank) "
-           f"{min(rounds):.3f}-{max(rounds):.3f}x, median {p0['share']:.3f}x (first third "
-           f"{statistics.median(rounds[:third]):.3f}x, last {statistics.median(rounds[-third:]):.3f}x): "
-           "every measured compute and update term is priced at that median.  "]
+    out = [first + f"; in each of the {len(rounds)} rounds beside the steps (RoundShare, slowest rank) "
+           f"{min(rounds):.3f}-{max(rounds):.3f}x, median {p0['round_share']:.3f}x (first third "
+           f"{statistics.median(rounds[:third]):.3f}x, last {statistics.median(rounds[-third:]):.3f}x).  "]
     meas = [r["measured"] for r in rows]
-    fit = [r["fit_predicted"] for r in rows]
-    within = sum(abs(m / p - 1) <= 0.25 for m, p in zip(meas, fit))
+    at_rounds = [r["round_predicted"] for r in rows]
+    within = sum(abs(m / p - 1) <= 0.25 for m, p in zip(meas, at_rounds))
     control = next((k for k, r in enumerate(rows) if r["label"].split(" = ")[0] == "replicated"), None)
-    text = (f"Priced at the fit's reading instead: Spearman {spearman(fit, meas):.3f}, "
-            f"within 25% {within} of {len(rows)}")
+    text = (f"Priced at the rounds' median reading instead (a diagnostic, not tabled): Spearman "
+            f"{spearman(at_rounds, meas):.3f}, within 25% {within} of {len(rows)}")
     if control is not None:
         r = rows[control]
         times = [max(p["rows"][control]["times"][j] for p in per_rank) for j in range(repeats)]
         n = min(len(times), len(rounds))
         corr = float(np.corrcoef(times[:n], rounds[:n])[0, 1]) if n > 2 and np.std(rounds[:n]) > 0 else math.nan
-        text += (f", the replicated plan {r['measured'] / r['fit_predicted']:.2f}x (at the rounds' median: "
-                 f"{r['measured'] / r['predicted']:.2f}x); its round times against the rounds' readings: "
+        text += (f", the replicated plan {r['measured'] / r['predicted']:.2f}x (at the rounds' median: "
+                 f"{r['measured'] / r['round_predicted']:.2f}x); its round times against the rounds' readings: "
                  f"Pearson {corr:.2f}")
     return out + [text + ".  "]
 
@@ -138,7 +138,11 @@ def attempt_reading(p0: dict, rows: list[dict]) -> str:
     """One attempt's compute scale at the fit and over the rounds, and the replicated plan's
     measured / predicted at each (rank 0's record, the summarized rows)."""
     r = next((r for r in rows if r["label"].split(" = ")[0] == "replicated"), None)
-    text = f"share {p0.get('fit_share', p0['share']):.3f} at the fit, {p0['share']:.3f} over the rounds"
-    if r is not None and "fit_predicted" in r:
-        text += f", replicated {r['measured'] / r['fit_predicted']:.2f}x at the fit's, {r['measured'] / r['predicted']:.2f}x"
+    text = f"share {p0['share']:.3f} at the fit"
+    if p0.get("round_share") is not None:
+        text += f", {p0['round_share']:.3f} over the rounds"
+    if r is not None:
+        text += f", replicated {r['measured'] / r['predicted']:.2f}x at the fit's"
+        if "round_predicted" in r:
+            text += f", {r['measured'] / r['round_predicted']:.2f}x at the rounds'"
     return "(" + text + ")"
