@@ -96,8 +96,13 @@ def test_the_reference_run_shows_one_line_and_progress(monkeypatch):
     assert err.getvalue().count("\n") == 1  # one line on the screen
 
 
+# The command starts as a terminal's foreground job does, Ctrl-C at Python's default: a test run
+# started as a background job of a shell without job control (`make test &` in a script) inherits
+# SIGINT ignored, which every child keeps across exec, and Ctrl-C would then reach nothing.
 RUN_WITHOUT_REFERENCE = '''
+import signal
 import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import autopar.cli.run_setup as rs
 from autopar.cli import main
 rs.reference_losses = lambda model, inputs, kwargs, steps, lr, spec: [0.0] * steps  # straight to the ranks
