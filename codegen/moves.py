@@ -36,6 +36,7 @@ def move(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements,
     if src == dst:
         return x
     if shape is not None:
+        x = x.contiguous()  # DTensor's moves want a dense local shard
         stride = torch.empty(shape, device="meta").stride()
         return DTensor.from_local(x, mesh, src, run_check=False, shape=torch.Size(shape),
                                   stride=stride).redistribute(mesh, dst).to_local()
@@ -48,7 +49,7 @@ def move(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements,
         x, src = _walk(x, mesh, src, dst, changed)
         if src == dst:
             return x
-    return DTensor.from_local(x, mesh, src, run_check=False).redistribute(mesh, dst).to_local()
+    return DTensor.from_local(x.contiguous(), mesh, src, run_check=False).redistribute(mesh, dst).to_local()
 
 
 def _walk(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements,
@@ -79,7 +80,7 @@ def _walk(x: torch.Tensor, mesh: DeviceMesh, src: Placements, dst: Placements,
             if y is None:
                 return x, tuple(cur)
         else:  # a sum over several axes: one all-reduce over their group (as DTensor merges it)
-            y = x.contiguous().clone()  # the input may be saved for a backward: never reduce in place
+            y = _copy(x)  # the input may be saved for a backward: never reduce in place
             dist.all_reduce(y, group=axes_group(mesh, tuple(axes)))
         x = y
         for a in axes:
@@ -131,7 +132,7 @@ def _one_axis(x: torch.Tensor, mesh: DeviceMesh, axis: int, s: Placement, d: Pla
     if s.is_replicate() and d.is_shard():
         return _block(x, d.dim % x.dim(), n, rank)
     if is_sum(s) and d.is_replicate():
-        y = x.contiguous().clone()  # the input may be saved for a backward: never reduce in place
+        y = _copy(x)  # the input may be saved for a backward: never reduce in place
         dist.all_reduce(y, group=group)
         return y
     if is_sum(s) and d.is_shard():
@@ -160,6 +161,13 @@ def _nested(p: Placement, axis: int, src: Placements, ndim: int) -> bool:
     return type(p) is not Shard or any(
         type(q) is not Shard or (b > axis and q.dim % ndim == p.dim % ndim)
         for b, q in enumerate(src) if b != axis and q.is_shard())
+
+
+def _copy(x: torch.Tensor) -> torch.Tensor:
+    """``x`` copied once into a new contiguous buffer, whatever its strides: the one copy the cost
+    model prices a reshard step (``alpha_beta.reshard_local``). ``x.contiguous().clone()`` copies a
+    strided ``x`` twice; a gradient of a permuted view arrives strided (the gpt's heads)."""
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def _block(x: torch.Tensor, k: int, n: int, rank: int) -> torch.Tensor:

@@ -59,7 +59,8 @@ class _Redistribute(torch.autograd.Function):
     def backward(ctx, g):
         s = ctx.spec
         with torch.no_grad():
-            return move(g.contiguous(), s.mesh, s.grad_in, s.grad_out, s.shape), None
+            # as it comes (a permuted view's gradient is strided): ``move`` copies it once, densely
+            return move(g, s.mesh, s.grad_in, s.grad_out, s.shape), None
 
 
 @dataclass(frozen=True, eq=False)
