@@ -31,6 +31,7 @@ import itertools
 import math
 from dataclasses import dataclass, fields
 
+from autopar.core.schedules import SCHEDULES
 from autopar.core.strategy import RECOMPUTE_ATTENTION, RECOMPUTE_POINTWISE, Degrees
 
 
@@ -164,3 +165,12 @@ def parse_pin(text: str | Pin | None) -> Pin | None:
         raise ValueError(f"pin expert={values['expert']}: the expert degree is a device count >= 1 "
                          "(e.g. tensor=8,expert=8,pipeline=16,data=16)")
     return Pin(**values)
+
+
+def pin_schedules(pin: Pin) -> tuple[str, ...]:
+    """The pipeline schedules a pinned plan searches: the pin's own, or every one."""
+    if pin.schedule is None:
+        return tuple(SCHEDULES)
+    if pin.schedule not in SCHEDULES:
+        raise ValueError(f"pin schedule={pin.schedule}: write one of {', '.join(SCHEDULES)}")
+    return (pin.schedule,)

@@ -28,6 +28,7 @@ only) is what the bound is over.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import math
@@ -46,7 +47,7 @@ from autopar.cost_models.analytic import AnalyticModel
 from autopar.planning.accumulation import steps
 from autopar.planning.activations import attention_core, attention_flops, attention_recompute, price_fitting
 from autopar.planning.context import context_options, exchange_times, kv_bytes, rank_stats, unit_attention_flops
-from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, with_context
+from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, pin_schedules, with_context
 from autopar.planning.every import every_of, every_stats, options_of, per_unit, reference_mode, searched_recomputes
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats
@@ -57,6 +58,7 @@ from autopar.planning.space_bound import any_layout_bound, memory_floor
 from autopar.planning.step_bounds import least_totals, lower_bound, reference_bound, stats_bound, sync_lb, totals
 from autopar.planning.step_price import SCHEDULES, Candidate, weighed, Priced, data_groups, price, schedule_options
 from autopar.planning.units import UnitStats, unit_stats
+from autopar.search.common import SearchTooLargeError
 from autopar.planning.hierarchical_plan import assignment_of, mesh_of, to_plan  # noqa: F401  (also imported from here)
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
@@ -119,6 +121,7 @@ class Search:
         self.contexts = () if self.experts else context_options(graph)
         self.floors: dict[tuple, np.ndarray] = {}  # space_bound.unit_floors per group
         self.solves = 0
+        self.refused: set[Candidate] = set()  # candidates whose group's DP refused its tables
         self.space_bound = math.inf  # set by ``best``: a lower bound on the optimum of its space
         dtype = PRECISIONS[precision]
         self.peak = cluster.peak(dtype)
@@ -309,39 +312,43 @@ class Search:
                 closed = False
                 break
             comp, rest, _, c = cands[i]
-            if level == 0:
-                b = self.batch // (c.degrees.d * c.microbatches)
-                t_ref, b_ref = self.reference(c)
-                # context: 1/c of the work, plus its gathers at this microbatch
-                tight = reference_bound(c, t_ref / c.degrees.c + self.gathers(c) * b_ref / b, b_ref, b, comp, rest)
-                valid[i] = max(valid[i], tight)
-                heapq.heappush(heap, (max(tight, lb), i, 1))
-                continue
-            if level == 1:
-                valid[i] = max(valid[i], any_layout_bound(self, c, comp, rest, best.cost if best else math.inf))
-                if memory_floor(self, c, cands[i][2]) > self.capacity or not math.isfinite(valid[i]):
-                    del valid[i]  # no layout of its group fits (docs/bound.md): not worth pricing
+            try:  # a group whose DP refuses its tables (past its budget) keeps the bound it has
+                if level == 0:
+                    b = self.batch // (c.degrees.d * c.microbatches)
+                    t_ref, b_ref = self.reference(c)
+                    # context: 1/c of the work, plus its gathers at this microbatch
+                    tight = reference_bound(c, t_ref / c.degrees.c + self.gathers(c) * b_ref / b, b_ref, b, comp, rest)
+                    valid[i] = max(valid[i], tight)
+                    heapq.heappush(heap, (max(tight, lb), i, 1))
                     continue
-                tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize,
-                                    self.expert_stats(c))
-                heapq.heappush(heap, (max(tight, lb, valid[i]), i, 2))
-                continue
-            pr = self.price(c)
-            priced += 1
-            if i in valid and all(len(k) == 1 for k in self.stats(c).tables.configs):
-                if pr.fits:  # its group has one layout: the price is its optimum
-                    valid[i] = max(valid[i], pr.cost)
-                else:
-                    del valid[i]
-            if pr.fits and (best is None or pr.cost < best.cost):
-                best = pr
+                if level == 1:
+                    valid[i] = max(valid[i], any_layout_bound(self, c, comp, rest, best.cost if best else math.inf))
+                    if memory_floor(self, c, cands[i][2]) > self.capacity or not math.isfinite(valid[i]):
+                        del valid[i]  # no layout of its group fits (docs/bound.md): not worth pricing
+                        continue
+                    tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize,
+                                        self.expert_stats(c))
+                    heapq.heappush(heap, (max(tight, lb, valid[i]), i, 2))
+                    continue
+                pr = self.price(c)
+                priced += 1
+                if i in valid and all(len(k) == 1 for k in self.stats(c).tables.configs):
+                    if pr.fits:  # its group has one layout: the price is its optimum
+                        valid[i] = max(valid[i], pr.cost)
+                    else:
+                        del valid[i]
+                if pr.fits and (best is None or pr.cost < best.cost):
+                    best = pr
+            except SearchTooLargeError:
+                self.refused.add(c)
         if best is not None and pin is None:  # time traded against memory where the floors sit below the plan
             tighten(self, cands, valid, best.cost, deadline)
         self.space_bound = min(valid.values(), default=math.inf)
         self.bounds = {cands[i][3]: v for i, v in valid.items()}  # candidate -> its bound, for the report
         least = None
         if best is None and cands:  # nothing fits: the candidate with the smallest memory floor, as written
-            least = self.price(min(cands, key=lambda x: (x[2], x[0] + x[1]))[3])
+            with contextlib.suppress(SearchTooLargeError):
+                least = self.price(min(cands, key=lambda x: (x[2], x[0] + x[1]))[3])
         return best, least, priced, closed and best is not None
 
 
@@ -403,7 +410,9 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
     timed_out = not closed
     info = SearchInfo("hierarchical", time.perf_counter() - start, gap=gap, status="bound",
                       detail=DETAIL + (f"; stopped at the time limit after {priced} candidates" if timed_out else
-                                       f"; {priced} candidates priced, {search.solves} tensor-group DPs"))
+                                       f"; {priced} candidates priced, {search.solves} tensor-group DPs")
+                      + (f"; {len(search.refused)} candidates unpriced, their group's DP past its table budget"
+                         " (their first bounds kept)" if search.refused else ""))
     if timed_out:  # the bound still holds: the candidates left keep the bounds they were popped with
         info.detail = "time limit reached before the bound closed; " + DETAIL
     base = {}
@@ -422,15 +431,6 @@ def plan_hierarchical(graph: Graph, cluster: Cluster, common: dict,
                                      "interleaved 1F1B runs without ZeRO-3")
             base["published"] = pinned
     return to_plan(best, search, common, info, base)
-
-
-def pin_schedules(pin: Pin) -> tuple[str, ...]:
-    """The pipeline schedules a pinned plan searches: the pin's own, or every one."""
-    if pin.schedule is None:
-        return tuple(SCHEDULES)
-    if pin.schedule not in SCHEDULES:
-        raise ValueError(f"pin schedule={pin.schedule}: write one of {', '.join(SCHEDULES)}")
-    return (pin.schedule,)
 
 
 def _fixed(search: Search, pin: Pin, zeros, recs, common, detail: str, reference: dict | None = None

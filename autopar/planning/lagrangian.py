@@ -194,7 +194,10 @@ def tighten(search, cands: list, valid: dict, target: float, deadline: float | N
             return
         done.add(i)
         comp, rest, static, c = cands[i]
-        lag = lagrangian_bound(search, c, comp, rest, static)
+        try:
+            lag = lagrangian_bound(search, c, comp, rest, static)
+        except SearchTooLargeError:  # its group's DP refuses its tables: it keeps the bound it has
+            continue
         if math.isinf(lag):
             del valid[i]
         else:
