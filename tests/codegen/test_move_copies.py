@@ -8,37 +8,21 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from autopar.cli.measure import fake_group
 from autopar.codegen.moves import move
 from autopar.codegen.runtime import Reshard, ReshardSpec
-
-COPIES = {"clone", "copy_", "_to_copy", "contiguous"}
-
-
-class Copied(TorchDispatchMode):
-    """Bytes written by every copy the dispatcher runs."""
-
-    def __init__(self):
-        super().__init__()
-        self.bytes = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.__name__.split(".")[0] in COPIES and isinstance(out, torch.Tensor):
-            self.bytes += out.numel() * out.element_size()
-        return out
+from tests.helpers.copies import CopiedBytes
 
 
 def test_a_strided_partial_sum_is_copied_once_before_its_all_reduce():
     with fake_group(0, 2):
         mesh = init_device_mesh("cpu", (2,))
         x = torch.randn(16, 32).t()  # strided
-        with Copied() as c:
+        with CopiedBytes() as c:
             y = move(x, mesh, (Partial(),), (Replicate(),))
     assert y.is_contiguous() and y.shape == x.shape
-    assert c.bytes == x.numel() * x.element_size()
+    assert c.nbytes == x.numel() * x.element_size()
 
 
 def test_a_strided_gradient_is_copied_once_by_its_reshard_backward():
@@ -49,7 +33,7 @@ def test_a_strided_gradient_is_copied_once_by_its_reshard_backward():
         x = torch.randn(16, 32, requires_grad=True)
         w = torch.randn(32, 16)
         loss = (reshard(x).t() * w).sum()  # the gradient reaching the reshard is w's transpose: strided
-        with Copied() as c:
+        with CopiedBytes() as c:
             loss.backward()
     assert x.grad is not None and x.grad.shape == x.shape
-    assert c.bytes == x.numel() * x.element_size()
+    assert c.nbytes == x.numel() * x.element_size()

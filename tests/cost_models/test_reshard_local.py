@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from autopar.cost_models.comm import reshard_cost, reshard_steps
 from autopar.cost_models.reshard_fit import fit_moves
 from autopar.core.cluster import Cluster
 from autopar.core.layout import Partial, Replicate, Shard
 from autopar.runtime.launch import launch
+from tests.helpers.copies import CopiedBytes
 from tests.helpers.dist_utils import run_threaded
 
 BARE = Cluster.preset("cpu", devices=2)
@@ -48,20 +48,6 @@ def test_a_local_slice_costs_its_call_and_the_copy_of_its_block_and_no_collectiv
     assert reshard_cost(NBYTES, (Shard(2),), (Shard(2),), mesh, MOVES) == 0.0
 
 
-class _Copies(TorchDispatchMode):
-    """Bytes written by the copies an op makes (clone, contiguous, copy_)."""
-
-    def __init__(self):
-        super().__init__()
-        self.nbytes = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.overloadpacket in (torch.ops.aten.clone, torch.ops.aten.copy_, torch.ops.aten._to_copy):
-            self.nbytes += out.numel() * out.element_size()
-        return out
-
-
 def _count_copies(rank, world, cases):
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -77,7 +63,7 @@ def _count_copies(rank, world, cases):
         if isinstance(s, int):
             shape[s] //= world
         x = torch.randn(shape)
-        with _Copies() as c:
+        with CopiedBytes() as c:
             move(x, mesh, src, dst)
         out.append(c.nbytes)
     return out
