@@ -33,7 +33,7 @@ from .common import (GAP_RTOL, Problem, SearchTooLargeError, check_feasible, no_
 from .elimination import DEFAULT_MEMORY_BUDGET, EliminationPlan, choose_plan, execute, original_factors
 from .local import descend, neighbours, repair
 
-__all__ = ["dp", "dp_plan", "DEFAULT_MEMORY_BUDGET"]
+__all__ = ["dp", "dp_plan", "least_cost", "DEFAULT_MEMORY_BUDGET"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,21 @@ def dp_plan(tables: CostTables, order: str = "auto", reuse: bool = True,
     p = problem_of(tables)
     factors, _ = original_factors(p, p.node_cost)
     return choose_plan(p, factors, order, reuse, memory_budget)
+
+
+def least_cost(tables: CostTables, max_work: float, order: str = "auto", reuse: bool = True,
+               memory_budget: float = DEFAULT_MEMORY_BUDGET) -> float | None:
+    """The exact optimum's cost ignoring memory, or None where its elimination plan's work is past
+    ``max_work``: the plan is chosen once, checked, then run (``dp_plan`` and then ``dp`` would
+    choose it twice, the greedy orders' search being as dear as the elimination on big tables)."""
+    p = problem_of(tables)
+    check_feasible(p)
+    factors, originals = original_factors(p, p.node_cost)
+    pl = choose_plan(p, factors, order, reuse, memory_budget)
+    if pl.work > max_work:
+        return None
+    choice, _ = execute(pl, originals, p.sizes)
+    return float(tables.total(choice))
 
 
 def _unconstrained(p: Problem, node_cost, order: str, reuse: bool, budget: float

@@ -293,23 +293,22 @@ def plan(p: Problem, factors: list[Factor], order: list[int], order_name: str,
                            8 * message_elems, largest, reused_steps, widest)
 
 
-def _walk_rank(name: str) -> tuple[bool, int]:
-    """The order ``choose_plan`` walks the candidates in: the reuse orders, reverse listed
-    (``reuse_defer`` first), then the graph-only ones in their listed order."""
-    if name in REUSE_ORDERS:
-        return False, -list(REUSE_ORDERS).index(name)
-    return True, 0
+# graph-only work (terms) below which the reuse orders are not walked: a reuse walk re-keys every
+# neighbour of every eliminated node, 0.2-0.9 s on a tensor group of a few hundred nodes, about
+# what eliminating 2e7 terms takes, so below it the walk costs at least what it could save
+REUSE_WORTH = 2e7
 
 
 def choose_plan(p: Problem, factors: list[Factor], order: str = "auto", reuse: bool = True,
-                memory_budget: float = DEFAULT_MEMORY_BUDGET) -> EliminationPlan:
+                memory_budget: float = DEFAULT_MEMORY_BUDGET, reuse_worth: float = REUSE_WORTH) -> EliminationPlan:
     """The plan with the least computed work among the candidate orders that fit the budget.
 
-    The reuse candidates are walked first (it is usually the least work on repeated blocks), the
-    deferring one before the plain one (on deep Transformers it is the least, 1.6e9 terms
-    against 3.9e9 on a 48-layer GPT, so the plain walk stops early); a later candidate's walk
-    stops once its work exceeds the least work of a fitting plan so far, since it cannot be
-    chosen. Ties go to the earlier name of ``auto``'s list, as a full comparison would."""
+    The graph-only orders are walked first, each stopping once its work exceeds the least work of
+    a fitting plan so far (it cannot be chosen). With ``order`` "auto" the reuse orders (usually
+    the least work on repeated blocks: 1.6e9 terms against 3.9e9 on a 48-layer GPT) are walked
+    next, the deferring one first, under the same early stop, unless the graph-only plan's work is
+    below ``reuse_worth`` (``REUSE_WORTH``: the walk would cost what it could save). Ties go to
+    the earlier name of ``auto``'s list, as a full comparison would."""
     known = [*ORDERS, *REUSE_ORDERS]
     names = known if order == "auto" else [order]
     if any(name not in known for name in names):
@@ -323,8 +322,12 @@ def choose_plan(p: Problem, factors: list[Factor], order: str = "auto", reuse: b
 
     plans: dict[str, EliminationPlan] = {}
     bound: int | None = None
-    for name in sorted(names, key=_walk_rank):
+    graph_only = [name for name in names if name not in REUSE_ORDERS]
+    reusing = list(reversed([name for name in names if name in REUSE_ORDERS]))  # reuse_defer first
+    for name in graph_only + reusing:
         if name in REUSE_ORDERS:
+            if len(names) > 1 and bound is not None and bound < reuse_worth:
+                break
             walked: list[Step] = []
             # the walk counts work with reuse on, at most the plan's work: a safe early stop
             o = reuse_order(p, factors, walked, *REUSE_ORDERS[name],

@@ -17,7 +17,7 @@ import pytest
 
 from autopar.search import dp, dp_plan
 from autopar.search.common import problem_of
-from autopar.search.elimination import (TILE_ELEMENTS, _Symbolic, choose_plan, original_factors,
+from autopar.search.elimination import (REUSE_WORTH, TILE_ELEMENTS, _Symbolic, choose_plan, original_factors,
                                         plan, reuse_order)
 from autopar.search.minplus import table_elements
 from autopar.search.order import ORDERS, adjacency
@@ -123,15 +123,21 @@ def _reuse_order_ref(p, factors, defer=1.0, ratio=2.0):
     return order
 
 
-def _choose_ref(p, factors, reuse=True, budget=1 << 30):
+def _choose_ref(p, factors, reuse=True, budget=1 << 30, worth=REUSE_WORTH):
+    """Every candidate walked whole, then compared: the graph-only orders, and the reuse orders
+    where no graph-only plan fits or the least fitting one's work is at least ``worth``."""
     adj = adjacency(p.n, p.edges.keys())
+
+    def fits(pl):
+        return pl.message_bytes + 8 * TILE_ELEMENTS <= budget and pl.widest < 60
+
     plans = [plan(p, factors, ORDERS[n](adj, p.sizes), n, reuse) for n in ORDERS]
-    if reuse:
+    graph_only = [pl.work for pl in plans if fits(pl)]
+    if reuse and (not graph_only or min(graph_only) >= worth):
         plans.append(plan(p, factors, _reuse_order_ref(p, factors), "reuse", reuse))
         plans.append(plan(p, factors, _reuse_order_ref(p, factors, 16.0, 2.0), "reuse_defer",
                           reuse))
-    fitting = [pl for pl in plans if pl.message_bytes + 8 * TILE_ELEMENTS <= budget and pl.widest < 60]
-    return min(fitting, key=lambda pl: (pl.work, pl.message_bytes))
+    return min([pl for pl in plans if fits(pl)], key=lambda pl: (pl.work, pl.message_bytes))
 
 
 # --- graphs -----------------------------------------------------------------------------------
@@ -199,8 +205,9 @@ def test_choose_plan_with_early_stops_picks_the_full_comparison_s_plan(kind, see
     t = _case(kind, seed)
     p = problem_of(t)
     factors, _ = original_factors(p, p.node_cost)
-    for reuse in (True, False):
-        got, ref = choose_plan(p, factors, "auto", reuse), _choose_ref(p, factors, reuse)
+    for reuse, worth in ((True, REUSE_WORTH), (True, 0.0), (False, REUSE_WORTH)):
+        got = choose_plan(p, factors, "auto", reuse, reuse_worth=worth)
+        ref = _choose_ref(p, factors, reuse, worth=worth)
         assert (got.order_name, got.order, got.work, got.message_bytes) == (
             ref.order_name, ref.order, ref.work, ref.message_bytes)
     assert dp_plan(t).work == _choose_ref(p, factors).work
