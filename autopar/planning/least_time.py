@@ -27,7 +27,7 @@ from autopar.core.tables import CostTables
 from autopar.planning.every import every_of, recomputed_of, recomputed_units
 from autopar.planning.relaxed import detached
 from autopar.search.common import SearchTooLargeError
-from autopar.search.dp import dp, dp_plan
+from autopar.search.dp import least_cost
 
 LEAST_WORK = 2e7  # DP work (``dp_plan``) above which the exact least is not solved (about 0.5 s)
 
@@ -48,6 +48,30 @@ def least_time(search, tensor: tuple[int, int], microbatch: int, recompute,
 
 
 def _solve(search, tensor, microbatch, recompute) -> float | None:
+    try:
+        return least_cost(_weighted(search, tensor, microbatch, recompute), LEAST_WORK, reuse=False)
+    except SearchTooLargeError:
+        return None
+
+
+def node_floor(search, tensor: tuple[int, int], microbatch: int, recompute) -> float:
+    """A floor of ``least_time`` for the price of a sum: every node at its cheapest config and
+    every edge at its cheapest entry, in the same weighted tables. Costs are times, never
+    negative, so any layout's total is at least it; it leaves out what the layouts' meetings cost
+    (the reshards a layout's choices force), which ``least_time`` solves a DP for: the search asks
+    for that only where this floor does not already settle the candidate."""
+    key = ("node", tensor, microbatch, recompute)
+    if key not in search.floors:
+        t = _weighted(search, tensor, microbatch, recompute)
+        search.floors[key] = (sum(float(np.min(c)) for c in t.node_cost)
+                              + sum(float(np.min(e)) for e in t.edge_cost.values()))
+    return search.floors[key]
+
+
+def _weighted(search, tensor, microbatch, recompute) -> CostTables:
+    """The group's tables with each node, and every edge into it, weighed by the model's units its
+    unit stands for, no memory limit (the least over every layout), detached where the planner
+    keeps values whole (``relaxed.detached``)."""
     k = every_of(recompute)
     win = search.window(True if k else recompute)
     mask = recomputed_units(search.spans, search.blocks, k) if k else None
@@ -61,17 +85,10 @@ def _solve(search, tensor, microbatch, recompute) -> float | None:
         for (u, v), e in t.edge_cost.items():
             edges[(u, v)] = edges.get((u, v), 0.0) + weight[v] * e
         base = t
-    free = [np.zeros(len(k)) for k in base.configs]  # no memory limit: the least over every layout
+    free = [np.zeros(len(k)) for k in base.configs]
     tables = CostTables(base.nodes, base.configs, cost, edges, free, math.inf)
     relaxed = detached(tables, search._stats(tensor, microbatch, kinds[-1][0]).graph)
-    tables = relaxed if relaxed is not None else tables
-    try:
-        if dp_plan(tables).work > LEAST_WORK:
-            return None
-        sol = dp(tables, ilp_fallback=False)
-    except SearchTooLargeError:
-        return None
-    return float(sol.cost - sol.gap * abs(sol.cost))
+    return relaxed if relaxed is not None else tables
 
 
 def _node_weights(search, win, units: np.ndarray) -> np.ndarray:

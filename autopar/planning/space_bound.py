@@ -18,7 +18,7 @@ from autopar.cost_models.memory import already_saved, node_memory, saved_tensors
 from autopar.planning.backward_held import held_floors, rise_floors
 from autopar.planning.context import exchange_times
 from autopar.planning.every import every_of, per_unit, recomputed_of
-from autopar.planning.least_time import group_spans, least_time, unit_floors
+from autopar.planning.least_time import group_spans, least_time, node_floor, unit_floors
 from autopar.planning.held_units import capped_floor, fitting_count, held_floor, most_held
 from autopar.planning.step_bounds import layout_bound, step_floor
 from autopar.cost_models.training import zero3_gathered
@@ -52,7 +52,11 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: flo
     is left out when the others reach it."""
     bucket, sync = sync_floors(search, c)
     added = float(np.sum(accumulation_floor(search, c)))
-    pipe = layout_bound(c, balanced(search, c), search.cluster, comp, rest, added) - rest
+    # the balanced stages at the cheap floor first: the exact least time takes a DP over the
+    # group's tables (seconds on a big group), asked for only where the cheap one leaves c in play
+    pipe = layout_bound(c, balanced(search, c, exact=False), search.cluster, comp, rest, added) - rest
+    if step_floor(c, pipe, bucket, sync, rest) < enough:
+        pipe = max(pipe, layout_bound(c, balanced(search, c), search.cluster, comp, rest, added) - rest)
     if step_floor(c, pipe, bucket, sync, rest) < enough:
         pipe = max(pipe, held_bound(search, c), capped_bound(search, c))
     if step_floor(c, pipe, bucket, sync, rest) < enough:
@@ -60,12 +64,14 @@ def any_layout_bound(search, c: Candidate, comp: float, rest: float, enough: flo
     return sync_step(search, c, pipe, bucket, sync, rest, enough)
 
 
-def balanced(search, c: Candidate):
+def balanced(search, c: Candidate, exact: bool = True):
     """``search.stats(c)`` with its time the least any layout takes (``least_time``; where that is
     past its budget, the group's own layout's, which only the group's DP vouches for), on one rank
     of a context group 1/k of it plus the K/V gathers (``context.context_stats``): what
-    ``layout_bound`` divides over the stages."""
-    least = least_time(search, *search.group_key(c), floors=False)
+    ``layout_bound`` divides over the stages. ``exact`` False: a floor of that least for the
+    price of a sum (``least_time.node_floor``), every node at its cheapest config."""
+    key = search.group_key(c)
+    least = least_time(search, *key, floors=False) if exact else node_floor(search, *key)
     if least is None:  # past its budget: the group's own layout's time, as before (not proven: see docs)
         return search.stats(c)
     one = np.asarray([least / c.degrees.c + search.gathers(c)])

@@ -25,7 +25,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.margin import usable_memory
 from autopar.planning import hierarchical as H
 from autopar.planning.lagrangian import lagrangian_bound
-from autopar.planning.least_time import least_time
+from autopar.planning.least_time import least_time, node_floor
 from autopar.planning.space_bound import (accumulation_floor, any_layout_bound, balanced, capped_bound,
                                           cut_bound, held_bound, memory_floor)
 from autopar.planning.step_bounds import layout_bound, reference_bound, sync_lb
@@ -87,6 +87,7 @@ def _check(kind: str, blocks: int, width: int, shape: tuple, devices: int, recom
         search.stats(c)
     for key, t in least_t.items():  # the least time of any layout, solved: the brute-force least
         assert least_time(search, *key) == pytest.approx(t, rel=1e-9), key
+        assert node_floor(search, *key) <= t * TOL, key  # the cheap floor the search tries first
     for comp, rest, static, c in chosen:
         name = c.describe()
         # floors that hold for every layout, fitting or not
@@ -97,6 +98,7 @@ def _check(kind: str, blocks: int, width: int, shape: tuple, devices: int, recom
         assert ref <= least[c] * TOL, name
         added = float(np.sum(accumulation_floor(search, c)))
         assert layout_bound(c, balanced(search, c), cluster, comp, rest, added) <= least[c] * TOL, name
+        assert layout_bound(c, balanced(search, c, exact=False), cluster, comp, rest, added) <= least[c] * TOL, name
         assert held_bound(search, c) + rest <= least[c] * TOL, name
         assert memory_floor(search, c, static) <= least_mem[c] * TOL, name
         if c not in best:
