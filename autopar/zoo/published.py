@@ -67,6 +67,13 @@ measured utilisation, so ``autopar plan zoo:NAME --published`` can price it besi
     compute (329 ms against the 173 ms priced as exposed): 0.17 s.
   Together about 2 ms per microbatch and 0.17 s per step, 1.7% of the step (11% with fp32
   accumulation): the public code does not account for the 1.23x, so none of it is added here.
+  The micro-batch size is the one figure of the run that the three scales pin down: with the
+  same work per replica, (m + p - 1) slots of one stage's microbatch fit 60.1, 50.2 and 44.4 s
+  with p - 1 = 34 bubble slots at 2 sequences a microbatch (m = 120, 96, 80: 390, 386, 389 ms a
+  slot), while at 1 they need 51-66 bubble slots, or the 6 s a step above. Priced at 2 the three
+  read 1.22x, 1.21x and 1.22x (49.3, 41.6, 36.5 s), no longer trending with the data degree;
+  still 1.2x slower per sequence than priced, against Megatron-LM's 1.08x on the same shape. The
+  preset keeps 1, the size this file has always priced, until a source for the run states it.
 * ``palm_540b`` -- Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways", Table 1
   and sections 4 and 5: 118 layers, d_model 18432, 48 heads of 256, d_ff 73728 (SwiGLU),
   multi-query attention, parallel blocks, vocabulary 256k, sequence 2048, batch 2048 sequences
