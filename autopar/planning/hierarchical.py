@@ -48,6 +48,7 @@ from autopar.planning.accumulation import steps
 from autopar.planning.activations import attention_core, attention_flops, attention_recompute, price_fitting
 from autopar.planning.context import context_options, exchange_times, kv_bytes, rank_stats, unit_attention_flops
 from autopar.planning.degrees import Pin, divisors, expert_options, level_degrees, pin_schedules, with_context
+from autopar.planning.early_memory import early_memory_floor
 from autopar.planning.every import every_of, every_stats, options_of, per_unit, reference_mode, searched_recomputes
 from autopar.planning.plan import Plan, SearchInfo, Stage
 from autopar.planning.routed import ExpertStats, expert_count, expert_stats
@@ -62,9 +63,7 @@ from autopar.search.common import SearchTooLargeError
 from autopar.planning.hierarchical_plan import assignment_of, mesh_of, to_plan  # noqa: F401  (also imported from here)
 
 FLAT_LIMIT = 64  # devices the flat prime-factor space handles (tests/search/test_search*.py)
-DETAIL = ("exact over degrees per level (context degrees where attention is causal over the sequence) x microbatches x pipeline schedule x ZeRO x recomputation, "
-          "tensor-group layouts by the "
-          "exact DP, pipeline cuts at block boundaries; gap against a lower bound on the best plan of that "
+DETAIL = ("exact over degrees per level (context degrees where attention is causal over the sequence) x microbatches x pipeline schedule x ZeRO x recomputation, tensor-group layouts by the exact DP, pipeline cuts at block boundaries; gap against a lower bound on the best plan of that "
           "space, any tensor-group layout (docs/bound.md)")
 
 
@@ -298,7 +297,7 @@ class Search:
         its deadline is never worse than it."""
         cands = self.candidates(pin, zeros, recomputes, schedules)
         heap = [(max(comp, sync_lb(c, self.totals, self.cluster, comp)) + rest, i, 0)
-                for i, (comp, rest, mem, c) in enumerate(cands) if mem <= self.capacity]
+                for i, (comp, rest, mem, c) in enumerate(cands) if early_memory_floor(self, c, mem) <= self.capacity]
         heapq.heapify(heap)
         # per candidate whose memory floor fits, the tightest bound valid under any tensor-group
         # layout (docs/bound.md); their minimum bounds the optimum of the space
@@ -321,9 +320,11 @@ class Search:
                     valid[i] = max(valid[i], tight)
                     heapq.heappush(heap, (max(tight, lb), i, 1))
                     continue
-                if level == 1:
-                    valid[i] = max(valid[i], any_layout_bound(self, c, comp, rest, best.cost if best else math.inf))
-                    if memory_floor(self, c, cands[i][2]) > self.capacity or not math.isfinite(valid[i]):
+                if level == 1:  # the memory floor first: most candidates that reach here fit no layout
+                    fits = memory_floor(self, c, cands[i][2]) <= self.capacity
+                    valid[i] = max(valid[i], any_layout_bound(self, c, comp, rest, best.cost if best else math.inf)
+                                   ) if fits else math.inf
+                    if not math.isfinite(valid[i]):
                         del valid[i]  # no layout of its group fits (docs/bound.md): not worth pricing
                         continue
                     tight = stats_bound(c, self.stats(c), self.cluster, self.optimizer, self.master, self.itemsize,

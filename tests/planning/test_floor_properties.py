@@ -25,6 +25,7 @@ from autopar.core.cluster import Cluster
 from autopar.core.margin import usable_memory
 from autopar.planning import hierarchical as H
 from autopar.planning.lagrangian import lagrangian_bound
+from autopar.planning.early_memory import early_memory_floor
 from autopar.planning.least_time import least_time, node_floor
 from autopar.planning.space_bound import (accumulation_floor, any_layout_bound, balanced, capped_bound,
                                           cut_bound, held_bound, memory_floor)
@@ -101,6 +102,7 @@ def _check(kind: str, blocks: int, width: int, shape: tuple, devices: int, recom
         assert layout_bound(c, balanced(search, c, exact=False), cluster, comp, rest, added) <= least[c] * TOL, name
         assert held_bound(search, c) + rest <= least[c] * TOL, name
         assert memory_floor(search, c, static) <= least_mem[c] * TOL, name
+        assert early_memory_floor(search, c, static) <= least_mem[c] * TOL, name
         if c not in best:
             continue
         # floors that use the capacity: at most the best layout that fits, plain or sequence parallel
