@@ -9,13 +9,15 @@ split as the first hands them on) is slower in the window and faster in the mode
 planner's solve may keep cheap values many layers read whole (``planning/whole.py``) where the
 space lets them take any config. So the least is solved here: the group's tables with each node,
 and every edge into it, weighed by the model's units its unit stands for, solved exactly
-(``search.dp``, on the relaxation with those values detached where there are some,
+(``search.dp.least_cost``, on the relaxation with those values detached where there are some,
 ``relaxed.detached``, a floor of the same). Where that DP's work is past ``LEAST_WORK`` (a group
 spanning nodes: seconds a solve, as much as the group's own), the callers fall back on the
 group's own layout's time (not proven), or on the sum of the per-unit floors (``unit_floors``:
 each unit's nodes and the edges into them, solved alone; a DP per unit, dear at that size too).
 ``units.unit_stats`` prices a unit as its nodes' costs and the edges into them, plus output
-reductions, which only add, so every layout's ``sum(s.time)`` is at least this."""
+reductions, which only add, so every layout's ``sum(s.time)`` is at least this. A cheaper floor
+of the same, every node and edge at its least entry (``node_floor``), settles most candidates
+first (``space_bound.any_layout_bound``)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from autopar.planning.relaxed import detached
 from autopar.search.common import SearchTooLargeError
 from autopar.search.dp import least_cost
 
-LEAST_WORK = 2e7  # DP work (``dp_plan``) above which the exact least is not solved (about 0.5 s)
+LEAST_WORK = 2e7  # DP work (``search.dp.least_cost``) above which the exact least is not solved (about 0.5 s)
 
 
 def least_time(search, tensor: tuple[int, int], microbatch: int, recompute,
