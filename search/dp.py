@@ -21,6 +21,7 @@ too big for the memory budget raise ``SearchTooLargeError`` before any table is 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -60,18 +61,18 @@ def least_cost(tables: CostTables, max_work: float, order: str = "auto", reuse: 
     choose it twice, the greedy orders' search being as dear as the elimination on big tables)."""
     p = problem_of(tables)
     check_feasible(p)
-    factors, originals = original_factors(p, p.node_cost)
-    pl = choose_plan(p, factors, order, reuse, memory_budget)
-    if pl.work > max_work:
-        return None
-    choice, _ = execute(pl, originals, p.sizes)
-    return float(tables.total(choice))
+    choice, _ = _unconstrained(p, p.node_cost, order, reuse, memory_budget, max_work)
+    return None if choice is None else float(tables.total(choice))
 
 
-def _unconstrained(p: Problem, node_cost, order: str, reuse: bool, budget: float
-                   ) -> tuple[list[int], EliminationPlan]:
+def _unconstrained(p: Problem, node_cost, order: str, reuse: bool, budget: float, max_work: float = math.inf
+                   ) -> tuple[list[int] | None, EliminationPlan]:
+    """The optimum's choice ignoring memory and the plan that found it; the choice is None where
+    the plan's work is past ``max_work`` (the plan is not run)."""
     factors, originals = original_factors(p, node_cost)
     pl = choose_plan(p, factors, order, reuse, budget)
+    if pl.work > max_work:
+        return None, pl
     choice, _ = execute(pl, originals, p.sizes)
     return choice, pl
 
