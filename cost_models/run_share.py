@@ -21,10 +21,11 @@ step waits for it) is taken, all-reduced so that every rank prices alike. It is 
 this run's conditions, not a constant: where the host runs the ranks as the profile ran, it reads
 about 1.
 
-``run_share`` reads it once, when the live group is fitted, before any step: what a user's plan is
-priced with. The host's speed drifts while the steps run (on the benchmarks' quiet machine the
-zoo mlp's plan that communicates nothing measured 0.72-1.23x its prediction from one attempt to
-the next, a minute apart, each with its own reading at the fit), so a benchmark that times many
+``run_share`` reads it when the live group is fitted, before any step, as the median of
+``READINGS`` readings in a row: what a user's plan is priced with. One reading is noisy: the zoo
+mlp's plan that communicates nothing measured 0.72-1.23x its prediction from one attempt to the
+next on the benchmarks' quiet machine, each priced with its own single reading at the fit, while
+its measured step moved by about 1%. The host's speed can also drift while the steps run, so a benchmark that times many
 plans over a minute reads the same scale again beside them: ``RoundShare`` re-times the same ops
 once per round of the plans' steps, on the same wall clock, and gives the median over the rounds
 of the slowest rank's reading. It is still a measurement of the run's conditions, of the model's
@@ -38,6 +39,11 @@ import statistics
 from dataclasses import dataclass, field
 
 COVER = 0.9  # share of the model's profiled compute the re-timed ops cover
+# readings whose median is the run's scale: one reading of the zoo mlp's ops on the benchmarks'
+# two ranks moved 0.99-1.11x from one reading to the next, a second apart, while the replicated
+# plan's measured step stayed within 1.3% across six invocations: the single reading, not the
+# host, was what moved the plans' prices
+READINGS = 5
 
 
 def reference_ops(graph, mesh, op_signature) -> list[tuple[object, object, int, str]]:
@@ -97,16 +103,20 @@ def _grouped() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() >= 2
 
 
-def run_share(model, ops, cover: float = COVER) -> float | None:
-    """The live group's compute scale against ``model``'s cache (see the module's docstring);
-    None without a group of two or more ranks or without cached timings of ``ops``. Every rank
-    must call it, with the same ``ops``."""
+def run_share(model, ops, cover: float = COVER, readings: int = READINGS) -> float | None:
+    """The live group's compute scale against ``model``'s cache (see the module's docstring):
+    the median over ``readings`` readings of the slowest rank's; None without a group of two or
+    more ranks or without cached timings of ``ops``. Every rank must call it, with the same
+    ``ops``."""
     if not _grouped():
         return None
     picked, covered = picked_ops(model, ops, cover)
-    now = _retimed(model, picked)
-    ratio = _slowest(now / covered if covered > 0 and now > 0 else 0.0, model.device)
-    return ratio if ratio > 0 and math.isfinite(ratio) else None
+    slowest = []
+    for _ in range(max(1, readings)):
+        now = _retimed(model, picked)
+        slowest.append(_slowest(now / covered if covered > 0 and now > 0 else 0.0, model.device))
+    ratio = median_share(slowest)
+    return ratio if ratio is not None and ratio > 0 else None
 
 
 def _retimed(model, ops, repeats: int | None = None, warmup: int | None = None, barrier: bool = True) -> float:

@@ -74,7 +74,9 @@ class SearchInfo:
             return "proven optimal under the cost model" + (f" ({self.detail})" if self.detail else "")
         if self.status == "bound":
             of = " of its space" if self.name == "hierarchical" else ""
-            return f"not proven optimal: at most {self.gap:.3%} above the optimum{of} (proven lower bound)"
+            # a gap that rounds to 0.000% is still a gap: say so, not "at most 0.000%"
+            at_most = f"at most {self.gap:.3%}" if self.gap >= 5e-6 else "less than 0.001%"
+            return f"not proven optimal: {at_most} above the optimum{of} (proven lower bound)"
         if self.status == "fixed":
             return "a fixed strategy, priced, not searched"
         return "heuristic, no optimality bound" + (f" ({self.detail})" if self.detail else "")

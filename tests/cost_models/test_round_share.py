@@ -97,3 +97,34 @@ def test_the_benchmark_prices_every_plan_at_the_rounds_share(profiled_cache):
     for key in ("compute", "optimizer"):
         assert got[1.3]["breakdown"][key] == pytest.approx(1.3 * got[1.0]["breakdown"][key])
     assert got[1.3]["before"] == pytest.approx(1.3 * got[1.0]["before"])
+
+
+def test_the_fits_scale_is_the_median_of_several_readings_of_the_slower_rank(profiled_cache, monkeypatch):
+    """One reading that caught the host in a stall does not price the run: ``run_share`` takes
+    the median over its readings of each reading's slower rank."""
+    import torch.distributed as dist
+
+    import autopar.cost_models.run_share as rs
+    from tests.helpers.dist_utils import run_threaded
+
+    graph, cache = profiled_cache
+    model = ProfiledModel(cache_path=cache, optimizer="adamw", fit_comm=False)
+    model.profile(graph, CPU2)
+    per_rank = {0: [1.0, 1.5, 1.0, 1.1, 0.9], 1: [1.05, 1.0, 1.2, 1.0, 1.0]}  # speed per reading
+    slowest = [max(a, b) for a, b in zip(per_rank[0], per_rank[1])]  # 1.05 1.5 1.2 1.1 1.0
+    assert rs.READINGS == len(slowest)
+    calls = {0: 0, 1: 0}
+
+    def retimed(model, picked, *args, **kwargs):
+        r = dist.get_rank()
+        k = per_rank[r][calls[r]]
+        calls[r] += 1
+        return k * rs.picked_ops(model, model._reference)[1]
+
+    monkeypatch.setattr(rs, "_retimed", retimed)
+
+    def rank(r, world):
+        return rs.run_share(model, model._reference)
+
+    for share in run_threaded(rank, 2):
+        assert share == pytest.approx(statistics.median(slowest))  # 1.1, not the first 1.05 nor the mean 1.17

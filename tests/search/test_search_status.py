@@ -49,6 +49,9 @@ def test_an_exact_search_that_stopped_early_reports_its_bound():
     info = SearchInfo.exact("ilp", 1.0, 0.02)
     assert info.status == "bound" and "2.000%" in info.describe() and "not proven" in info.describe()
     assert SearchInfo.exact("ilp", 1.0, float("inf")).status == "heuristic"
+    # a gap too small for three decimals is still a gap: never "at most 0.000%"
+    tiny = SearchInfo.exact("hierarchical", 1.0, 2e-7).describe()
+    assert "0.000%" not in tiny and "less than 0.001% above the optimum" in tiny and "not proven" in tiny
     # an "optimal" claim with a gap is corrected, never kept
     assert SearchInfo("dp", 1.0, 0.1, status="optimal").status == "bound"
     with pytest.raises(ValueError, match="search status"):
