@@ -235,7 +235,9 @@ def test_the_ranks_retime_the_models_ops_and_price_at_the_slowest_ranks_speed(tm
         assert share == pytest.approx(3.0)  # the slower rank's, on both
         for label in ("compute forward (measured)", "compute backward (measured)", "optimizer step (measured)"):
             assert terms[label] == pytest.approx(3.0 * alone[label])
-    # each op signature re-timed once per rank: the two linears are one (counted twice), the ReLU
-    # the other third of the fake's compute, needed to cover 90%
+    # each op signature re-timed once per rank in each of the readings: the two linears are one
+    # (counted twice), the ReLU the other third of the fake's compute, needed to cover 90%
+    from autopar.cost_models.run_share import READINGS
+
     first, second = [n.name for n in graph.nodes if n.op == "linear"]
-    assert timed.count(first) == 2 and second not in timed and len(timed) == 4
+    assert timed.count(first) == 2 * READINGS and second not in timed and len(timed) == 4 * READINGS
