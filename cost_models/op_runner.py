@@ -103,7 +103,8 @@ EVICT_BYTES = 64 * 2**20  # written before each timed CPU update: twice the benc
 
 
 def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats: int = 5,
-                   warmup: int = 2, device="cpu", evict: torch.Tensor | None = None) -> float:
+                   warmup: int = 2, device="cpu", evict: torch.Tensor | None = None,
+                   now: Callable[[], float] | None = None) -> float:
     """Median seconds of one ``torch.optim`` update of parameters of these local shapes.
 
     The optimizer is built as the generated module's ``optimizer()`` builds it (``foreach=True``:
@@ -113,7 +114,8 @@ def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats
     by the caller) each timed update starts cold: in a step the rest of the model's update and the
     backward have gone through the caches since this node's state was last touched, and an update
     timed hot, again and again on a few MiB, is the cache's speed (the zoo mlp's nodes summed:
-    5.8 ms hot, 8.2 ms cold, 10.8 ms for the whole model's update in one optimizer).
+    5.8 ms hot, 8.2 ms cold, 10.8 ms for the whole model's update in one optimizer). ``now``: the
+    clock (default ``clock(device)``).
     """
     if name not in OPTIMIZERS:
         raise NotRunnable(f"optimizer {name!r} unknown to the runner (know {', '.join(OPTIMIZERS)})")
@@ -126,7 +128,7 @@ def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats
     for _ in range(max(1, warmup)):
         opt.step()
     _sync(device)
-    now = clock(device)
+    now = now or clock(device)
     ts = []
     for _ in range(repeats):
         if evict is not None:

@@ -6,7 +6,8 @@ device, forward and backward, and the median of ``repeats`` runs replaces the tw
 On a CPU the op runs on one thread and is timed on that thread's CPU clock (``op_runner.clock``),
 so other processes on a shared machine do not leak into the cached numbers. In training, the
 optimizer's update of the node's local parameter shards is measured too (``optimizer``), and
-priced at least at the per-element rate of the whole model's update (``whole_update_rate``).
+priced at least at the per-element rate of the whole model's update (``update_timing``: on a live
+group, times how much slower the ranks update at once, ``update_share``).
 Everything else (weight-gradient syncs, edge reshards, graph outputs) is the analytic model's,
 priced on the cluster's links, or on links fitted to the live process group when there is one
 (``collective_fit``: an all-reduce timed at a few sizes as the generated module issues it, the
@@ -38,6 +39,7 @@ from autopar.cost_models.experts import exchange_seconds
 from autopar.cost_models.profile_cache import ProfileCache, Timing
 from autopar.cost_models.reshard_fit import MoveFit, fit_moves
 from autopar.cost_models.segment_wait import Spread, fit_spread
+from autopar.cost_models.update_timing import UpdateTiming, update_rate_shapes, update_share
 from autopar.core.backward import runs_backward
 from autopar.core.cluster import Cluster
 from autopar.core.ir import Graph, Node
@@ -97,11 +99,9 @@ class Progress:
             self.stream.flush()
 
 
-# elements the whole-update rate is timed on (whole_update_rate): AdamW's 512 MiB, past any L3
-UPDATE_RATE_ELEMENTS = 32 * 2 ** 20
 
 @dataclass
-class ProfiledModel(AnalyticModel):
+class ProfiledModel(UpdateTiming, AnalyticModel):
     """``AnalyticModel`` with measured compute; see the module docstring.
 
     ``cache_path``: SQLite file (default ``$AUTOPAR_CACHE`` or ``~/.cache/autopar/profile.sqlite``).
@@ -139,8 +139,11 @@ class ProfiledModel(AnalyticModel):
     moves: MoveFit | None = field(default=None, init=False)
     # measured compute times this: how much slower ranks sharing a host compute together (``compute_share``)
     share: float = field(default=1.0, init=False)
+    # measured updates times this where a live group read it: ranks updating at once (update_timing)
+    update_share: float | None = field(default=None, init=False)
     spread: Spread | None = field(default=None, init=False)  # the ranks' drift per segment (segment_wait)
     _reference: Any = field(default=None, init=False, repr=False)  # the model's ops re-timed in a run (run_share)
+    _graph: Any = field(default=None, init=False, repr=False)  # the profiled graph: its whole update re-timed (_fit)
     _evict: Any = field(default=None, init=False, repr=False)  # written before each timed CPU update
     _scalar_update: dict = field(default_factory=dict, init=False, repr=False)  # dtype -> seconds
 
@@ -164,6 +167,7 @@ class ProfiledModel(AnalyticModel):
             self.near = fit_collectives(gap=self.near_gap, **fit)
         if self.comm is not None:
             self.share = (run_share(self, self._reference) if self._reference else None) or compute_share(self.device)
+            self.update_share = update_share(self, *update_rate_shapes(self._graph)) if self._graph else None
             self.moves = fit_moves(self.probe, self.device)
             self.spread = fit_spread(self.device, work=self.comm_work)
         self._comm_done = True
@@ -248,102 +252,6 @@ class ProfiledModel(AnalyticModel):
         self.cache.put(self._device, self._torch, sig, timing)
         return timing
 
-    def _optimizer_shapes(self, node: Node, config: Config) -> list[tuple[tuple[int, ...], str]]:
-        from autopar.cost_models.op_runner import FLOAT, local_shape
-
-        if not self.optimizer:
-            return []
-        return [(local_shape(node, config, p.spec), p.spec.dtype) for p in node.params
-                if p.spec.dtype in FLOAT]
-
-    def optimizer_signature(self, node: Node, config: Config) -> str | None:
-        """The cache key of ``node``'s parameter update under ``config`` (None: nothing to update)."""
-        shapes = self._optimizer_shapes(node, config)
-        return repr(("optimizer", self.optimizer, "foreach, cold, less a scalar's", shapes)) if shapes else None
-
-    def optimizer_timing(self, node: Node, config: Config) -> Timing | None:
-        """The cached or measured update of ``node``'s local float parameters (None: none)."""
-        sig = self.optimizer_signature(node, config)
-        if sig is None:
-            return None
-        shapes = self._optimizer_shapes(node, config)
-        hit = self.cache.get(self._device, self._torch, sig)
-        if hit is not None:
-            return hit
-        timing = self._measure_optimizer(shapes)
-        self.measurements += 1
-        self.cache.put(self._device, self._torch, sig, timing)
-        return timing
-
-    def whole_update_rate(self, graph: Graph) -> float:
-        """Seconds per element of one update of all of ``graph``'s float parameters at once (cached).
-
-        A node's update timed alone (``optimizer_timing``) runs its handful of foreach passes over
-        a few MiB that stay in the last-level cache between passes, even when it starts cold. In a
-        step the one optimizer walks the whole model's state in each pass, and once that state
-        outgrows the cache every pass streams from memory: on the benchmarks' machine (benchmarks/README.md)
-        (32 MiB L3) AdamW took 1.8 ns per element over 1 M elements and 3.8-3.9 over 2-8 M, so
-        bench-runtime's residual MLP (8.4 M) updated in 33 ms where its nodes timed alone summed
-        to 18. The rate is measured on the model's own parameter shapes (the largest first, up
-        to ``UPDATE_RATE_ELEMENTS``, past which it no longer changes), the replicated case: a
-        sharded plan's smaller state can only stream less, so its nodes are priced at least at
-        their own timing and at most at this rate (``_optimizer_terms``).
-        """
-        from autopar.cost_models.op_runner import FLOAT
-
-        seen: dict[str, tuple[tuple[int, ...], str]] = {}
-        for n in graph.nodes:
-            for p in n.params:
-                if p.spec.dtype in FLOAT:
-                    seen[p.source] = (tuple(p.spec.shape), p.spec.dtype)
-        if not self.optimizer or not seen:
-            return 0.0
-        shapes, total = [], 0
-        for shape, dtype in sorted(seen.values(), key=lambda s: -math.prod(s[0])):
-            room = UPDATE_RATE_ELEMENTS - total
-            if room <= 0:
-                break
-            if math.prod(shape) > room:  # a flat piece instead: no 4 GiB of state for a large embedding
-                shape = (room,)
-            shapes.append((shape, dtype))
-            total += math.prod(shape)
-        sig = repr(("optimizer rate", self.optimizer, "foreach, cold, less a scalar's, per element", shapes))
-        hit = self.cache.get(self._device, self._torch, sig)
-        if hit is None:
-            t = self._measure_optimizer(shapes)
-            hit = Timing(t.forward / total, 0.0, t.error) if not t.error else t
-            self.measurements += 1
-            self.cache.put(self._device, self._torch, sig, hit)
-        return 0.0 if hit.error else hit.forward
-
-    def _measure_optimizer(self, shapes) -> Timing:
-        import torch
-        from autopar.cost_models.op_runner import EVICT_BYTES, NotRunnable, time_optimizer
-
-        threads = torch.get_num_threads()
-        cpu = torch.device(self.device).type == "cpu"
-        if cpu:
-            torch.set_num_threads(1)
-        try:
-            if cpu and self._evict is None:
-                self._evict = torch.empty(EVICT_BYTES // 4)
-            dtype = shapes[0][1]
-            if dtype not in self._scalar_update:
-                self._scalar_update[dtype] = time_optimizer(self.optimizer, [((1,), dtype)], self.repeats,
-                                                            self.warmup, self.device, self._evict)
-            update = time_optimizer(self.optimizer, shapes, self.repeats, self.warmup, self.device, self._evict)
-            # what an update of one scalar costs (the step's own Python and a dozen foreach calls,
-            # about 0.5 ms here) the model's one optimizer pays once a step, not once per node: the
-            # zoo gpt's 16 parameter nodes summed to 13 ms with it, against 5 ms for its whole update
-            return Timing(max(update - self._scalar_update[dtype], 0.0), 0.0)
-        except NotRunnable as e:
-            return Timing(None, None, str(e))
-        except Exception as e:
-            return Timing(None, None, f"{type(e).__name__}: {str(e)[:120]}")
-        finally:
-            if cpu:
-                torch.set_num_threads(threads)
-
     def _measure(self, node: Node, config: Config) -> Timing:
         import torch
         from autopar.cost_models.op_runner import NotRunnable, build, time_op
@@ -397,22 +305,6 @@ class ProfiledModel(AnalyticModel):
         nc.terms = measured + rest
         return nc
 
-    def _optimizer_terms(self, node: Node, config: Config, text: bool) -> list[Term]:
-        o = self.optimizer_timing(node, config)
-        if o is None or o.error:
-            return []  # no parameters, or an update the runner cannot time: left unpriced
-        why = f"{self.optimizer} update of the local parameter shards, median of {self.repeats} = {o.forward:.4g} s"
-        seconds = o.forward
-        elements = sum(math.prod(shape) for shape, _ in self._optimizer_shapes(node, config))
-        if elements * self.update_rate > seconds:  # the whole model's state streams from memory
-            seconds = elements * self.update_rate
-            why += (f"; in the whole model's update, {elements} elements x {self.update_rate * 1e9:.3g} ns "
-                    f"= {seconds:.4g} s (whole_update_rate)")
-        if self.share != 1.0:
-            seconds *= self.share
-            why += f"; x {self.share:.3g}, the ranks computing at once on this host (compute_share)"
-        return [Term("optimizer step (measured)", seconds, why if text else "", "optimizer")]
-
     # -- a whole graph up front, with a progress bar ------------------------------------------
     def profile(self, graph: Graph, cluster: Cluster, mode: str = "train", space: str = "mesh",
                 progress: bool | None = None) -> int:
@@ -423,6 +315,7 @@ class ProfiledModel(AnalyticModel):
             self.comm_kinds = (*self.comm_kinds, "all-to-all")  # expert parallelism's exchange, fitted too
         mesh = cluster.mesh()
         self._reference = reference_ops(graph, mesh, op_signature)  # re-timed by the ranks of a run (_fit)
+        self._graph = graph if mode == "train" and self.optimizer else None
         todo: dict[str, tuple[Node, Config]] = {}
         for n in graph.nodes:
             for c in configs_for(n, mesh, space):

@@ -148,10 +148,10 @@ def test_pricing_the_edges_runs_no_op_the_profile_left_unmeasured(tmp_path):
 
 
 def test_the_whole_update_is_timed_on_at_most_the_cap(tmp_path, monkeypatch):
-    from autopar.cost_models import profiled
+    from autopar.cost_models import update_timing
 
     seen = []
-    monkeypatch.setattr(profiled, "UPDATE_RATE_ELEMENTS", 3000)
+    monkeypatch.setattr(update_timing, "UPDATE_RATE_ELEMENTS", 3000)
     monkeypatch.setattr(ProfiledModel, "_measure_optimizer",
                         lambda self, shapes: (seen.append(shapes), fake_update(shapes))[1])
     monkeypatch.setattr(ProfiledModel, "_measure", lambda self, node, config: Timing(1e-4, 1e-4))
@@ -191,10 +191,16 @@ def _ranked_slowdown(rank: int) -> float:
     return {0: 1.5, 1: 3.0}[rank]  # the ranks compute 1.5x and 3x slower than the profile timed
 
 
+def _ranked_update_slowdown(rank: int) -> float:
+    return {0: 2.0, 1: 1.25}[rank]  # and update 2x and 1.25x slower: the memory bus shared
+
+
 def test_the_ranks_retime_the_models_ops_and_price_at_the_slowest_ranks_speed(tmp_path, monkeypatch):
     """A host that runs the ranks' ops slower than the profile did (their cores shared, other
-    tenants) prices every measured term at the slowest rank's speed, as the step waits for it;
-    a matmul segment timed alone and together (``compute_share``) does not see it (here: 1.0)."""
+    tenants) prices every measured compute term at the slowest rank's speed, as the step waits
+    for it, and every update term at the slowest rank's update speed, re-timed apart (the update
+    streams from memory, which the ranks share); a matmul segment timed alone and together
+    (``compute_share``) does not see either (here: 1.0)."""
     import torch.distributed as dist
 
     import autopar.cost_models.profiled as profiled
@@ -222,19 +228,26 @@ def test_the_ranks_retime_the_models_ops_and_price_at_the_slowest_ranks_speed(tm
         timed.append(call)
         return k * PROFILED[0], k * PROFILED[1]
 
+    def update(name, shapes, repeats=5, warmup=2, device="cpu", evict=None, now=None):
+        n = sum(math.prod(s) for s, _ in shapes)  # an update of one scalar: nothing beyond it here
+        return 0.0 if n == 1 else _ranked_update_slowdown(dist.get_rank()) * fake_update(shapes).forward
+
     monkeypatch.setattr(op_runner, "build", lambda node, config, device: node.name)
     monkeypatch.setattr(op_runner, "time_op", slower)
+    monkeypatch.setattr(op_runner, "time_optimizer", update)
 
     def rank(r, world):
         model = ProfiledModel(cache_path=cache, optimizer="adamw")
         assert model.profile(graph, CPU2) == 0  # every op cached: nothing measured afresh
         terms = {t.label: t.seconds for t in model.node_breakdown(node, whole, CPU2).terms}
-        return model.share, terms
+        return model.share, model.update_share, terms
 
-    for share, terms in run_threaded(rank, 2):
+    for share, update_share, terms in run_threaded(rank, 2):
         assert share == pytest.approx(3.0)  # the slower rank's, on both
-        for label in ("compute forward (measured)", "compute backward (measured)", "optimizer step (measured)"):
+        assert update_share == pytest.approx(2.0)  # the slower rank's update, on both
+        for label in ("compute forward (measured)", "compute backward (measured)"):
             assert terms[label] == pytest.approx(3.0 * alone[label])
+        assert terms["optimizer step (measured)"] == pytest.approx(2.0 * alone["optimizer step (measured)"])
     # each op signature re-timed once per rank in each of the readings: the two linears are one
     # (counted twice), the ReLU the other third of the fake's compute, needed to cover 90%
     from autopar.cost_models.run_share import READINGS
