@@ -244,7 +244,7 @@ def _rank(rank: int, world: int, sizes: dict, repeats: int, warmup: int, cache: 
                   cm.comm.gather_bandwidth) if cm.comm else None,
             near=(cm.near.latency, cm.near.bandwidth, cm.near.via, cm.near.gather_latency,
                   cm.near.gather_bandwidth) if cm.near else None,
-            update_rate=cm.update_rate,
+            update_rate=cm.update_rate, update_share=cm.update_share,
             share=fit_share, round_share=share, round_shares=rounds,
             moves=(cm.moves.call, cm.moves.copy, cm.moves.strided) if cm.moves else None,
             spread=(cm.spread.wait, cm.spread.long, cm.spread.power) if cm.spread else None,
@@ -377,7 +377,10 @@ def main(argv=None) -> int:
                 lines.append(f"{label}: all-reduce hop latency {1e6 * c[0]:.1f} us, "
                              f"bandwidth {c[1] / 1e9:.3f} GB/s{gather} (timed via {c[2]}).  ")
         if per_rank[0]["update_rate"]:
-            lines.append(f"Whole-model {OPTIMIZER} update: {1e9 * per_rank[0]['update_rate']:.2f} ns per element.  ")
+            us = per_rank[0].get("update_share")
+            lines.append(f"Whole-model {OPTIMIZER} update: {1e9 * per_rank[0]['update_rate']:.2f} ns per element"
+                         + (f"; on the ranks at once {us:.3f}x that (update_share, times every update term)"
+                            if us else "") + ".  ")
         lines += share_lines(name, per_rank, rows, repeats)
         if per_rank[0].get("moves"):
             call, cp, st = per_rank[0]["moves"]
