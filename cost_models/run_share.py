@@ -87,7 +87,7 @@ def picked_ops(model, ops, cover: float = COVER) -> tuple[list[tuple[object, obj
     return picked, covered
 
 
-def _slowest(ratio: float, device) -> float:
+def slowest_rank(ratio: float, device) -> float:
     """The largest of every rank's ``ratio`` (a step waits for the slowest rank)."""
     import torch
     import torch.distributed as dist
@@ -97,7 +97,7 @@ def _slowest(ratio: float, device) -> float:
     return float(x[0])
 
 
-def _grouped() -> bool:
+def in_group() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() >= 2
@@ -108,13 +108,13 @@ def run_share(model, ops, cover: float = COVER, readings: int = READINGS) -> flo
     the median over ``readings`` readings of the slowest rank's; None without a group of two or
     more ranks or without cached timings of ``ops``. Every rank must call it, with the same
     ``ops``."""
-    if not _grouped():
+    if not in_group():
         return None
     picked, covered = picked_ops(model, ops, cover)
     slowest = []
     for _ in range(max(1, readings)):
         now = _retimed(model, picked)
-        slowest.append(_slowest(now / covered if covered > 0 and now > 0 else 0.0, model.device))
+        slowest.append(slowest_rank(now / covered if covered > 0 and now > 0 else 0.0, model.device))
     ratio = median_share(slowest)
     return ratio if ratio is not None and ratio > 0 else None
 
@@ -187,7 +187,7 @@ class RoundShare:
         import torch.distributed as dist
 
         x = torch.tensor(self.readings, dtype=torch.float64, device=self.model.device)
-        if _grouped():
+        if in_group():
             dist.all_reduce(x, op=dist.ReduceOp.MAX)
         return [float(v) for v in x[skip:]]
 

@@ -65,9 +65,9 @@ def update_share(model, shapes, total: int, readings: int | None = None) -> floa
     import torch
     import torch.distributed as dist
     from autopar.cost_models.op_runner import EVICT_BYTES, time_optimizer
-    from autopar.cost_models.run_share import READINGS, _grouped, _slowest, median_share
+    from autopar.cost_models.run_share import READINGS, in_group, median_share, slowest_rank
 
-    if not _grouped() or not shapes or total <= 0 or model.update_rate <= 0:
+    if not in_group() or not shapes or total <= 0 or model.update_rate <= 0:
         return None
     cpu = torch.device(model.device).type == "cpu"
     threads = torch.get_num_threads()
@@ -86,7 +86,7 @@ def update_share(model, shapes, total: int, readings: int | None = None) -> floa
                 ratio = update / total / model.update_rate
             except Exception:  # an update the runner cannot build here: this reading reads nothing
                 ratio = 0.0
-            ratios.append(_slowest(ratio if math.isfinite(ratio) else 0.0, model.device))
+            ratios.append(slowest_rank(ratio if math.isfinite(ratio) else 0.0, model.device))
     finally:
         if cpu:
             torch.set_num_threads(threads)
