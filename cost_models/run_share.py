@@ -98,6 +98,7 @@ def slowest_rank(ratio: float, device) -> float:
 
 
 def in_group() -> bool:
+    """Whether a process group of two or more ranks is running (the readings need one)."""
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() >= 2
