@@ -143,7 +143,7 @@ class ProfiledModel(UpdateTiming, AnalyticModel):
     update_share: float | None = field(default=None, init=False)
     spread: Spread | None = field(default=None, init=False)  # the ranks' drift per segment (segment_wait)
     _reference: Any = field(default=None, init=False, repr=False)  # the model's ops re-timed in a run (run_share)
-    _graph: Any = field(default=None, init=False, repr=False)  # the profiled graph: its whole update re-timed (_fit)
+    _update_shapes: Any = field(default=None, init=False, repr=False)  # (shapes, elements) of the whole update, re-timed in _fit
     _evict: Any = field(default=None, init=False, repr=False)  # written before each timed CPU update
     _scalar_update: dict = field(default_factory=dict, init=False, repr=False)  # dtype -> seconds
 
@@ -167,7 +167,7 @@ class ProfiledModel(UpdateTiming, AnalyticModel):
             self.near = fit_collectives(gap=self.near_gap, **fit)
         if self.comm is not None:
             self.share = (run_share(self, self._reference) if self._reference else None) or compute_share(self.device)
-            self.update_share = update_share(self, *update_rate_shapes(self._graph)) if self._graph else None
+            self.update_share = update_share(self, *self._update_shapes) if self._update_shapes else None
             self.moves = fit_moves(self.probe, self.device)
             self.spread = fit_spread(self.device, work=self.comm_work)
         self._comm_done = True
@@ -315,7 +315,6 @@ class ProfiledModel(UpdateTiming, AnalyticModel):
             self.comm_kinds = (*self.comm_kinds, "all-to-all")  # expert parallelism's exchange, fitted too
         mesh = cluster.mesh()
         self._reference = reference_ops(graph, mesh, op_signature)  # re-timed by the ranks of a run (_fit)
-        self._graph = graph if mode == "train" and self.optimizer else None
         todo: dict[str, tuple[Node, Config]] = {}
         for n in graph.nodes:
             for c in configs_for(n, mesh, space):
@@ -329,6 +328,7 @@ class ProfiledModel(UpdateTiming, AnalyticModel):
         before = self.measurements
         if mode == "train":
             self.update_rate = self.whole_update_rate(graph)
+            self._update_shapes = update_rate_shapes(graph) if self.optimizer else None
         bar = Progress(len(missing), f"profiling {graph.model_name or 'model'}", enabled=progress)
         for n, c in missing:
             self.node_breakdown(n, c, cluster, mode, text=False)

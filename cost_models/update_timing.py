@@ -57,39 +57,24 @@ def update_rate_shapes(graph: Graph, cap: int | None = None) -> tuple[list[tuple
 def update_share(model, shapes, total: int, readings: int | None = None) -> float | None:
     """How much slower the live group's ranks run the whole-model update at once than the profile
     timed it (``model.update_rate``): per reading, every rank times the update of ``shapes``
-    (``total`` elements) on the wall clock after a barrier, less an update of one scalar, the
+    (``total`` elements) on the wall clock after a barrier (``UpdateTiming.update_seconds``), the
     slowest rank's over the profiled rate; the median over the readings. None without a group of
     two or more ranks, a profiled rate or an update the runner can time. Every rank must call it."""
     import time
 
-    import torch
     import torch.distributed as dist
-    from autopar.cost_models.op_runner import EVICT_BYTES, time_optimizer
     from autopar.cost_models.run_share import READINGS, in_group, median_share, slowest_rank
 
     if not in_group() or not shapes or total <= 0 or model.update_rate <= 0:
         return None
-    cpu = torch.device(model.device).type == "cpu"
-    threads = torch.get_num_threads()
-    if cpu:
-        torch.set_num_threads(1)
-        if model._evict is None:
-            model._evict = torch.empty(EVICT_BYTES // 4)
     ratios = []
-    try:
-        for _ in range(READINGS if readings is None else max(1, readings)):
-            dist.barrier()
-            try:
-                args = (model.repeats, model.warmup, model.device, model._evict, time.perf_counter)
-                scalar = time_optimizer(model.optimizer, [((1,), shapes[0][1])], *args)
-                update = max(time_optimizer(model.optimizer, shapes, *args) - scalar, 0.0)
-                ratio = update / total / model.update_rate
-            except Exception:  # an update the runner cannot build here: this reading reads nothing
-                ratio = 0.0
-            ratios.append(slowest_rank(ratio if math.isfinite(ratio) else 0.0, model.device))
-    finally:
-        if cpu:
-            torch.set_num_threads(threads)
+    for _ in range(READINGS if readings is None else max(1, readings)):
+        dist.barrier()
+        try:
+            ratio = model.update_seconds(shapes, time.perf_counter) / total / model.update_rate
+        except Exception:  # an update the runner cannot build here: this reading reads nothing
+            ratio = 0.0
+        ratios.append(slowest_rank(ratio if math.isfinite(ratio) else 0.0, model.device))
     return median_share(ratios)
 
 
@@ -149,9 +134,15 @@ class UpdateTiming:
             self.cache.put(self._device, self._torch, sig, hit)
         return 0.0 if hit.error else hit.forward
 
-    def _measure_optimizer(self, shapes) -> Timing:
+    def update_seconds(self, shapes, now=None) -> float:
+        """Seconds of one update of parameters of ``shapes``, less an update of one scalar (what
+        the model's one optimizer pays once a step, not once per node: the step's own Python and
+        a dozen foreach calls, about 0.5 ms here; the zoo gpt's 16 parameter nodes summed to 13 ms
+        with it, against 5 ms for its whole update), each starting cold, on one CPU thread.
+        ``now``: the clock (default ``op_runner.clock``, where the scalar's update is timed once
+        and kept)."""
         import torch
-        from autopar.cost_models.op_runner import EVICT_BYTES, NotRunnable, time_optimizer
+        from autopar.cost_models.op_runner import EVICT_BYTES, time_optimizer
 
         threads = torch.get_num_threads()
         cpu = torch.device(self.device).type == "cpu"
@@ -160,22 +151,28 @@ class UpdateTiming:
         try:
             if cpu and self._evict is None:
                 self._evict = torch.empty(EVICT_BYTES // 4)
+            args = (self.repeats, self.warmup, self.device, self._evict, now)
             dtype = shapes[0][1]
-            if dtype not in self._scalar_update:
-                self._scalar_update[dtype] = time_optimizer(self.optimizer, [((1,), dtype)], self.repeats,
-                                                            self.warmup, self.device, self._evict)
-            update = time_optimizer(self.optimizer, shapes, self.repeats, self.warmup, self.device, self._evict)
-            # what an update of one scalar costs (the step's own Python and a dozen foreach calls,
-            # about 0.5 ms here) the model's one optimizer pays once a step, not once per node: the
-            # zoo gpt's 16 parameter nodes summed to 13 ms with it, against 5 ms for its whole update
-            return Timing(max(update - self._scalar_update[dtype], 0.0), 0.0)
+            if now is not None:
+                scalar = time_optimizer(self.optimizer, [((1,), dtype)], *args)
+            else:
+                if dtype not in self._scalar_update:
+                    self._scalar_update[dtype] = time_optimizer(self.optimizer, [((1,), dtype)], *args)
+                scalar = self._scalar_update[dtype]
+            return max(time_optimizer(self.optimizer, shapes, *args) - scalar, 0.0)
+        finally:
+            if cpu:
+                torch.set_num_threads(threads)
+
+    def _measure_optimizer(self, shapes) -> Timing:
+        from autopar.cost_models.op_runner import NotRunnable
+
+        try:
+            return Timing(self.update_seconds(shapes), 0.0)
         except NotRunnable as e:
             return Timing(None, None, str(e))
         except Exception as e:
             return Timing(None, None, f"{type(e).__name__}: {str(e)[:120]}")
-        finally:
-            if cpu:
-                torch.set_num_threads(threads)
 
     def _optimizer_terms(self, node: Node, config: Config, text: bool) -> list[Term]:
         o = self.optimizer_timing(node, config)
