@@ -20,10 +20,11 @@ excess here is taken beside it, not added to it.
 
 from __future__ import annotations
 
+from autopar.core.backward import needs_grad
 from autopar.core.ir import FLOAT_DTYPES, Node, trainable
 from autopar.core.layout import NodeLayouts, shard_factor
 from autopar.core.tables import Mesh
-from autopar.cost_models.memory import needs_grad, saves_for_backward
+from autopar.cost_models.memory import saves_for_backward
 
 __all__ = ["needs_grad", "node_gradients", "backward_excess"]
 

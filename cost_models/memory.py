@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.core.backward import FRESH_FNS, needs_grad
 from autopar.core.ir import FLOAT_DTYPES, Node, TensorSpec, trainable
 from autopar.core.layout import (NodeLayouts, Partial, grad_of_input, node_layouts, owner_matrix, shard_factor,
                                  shard_factors, shard_mask, tensor_layout, to_mesh)
@@ -80,8 +81,6 @@ LOSS_GRADIENTS = {"cross_entropy": 2}
 SHAPE_FNS = {"expand", "expand_as", "repeat", "broadcast_to"}  # ``elementwise`` shape ops
 SCALED_FNS = {"mul", "div", "truediv"}  # by a Python number: the backward scales by it, saves nothing
 SUMS = {"mean", "sum"}  # ``reduce``: the gradient is the output's, spread (the input's shape only)
-# ``elementwise`` fns whose result does not depend on the input's values: no gradient flows back
-FRESH_FNS = {"zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like", "bernoulli"}
 
 
 def _saves(node: Node) -> bool:
@@ -114,7 +113,7 @@ def already_saved(graph) -> dict[str, frozenset[int]]:
     as they are."""
     seen: set[tuple[str, int]] = set()
     out: dict[str, frozenset[int]] = {}
-    grad = _needs_grad(graph)
+    grad = needs_grad(graph)
     alias: dict[tuple[str, int], tuple[str, int]] = {}  # an op that returns its input: the input
     for n in graph.nodes:
         if _returns_input(n):
@@ -185,19 +184,6 @@ def _returns_input(n: Node) -> bool:
     if n.op == "dropout":
         return not _saves(n)
     return n.op in VIEWS or n.op in ("identity", "to", "type_as") or (n.op == "elementwise" and n.attrs.get("fn") == "to")
-
-
-def _needs_grad(graph) -> set[str]:
-    """Nodes whose output needs a gradient: those reading a parameter that takes one or such a
-    node's output (the model's inputs and buffers need none), bar those whose outputs carry none:
-    not floating point (a comparison, an argmax) or made fresh (``zeros_like``)."""
-    out: set[str] = set()
-    for n in graph.nodes:
-        if not any(s.dtype in FLOAT_DTYPES for s in n.outputs) or (n.op == "elementwise" and n.attrs.get("fn") in FRESH_FNS):
-            continue
-        if any(trainable(n)) or any(o.source in out for o in n.inputs):
-            out.add(n.name)
-    return out
 
 
 def optimizer_states(optimizer: str | None) -> int:
@@ -427,4 +413,3 @@ def saved_tensors(node: Node, config: Config, mesh: Mesh, mode: str = "train",
 
 
 saves_for_backward = _saves  # whether a node's backward reads any tensor (``backward_set.py``)
-needs_grad = _needs_grad  # the nodes whose output takes a gradient (``backward_set.py``)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from autopar.core.backward import grad_free_inputs
 from autopar.core.ir import Node
 from autopar.core.op_families import FAMILIES
 from autopar.core.tables import Config
@@ -31,12 +32,18 @@ class _Local:
         self.node, self.config, self.device = node, config, device
         self.ins = [op.spec for op in node.inputs]
         self.ps = [op.spec for op in node.params]
+        # the inputs that take no gradient in the model (the data batch, a mask) are made without
+        # one, so the backward timed is the one a step runs; by the spec object the runner passes
+        free = set(grad_free_inputs(node))
+        taking = {id(s) for i, s in enumerate(self.ins) if i not in free}
+        self.free = {id(self.ins[i]) for i in free if i < len(self.ins)} - taking
 
     def shape(self, spec) -> tuple[int, ...]:
         return local_shape(self.node, self.config, spec)
 
-    def tensor(self, spec, high: int | None = None) -> torch.Tensor:
-        return make_tensor(self.shape(spec), spec.dtype, self.device, high)
+    def tensor(self, spec, high: int | None = None, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        t = make_tensor(self.shape(spec) if shape is None else shape, spec.dtype, self.device, high)
+        return t.requires_grad_(False) if id(spec) in self.free and t.requires_grad else t
 
     def tensors(self, specs) -> list[torch.Tensor]:
         return [self.tensor(s) for s in specs]
@@ -74,8 +81,7 @@ def einsum(node: Node, config: Config, device) -> OpCall:
     ops = t.ins + t.ps
     bias = ops.pop(0) if node.attrs.get("bias") else None
     eq = _matmul_einsum(node, ops)
-    ts = [make_tensor(tuple(n for n, ax in zip(t.shape(s), s.axes) if ax != () or n != 1), s.dtype, device)
-          for s in ops]
+    ts = [t.tensor(s, shape=tuple(n for n, ax in zip(t.shape(s), s.axes) if ax != () or n != 1)) for s in ops]
     out_shape = t.shape(node.outputs[0])
     if bias is not None:
         ts.append(t.tensor(bias))

@@ -53,7 +53,7 @@ def trace(model: nn.Module, example_inputs: Any = (), example_kwargs: Mapping | 
         raise TraceError(f"autopar traces a torch.nn.Module (its parameters are what it shards), not a "
                          f"{type(model).__name__}: wrap the computation in an nn.Module")
     call = example_call(model, example_inputs, example_kwargs)
-    from autopar.core.backward import mark_no_backward
+    from autopar.core.backward import mark_backward
     from autopar.core.loss_lead import mark_count_leads
     from autopar.core.progress import phase
 
@@ -64,7 +64,7 @@ def trace(model: nn.Module, example_inputs: Any = (), example_kwargs: Mapping | 
     with phase(f"tracing {type(model).__name__}", stream=stream, enabled=enabled):
         graph = _trace(model, call, frontend)
     mark_count_leads(graph)  # what a counted loss's count overlaps with (core/loss_lead.py)
-    mark_no_backward(graph)  # nodes nothing of which takes a gradient run no backward (core/backward.py)
+    mark_backward(graph)  # which nodes run a backward, which inputs take a gradient (core/backward.py)
     graph.source = traced_from(model, call.args, call.kwargs)  # compile reuses it (frontend/reuse.py)
     return graph
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import autopar
 from autopar.frontend.rules import build_node
-from autopar.core.backward import NO_BACKWARD
+from autopar.core.backward import GRAD_FREE_INPUTS, NO_BACKWARD
 from autopar.frontend.rules.base import Call, Tensor
 
 
@@ -32,8 +32,9 @@ def only(graph, op):
 
 
 def _own(attrs: dict) -> dict:
-    """A node's attributes from its rule (the trace adds whether autograd runs its backward)."""
-    return {k: v for k, v in attrs.items() if k != NO_BACKWARD}
+    """A node's attributes from its rule (the trace adds whether autograd runs its backward and
+    which inputs take no gradient)."""
+    return {k: v for k, v in attrs.items() if k not in (NO_BACKWARD, GRAD_FREE_INPUTS)}
 
 
 def dims(node):
