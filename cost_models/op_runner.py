@@ -104,7 +104,7 @@ EVICT_BYTES = 64 * 2**20  # written before each timed CPU update: twice the benc
 
 def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats: int = 5,
                    warmup: int = 2, device="cpu", evict: torch.Tensor | None = None,
-                   now: Callable[[], float] | None = None) -> float:
+                   now: Callable[[], float] | None = None, sync: Callable[[], None] | None = None) -> float:
     """Median seconds of one ``torch.optim`` update of parameters of these local shapes.
 
     The optimizer is built as the generated module's ``optimizer()`` builds it (``foreach=True``:
@@ -115,7 +115,9 @@ def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats
     backward have gone through the caches since this node's state was last touched, and an update
     timed hot, again and again on a few MiB, is the cache's speed (the zoo mlp's nodes summed:
     5.8 ms hot, 8.2 ms cold, 10.8 ms for the whole model's update in one optimizer). ``now``: the
-    clock (default ``clock(device)``).
+    clock (default ``clock(device)``). ``sync``: called before each timed update, after the
+    eviction (a barrier, where several ranks time their updates at once: each reading then meets
+    the others' updates, not their set-up or their evictions).
     """
     if name not in OPTIMIZERS:
         raise NotRunnable(f"optimizer {name!r} unknown to the runner (know {', '.join(OPTIMIZERS)})")
@@ -133,6 +135,8 @@ def time_optimizer(name: str, shapes: list[tuple[tuple[int, ...], str]], repeats
     for _ in range(repeats):
         if evict is not None:
             evict.fill_(1.0)  # the caches hold something else, as in a step
+        if sync is not None:
+            sync()
         t = now()
         opt.step()
         _sync(device)

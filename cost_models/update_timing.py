@@ -71,7 +71,7 @@ def update_share(model, shapes, total: int, readings: int | None = None) -> floa
     for _ in range(READINGS if readings is None else max(1, readings)):
         dist.barrier()
         try:
-            ratio = model.update_seconds(shapes, time.perf_counter) / total / model.update_rate
+            ratio = model.update_seconds(shapes, time.perf_counter, dist.barrier) / total / model.update_rate
         except Exception:  # an update the runner cannot build here: this reading reads nothing
             ratio = 0.0
         ratios.append(slowest_rank(ratio if math.isfinite(ratio) else 0.0, model.device))
@@ -134,13 +134,13 @@ class UpdateTiming:
             self.cache.put(self._device, self._torch, sig, hit)
         return 0.0 if hit.error else hit.forward
 
-    def update_seconds(self, shapes, now=None) -> float:
+    def update_seconds(self, shapes, now=None, sync=None) -> float:
         """Seconds of one update of parameters of ``shapes``, less an update of one scalar (what
         the model's one optimizer pays once a step, not once per node: the step's own Python and
         a dozen foreach calls, about 0.5 ms here; the zoo gpt's 16 parameter nodes summed to 13 ms
         with it, against 5 ms for its whole update), each starting cold, on one CPU thread.
         ``now``: the clock (default ``op_runner.clock``, where the scalar's update is timed once
-        and kept)."""
+        and kept); ``sync``: ``time_optimizer``'s, before each timed update."""
         import torch
         from autopar.cost_models.op_runner import EVICT_BYTES, time_optimizer
 
@@ -151,7 +151,7 @@ class UpdateTiming:
         try:
             if cpu and self._evict is None:
                 self._evict = torch.empty(EVICT_BYTES // 4)
-            args = (self.repeats, self.warmup, self.device, self._evict, now)
+            args = (self.repeats, self.warmup, self.device, self._evict, now, sync)
             dtype = shapes[0][1]
             if now is not None:
                 scalar = time_optimizer(self.optimizer, [((1,), dtype)], *args)

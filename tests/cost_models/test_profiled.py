@@ -248,3 +248,26 @@ def test_the_fit_times_collectives_after_the_model_s_gap_and_work(tmp_path, monk
     for kw in ({}, {"comm_gap": 1e-3, "comm_work": "matmul"}):
         ProfiledModel(cache_path=tmp_path / "gap.sqlite", **kw).comm_cluster(cluster)
     assert [(k["gap"], k["work"]) for k in seen] == [(profiled.GAP_S, "mixed"), (1e-3, "matmul")]
+
+
+def test_each_timed_update_starts_at_the_sync_after_its_eviction():
+    """``time_optimizer``'s ``sync`` (the ranks' barrier) runs once before each timed update, after
+    the caches were evicted, and no update runs between it and the clock's first reading."""
+    import torch
+
+    from autopar.cost_models.op_runner import time_optimizer
+
+    evict = torch.zeros(1024)
+    events = []
+
+    def sync():
+        events.append(("sync", float(evict[0])))  # 1.0: the eviction ran just before
+        evict.zero_()
+
+    def now():
+        events.append(("clock", 0.0))
+        return float(len(events))
+
+    time_optimizer("adamw", [((4, 4), "float32")], repeats=3, warmup=1, evict=evict, now=now, sync=sync)
+    assert [e for e, _ in events] == ["sync", "clock", "clock"] * 3
+    assert all(v == 1.0 for e, v in events if e == "sync")

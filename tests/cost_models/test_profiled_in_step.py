@@ -228,7 +228,9 @@ def test_the_ranks_retime_the_models_ops_and_price_at_the_slowest_ranks_speed(tm
         timed.append(call)
         return k * PROFILED[0], k * PROFILED[1]
 
-    def update(name, shapes, repeats=5, warmup=2, device="cpu", evict=None, now=None):
+    def update(name, shapes, repeats=5, warmup=2, device="cpu", evict=None, now=None, sync=None):
+        # the ranks' readings meet each other's updates: each timed update starts at a barrier
+        assert sync is dist.barrier
         n = sum(math.prod(s) for s, _ in shapes)  # an update of one scalar: nothing beyond it here
         return 0.0 if n == 1 else _ranked_update_slowdown(dist.get_rank()) * fake_update(shapes).forward
 
