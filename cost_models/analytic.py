@@ -49,7 +49,7 @@ from autopar.cost_models.loss_count import exposed, lead_seconds, loss_count, lo
 from autopar.cost_models.comm import collective, collective_time, reshard_matrix_codes, reshard_steps
 from autopar.cost_models.optimizer_step import local_elements, optimizer_step
 from autopar.cost_models.reshard_table import StructureCache
-from autopar.cost_models.training import zero_collectives, zero_label, zero_sync_time
+from autopar.cost_models.training import bucket_copy_time, zero_collectives, zero_label, zero_sync_time
 from autopar.cost_models.weight_view_sync import lift_weight_view, weight_view_sync
 
 from autopar.core.backward import runs_backward
@@ -225,14 +225,16 @@ class AnalyticModel:
             cs = [(n, collective(kind, nb, axes, mesh, cluster))
                   for kind, n, nb in zero_collectives(train.zero, nbytes, nbytes)]
             if cs[0][1].p > 1:
+                copies = sum(n * bucket_copy_time(c.kind, c.nbytes, c.p, cluster) for n, c in cs)
                 seconds = sum(n * collective_time(c.kind, c.nbytes, c.p, c.bandwidth, c.latency * share, c.fixed * share)
-                              for n, c in cs)
+                              for n, c in cs) + copies
                 f = ""
                 if text:
                     parts_txt = " + ".join(f"{b}/{k}" if k > 1 else f"{b}" for _, b, k in params)
                     names = ", ".join(n.removeprefix("param:") for n, _, _ in params)
                     f = (f"N = {parts_txt} = {nbytes:.6g} B ({names}); "
                          + " + ".join(f"{n} x [{c.formula()}]" if n > 1 else c.formula() for n, c in cs)
+                         + (f" + the gradients copied into their bucket {copies:.4g} s" if copies else "")
                          + f"; in buckets of {BUCKET_BYTES / 2**20:g} MiB the latency term counts {share:.4g} "
                          f"of itself = {seconds:.4g} s")
                 out.terms.append(Term(zero_label(train.zero), seconds, f, "sync"))

@@ -155,3 +155,26 @@ def test_bad_options_are_refused():
     with pytest.raises(ValueError, match="precision"):
         TrainingOptions(precision="fp8")
     assert dataclasses.replace(TrainingOptions(), zero=3).describe().startswith("ZeRO-3")
+
+
+def test_the_gradient_reduction_pays_its_bucket_copy(graph):
+    """With a fitted plain-copy time (``Cluster.copy_time``) every gradient reduction also copies
+    the gradient into its bucket (the runtime's flat buffer): G bytes at that rate, once per
+    reduction of the step, beside the ring's terms above; the all-gathers of ZeRO copy nothing.
+    The tables (``node_cost``) and the breakdown agree."""
+    G = 2 * N
+    copy = 1e-10  # 10 GB/s
+    cluster = dataclasses.replace(CLUSTER, copy_time=copy)
+    for zero in (0, 1, 2, 3):
+        node = first_linear(apply_training(graph, TrainingOptions(zero=zero, precision="bf16")))
+        plain = [t for t in MODEL.node_breakdown(node, DP, CLUSTER).terms if t.kind == "sync"][0].seconds
+        nc = MODEL.node_breakdown(node, DP, cluster)
+        sync = [t for t in nc.terms if t.kind == "sync"]
+        assert sync[0].seconds == pytest.approx(plain + G * copy, rel=1e-12)
+        said = [t.formula for t in MODEL.node_breakdown(node, DP, cluster, text=True).terms if t.kind == "sync"]
+        assert "copied into their bucket" in said[0]
+        assert MODEL.node_cost(node, [DP], cluster)[0] == pytest.approx(nc.seconds, rel=1e-12)
+    # a replicated weight reduces nothing and copies nothing
+    node = first_linear(graph)
+    whole = Config(splits=(1, 1, 1), mesh_axes=((), (), ()))
+    assert not [t for t in MODEL.node_breakdown(node, whole, cluster).terms if t.kind == "sync"]
