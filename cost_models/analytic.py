@@ -231,8 +231,7 @@ class AnalyticModel:
                 f = ""
                 if text:
                     parts_txt = " + ".join(f"{b}/{k}" if k > 1 else f"{b}" for _, b, k in params)
-                    names = ", ".join(n.removeprefix("param:") for n, _, _ in params)
-                    f = (f"N = {parts_txt} = {nbytes:.6g} B ({names}); "
+                    f = (f"N = {parts_txt} = {nbytes:.6g} B ({', '.join(n.removeprefix('param:') for n, _, _ in params)}); "
                          + " + ".join(f"{n} x [{c.formula()}]" if n > 1 else c.formula() for n, c in cs)
                          + (f" + the gradients copied into their bucket {copies:.4g} s" if copies else "")
                          + f"; in buckets of {BUCKET_BYTES / 2**20:g} MiB the latency term counts {share:.4g} "
