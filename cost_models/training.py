@@ -100,7 +100,7 @@ def bucket_copy_time(kind: str, grad_bytes, p, cluster):
     gradient's bytes at ``Cluster.copy_time`` (fitted on a live group; 0 on the presets). The zoo
     mlp's data-parallel step spent 1.1 ms a step in those copies on 2 gloo ranks, unpriced before.
     numpy-friendly in ``grad_bytes`` and ``p``."""
-    rate = getattr(cluster, "copy_time", 0.0) if cluster is not None else 0.0
+    rate = cluster.copy_time if cluster is not None else 0.0
     if not rate or kind not in ("all-reduce", "reduce-scatter"):
         return 0.0
     if isinstance(p, np.ndarray) or isinstance(grad_bytes, np.ndarray):
